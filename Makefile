@@ -1,0 +1,50 @@
+# Lockstep: `make up` serves the embedded model; `make test` runs the whole suite.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+UNAME := $(shell uname -s)
+EXTRAS := test$(if $(filter Linux,$(UNAME)),$(comma)cpu,)
+comma := ,
+
+.PHONY: up test bench soak lint system-deps venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e ".[test$(if $(filter Linux,$(UNAME)),$(comma)cpu,)]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian/Ubuntu packages the tests use (OpenBLAS for fast CPU matmul, netns + sshd
+# for the multi-host tests). Skipped quietly where apt-get is absent (macOS).
+system-deps:
+	@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = "0" ]; then \
+	  need=""; \
+	  for p in libopenblas0-pthread iproute2 openssh-server openssh-client procps; do \
+	    dpkg -s $$p >/dev/null 2>&1 || need="$$need $$p"; \
+	  done; \
+	  if [ -n "$$need" ]; then \
+	    echo "apt-get install:$$need"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need >/dev/null; \
+	  fi; \
+	fi
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check common services tests bench
+
+test: system-deps $(STAMP) lint
+	$(VENV)/bin/pytest -q -m "not soak" tests
+
+soak: system-deps $(STAMP)
+	$(VENV)/bin/pytest -q -m soak tests
+
+bench: system-deps $(STAMP)
+	$(PY) -m bench
+
+up: $(STAMP)
+	$(VENV)/bin/lockstep up
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,281 @@
+"""ZeroMQ helpers shared by every service: signed channels, RPC with deadlines,
+sequence-checked subscriptions and acknowledged broadcasts.
+
+Frame shapes (anything else is rejected as `bad_frames`):
+  ROUTER receives [identity, envelope]; sends [identity, envelope]
+  DEALER sends / receives [envelope]
+  PUB sends [topic, envelope]; SUB receives the same and checks the topic exactly
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from common.envelope import (
+    DEFAULT_MAX_SIZE,
+    Key,
+    Message,
+    Reason,
+    Rejected,
+    RejectCounter,
+    Signer,
+    Verifier,
+    random_id,
+)
+from common.messages import Kind
+
+log = logging.getLogger("lockstep.bus")
+
+
+class BusTimeout(Exception):
+    """A request-reply call passed its deadline without a reply."""
+
+
+def configure(sock: zmq.Socket, *, max_size: int = DEFAULT_MAX_SIZE, hwm: int = 10000) -> zmq.Socket:
+    """Size cap enforced by libzmq itself (oversize peers are disconnected unread)."""
+    sock.setsockopt(zmq.MAXMSGSIZE, max_size)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    return sock
+
+
+class Channel:
+    """Signing and verification for one socket, with counted, logged rejections."""
+
+    def __init__(
+        self,
+        service: str,
+        socket_name: str,
+        *,
+        sender: str,
+        send_key: Key,
+        recv_keys: Iterable[Key] | None = None,
+        accept: Iterable[Kind] = (),
+        max_size: int = DEFAULT_MAX_SIZE,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.service = service
+        self.socket_name = socket_name
+        self.signer = Signer(send_key, sender, clock=clock)
+        self.rejects = RejectCounter(service, socket_name)
+        self.verifier = Verifier(recv_keys or [send_key], accept, self.rejects,
+                                 max_size=max_size, clock=clock)
+        self.max_size = max_size
+
+    def pack(self, body: Any) -> bytes:
+        return self.signer.encode(body)
+
+    def unpack(self, payload: Any) -> Message | None:
+        try:
+            return self.verifier.decode(payload)
+        except Rejected as exc:
+            log.warning("%s/%s rejected a message: %s", self.service, self.socket_name, exc)
+            return None
+
+    def reject_frames(self, what: str) -> None:
+        self.rejects.add(Reason.BAD_FRAMES)
+        log.warning("%s/%s rejected frames: %s", self.service, self.socket_name, what)
+
+    # Frame layouts --------------------------------------------------------------
+
+    def unpack_router(self, frames: list[bytes]) -> tuple[bytes, Message] | None:
+        if len(frames) != 2:
+            self.reject_frames(f"{len(frames)} frames on ROUTER")
+            return None
+        msg = self.unpack(frames[1])
+        return None if msg is None else (frames[0], msg)
+
+    def unpack_dealer(self, frames: list[bytes]) -> Message | None:
+        if len(frames) != 1:
+            self.reject_frames(f"{len(frames)} frames on DEALER")
+            return None
+        return self.unpack(frames[0])
+
+    def unpack_sub(self, frames: list[bytes], topic: bytes) -> Message | None:
+        if len(frames) != 2 or frames[0] != topic:
+            self.reject_frames("wrong topic or frame count on SUB")
+            return None
+        return self.unpack(frames[1])
+
+
+@dataclass
+class GapTracker:
+    """Detects lost PUB/SUB messages from each publisher's per-socket sequence."""
+
+    on_gap: Callable[[str, int, int], None] | None = None
+    last: dict[tuple[str, str], int] = field(default_factory=dict)
+    gaps: int = 0
+
+    def observe(self, msg: Message) -> bool:
+        """Record a message; True if it follows a gap from the same publisher."""
+        key = (msg.header.sender, msg.header.boot)
+        prev = self.last.get(key)
+        self.last[key] = max(prev or 0, msg.header.seq)
+        if prev is not None and msg.header.seq > prev + 1:
+            self.gaps += 1
+            if self.on_gap:
+                self.on_gap(msg.header.sender, prev, msg.header.seq)
+            return True
+        return False
+
+
+class AsyncRpcClient:
+    """DEALER client with request ids: replies are matched by `request_id`, so a
+    timed-out call never wedges the socket (no REQ state machine), and late replies
+    are dropped. Streams (many replies per id) get a queue via `open_stream`."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, channel: Channel) -> None:
+        self.endpoint = endpoint
+        self.channel = channel
+        self.sock = configure(ctx.socket(zmq.DEALER))
+        self.sock.connect(endpoint)
+        self._waiters: dict[str, asyncio.Future] = {}
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._reader: asyncio.Task | None = None
+        self.closed = False
+
+    def start(self) -> None:
+        if self._reader is None:
+            self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+
+    async def _read_loop(self) -> None:
+        while not self.closed:
+            try:
+                frames = await self.sock.recv_multipart()
+            except (zmq.ZMQError, asyncio.CancelledError):
+                return
+            msg = self.channel.unpack_dealer(frames)
+            if msg is None:
+                continue
+            rid = getattr(msg.body, "request_id", None)
+            fut = self._waiters.pop(rid, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+                continue
+            q = self._streams.get(rid)
+            if q is not None:
+                q.put_nowait(msg)
+            else:
+                log.debug("%s: dropped late reply for %s", self.endpoint, rid)
+
+    async def send(self, body: Any) -> None:
+        await self.sock.send(self.channel.pack(body))
+
+    async def call(self, body: Any, timeout: float) -> Message:
+        self.start()
+        rid = body.request_id
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        try:
+            await self.send(body)
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise BusTimeout(f"no reply from {self.endpoint} within {timeout:.1f}s") from None
+        finally:
+            self._waiters.pop(rid, None)
+
+    def open_stream(self, request_id: str) -> asyncio.Queue:
+        self.start()
+        q: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = q
+        return q
+
+    def close_stream(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    def close(self) -> None:
+        self.closed = True
+        if self._reader is not None:
+            self._reader.cancel()
+        self.sock.close(0)
+
+
+class SyncRpcClient:
+    """Blocking DEALER client with deadlines (CLI, tests, ranks)."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, channel: Channel) -> None:
+        self.endpoint = endpoint
+        self.channel = channel
+        self.sock = configure(ctx.socket(zmq.DEALER))
+        self.sock.connect(endpoint)
+
+    def call(self, body: Any, timeout: float) -> Message:
+        self.sock.send(self.channel.pack(body))
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                if time.monotonic() >= deadline:
+                    raise BusTimeout(f"no reply from {self.endpoint} within {timeout:.1f}s")
+                continue
+            msg = self.channel.unpack_dealer(self.sock.recv_multipart())
+            if msg is not None and getattr(msg.body, "request_id", None) == body.request_id:
+                return msg
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+@dataclass
+class BroadcastResult:
+    acked: dict[str, Any]
+    missing: list[str]
+    sends: int
+
+
+class AckCollector:
+    """Re-sends a broadcast until every named peer acked or the deadline passed.
+
+    `publish` sends the message once; acks arrive elsewhere (a report socket) and are
+    fed in with `ack(peer, evidence)`. Peers declared dead can be dropped with `forget`.
+    """
+
+    def __init__(self, peers: Iterable[str], publish: Callable[[], Any]) -> None:
+        self.pending = set(peers)
+        self.acked: dict[str, Any] = {}
+        self._publish = publish
+        self._event = asyncio.Event()
+        self.sends = 0
+        if not self.pending:
+            self._event.set()
+
+    def ack(self, peer: str, evidence: Any = None) -> None:
+        if peer in self.pending:
+            self.pending.discard(peer)
+            self.acked[peer] = evidence
+            if not self.pending:
+                self._event.set()
+
+    def forget(self, peer: str) -> None:
+        self.pending.discard(peer)
+        if not self.pending:
+            self._event.set()
+
+    async def run(self, *, deadline_s: float, resend_s: float = 0.25) -> BroadcastResult:
+        end = time.monotonic() + deadline_s
+        while self.pending:
+            res = self._publish()
+            if asyncio.iscoroutine(res):
+                await res
+            self.sends += 1
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._event.wait(), min(resend_s, left))
+            except asyncio.TimeoutError:
+                continue
+        return BroadcastResult(dict(self.acked), sorted(self.pending), self.sends)
+
+
+def new_request_id() -> str:
+    return random_id("r-")

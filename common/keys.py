@@ -1,0 +1,112 @@
+"""Key files and key derivation. Fail closed: no key, no service.
+
+- The cluster key (`keys/cluster.key`) signs admin and events traffic.
+- Each launch gets a 32-byte control secret in a 0600 file; per-channel keys are
+  derived from it with HKDF-SHA256, bound to deployment, job and channel, so a rank
+  of an old launch cannot talk to a new one.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from common.envelope import Key
+
+KEY_BYTES = 32
+CHANNELS = ("requests", "plan", "control", "report")
+
+
+class KeyFileError(Exception):
+    """A key file is missing, unreadable, malformed or too permissive."""
+
+
+def _write_secret_file(path: Path, data: bytes, *, overwrite: bool) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.exists() and not overwrite:
+        raise KeyFileError(f"{path} already exists (use --force to replace it)")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def generate_key_file(path: Path, *, overwrite: bool = False) -> None:
+    _write_secret_file(Path(path), secrets.token_hex(KEY_BYTES).encode() + b"\n", overwrite=overwrite)
+
+
+def read_secret_file(path: Path) -> bytes:
+    """Read a hex secret from a 0600 file; refuse anything else."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise KeyFileError(f"key file {path} does not exist (run `lockstep keygen`)") from None
+    except OSError as exc:
+        raise KeyFileError(f"key file {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise KeyFileError(f"key file {path} is not a regular file")
+    if st.st_mode & 0o077:
+        raise KeyFileError(
+            f"key file {path} has mode {stat.S_IMODE(st.st_mode):o}; it must be 0600 (chmod 600 {path})"
+        )
+    try:
+        text = path.read_text().strip()
+        secret = bytes.fromhex(text)
+    except (OSError, ValueError):
+        raise KeyFileError(f"key file {path} is not a hex secret") from None
+    if len(secret) < 16:
+        raise KeyFileError(f"key file {path} holds only {len(secret)} bytes (need >= 16)")
+    return secret
+
+
+def load_cluster_key(path: Path) -> Key:
+    return Key.from_secret(read_secret_file(path))
+
+
+def ensure_cluster_key(path: Path) -> Key:
+    """Create the cluster key on first use (`lockstep up`), then load it strictly."""
+    if not Path(path).exists():
+        generate_key_file(path)
+    return load_cluster_key(path)
+
+
+def new_launch_secret(path: Path) -> bytes:
+    secret = secrets.token_bytes(KEY_BYTES)
+    _write_secret_file(Path(path), secret.hex().encode() + b"\n", overwrite=False)
+    return secret
+
+
+def derive_key(secret: bytes, channel: str, *, deployment_id: str, job_id: str, extra: str = "") -> Key:
+    """Per-channel key from the launch secret; `extra` binds rank and direction."""
+    info = f"lockstep/v1/{channel}/{deployment_id}/{job_id}/{extra}".encode()
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=b"lockstep-launch", info=info)
+    return Key.from_secret(hkdf.derive(secret))
+
+
+class LaunchKeys:
+    """All channel keys of one launch."""
+
+    def __init__(self, secret: bytes, deployment_id: str, job_id: str) -> None:
+        self.deployment_id = deployment_id
+        self.job_id = job_id
+        self._secret = secret
+        for ch in CHANNELS:
+            setattr(self, ch, derive_key(secret, ch, deployment_id=deployment_id, job_id=job_id))
+
+    def session(self, rank: int, direction: str) -> Key:
+        """Handshake key bound to one rank and one direction ("up" / "down")."""
+        return derive_key(self._secret, "session", deployment_id=self.deployment_id,
+                          job_id=self.job_id, extra=f"{rank}/{direction}")
+
+    def __repr__(self) -> str:
+        return f"LaunchKeys({self.deployment_id}/{self.job_id})"

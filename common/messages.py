@@ -1,0 +1,343 @@
+"""The closed set of message kinds and one typed body per kind.
+
+Channels (DESIGN.md §2) and who may send what:
+  admin     ADMIN_REQUEST → ADMIN_REPLY                  (cluster key)
+  events    EVENT                                         (cluster key)
+  requests  GENERATE, ABORT, STATS_REQUEST → TOKENS, STATS (launch key "requests")
+  plan      PLAN_HELLO → PLAN_WELCOME, PLAN, PLAN_FETCH → PLAN_BATCH, PING → PONG
+                                                          (launch key "plan")
+  control   CANCEL, SERVE, SHUTDOWN, LEASE               (launch key "control")
+  report    RANK_READY, TELEMETRY, CANCEL_ACK, STEP_REPORT (launch key "report")
+  auth      AUTH_HELLO → AUTH_CHALLENGE → AUTH_PROOF → AUTH_OK (session handshake)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+BIG_LIST = {"max_len": 262144}
+TEXT = {"max_len": 65536}
+
+
+class Kind(str, enum.Enum):
+    ADMIN_REQUEST = "admin_request"
+    ADMIN_REPLY = "admin_reply"
+    EVENT = "event"
+    GENERATE = "generate"
+    ABORT = "abort"
+    TOKENS = "tokens"
+    STATS_REQUEST = "stats_request"
+    STATS = "stats"
+    PLAN_HELLO = "plan_hello"
+    PLAN_WELCOME = "plan_welcome"
+    PLAN = "plan"
+    PLAN_FETCH = "plan_fetch"
+    PLAN_BATCH = "plan_batch"
+    PING = "ping"
+    PONG = "pong"
+    CANCEL = "cancel"
+    SERVE = "serve"
+    SHUTDOWN = "shutdown"
+    LEASE = "lease"
+    RANK_READY = "rank_ready"
+    TELEMETRY = "telemetry"
+    CANCEL_ACK = "cancel_ack"
+    AUTH_HELLO = "auth_hello"
+    AUTH_CHALLENGE = "auth_challenge"
+    AUTH_PROOF = "auth_proof"
+    AUTH_OK = "auth_ok"
+
+
+# --- admin / events (cluster key) -------------------------------------------------
+
+
+@dataclass
+class AdminRequest:
+    request_id: str
+    command: str
+    args: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class AdminReply:
+    request_id: str
+    ok: bool
+    code: str
+    message: str = field(default="", metadata=TEXT)
+    data: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class Event:
+    topic: str
+    name: str
+    deployment_id: str
+    state: str
+    reason: str = field(default="", metadata=TEXT)
+    at: float = 0.0
+    data: dict[str, object] = field(default_factory=dict)
+
+
+# --- requests (gateway/supervisor ↔ rank 0) --------------------------------------
+
+
+@dataclass
+class Generate:
+    request_id: str
+    prompt: list[int] = field(metadata=BIG_LIST)
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    client: str = ""
+
+
+@dataclass
+class Abort:
+    request_id: str
+    reason: str = "client"
+
+
+@dataclass
+class Tokens:
+    """A chunk of one request's stream; the last one has finish_reason set."""
+
+    request_id: str
+    tokens: list[int]
+    index: int  # position of tokens[0] in the completion
+    finish_reason: str | None = None  # stop | length | abort | error
+    error: str | None = field(default=None, metadata=TEXT)
+    prompt_tokens: int = 0
+    model_ttft_ms: float | None = None
+    step: int = 0
+    token_times: list[float] = field(default_factory=list)  # wall clock per token
+
+
+@dataclass
+class StatsRequest:
+    request_id: str
+
+
+@dataclass
+class Stats:
+    request_id: str
+    phase: str
+    step: int
+    active: int
+    active_ids: list[str]
+    cancel_epoch: int
+
+
+# --- plan (rank 0 ↔ followers) ----------------------------------------------------
+
+
+@dataclass
+class PlanInsert:
+    request_id: str
+    prompt: list[int] = field(metadata=BIG_LIST)
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    stop_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class PlanRemove:
+    request_id: str
+    reason: str
+
+
+@dataclass
+class Plan:
+    """Everything every rank applies before step `step` (advance=False: apply only)."""
+
+    seq: int
+    step: int
+    advance: bool
+    inserts: list[PlanInsert] = field(default_factory=list)
+    removes: list[PlanRemove] = field(default_factory=list)
+    cancel_epoch: int = 0  # epoch folded into this plan, 0 if none
+    shutdown: bool = False
+
+
+@dataclass
+class PlanHello:
+    rank: int
+
+
+@dataclass
+class PlanWelcome:
+    rank: int
+    next_seq: int
+
+
+@dataclass
+class PlanFetch:
+    from_seq: int
+
+
+@dataclass
+class PlanBatch:
+    plans: list[Plan]
+    missing: bool = False  # the replay buffer no longer holds from_seq
+
+
+@dataclass
+class Ping:
+    nonce: int
+    sent_at: float
+
+
+@dataclass
+class Pong:
+    nonce: int
+    rank: int
+    step: int
+    phase: str
+
+
+# --- control (supervisor PUB → ranks) ----------------------------------------------
+
+
+@dataclass
+class Cancel:
+    deployment_id: str
+    epoch: int
+    scope: str  # all | requests
+    request_ids: list[str] = field(default_factory=list)
+    reason: str = ""
+
+
+@dataclass
+class Serve:
+    deployment_id: str
+    job_id: str
+
+
+@dataclass
+class Shutdown:
+    deployment_id: str
+    job_id: str
+    reason: str = ""
+
+
+@dataclass
+class Lease:
+    deployment_id: str
+    job_id: str
+    lease_seq: int
+    ttl_s: float
+    cancel_epoch: int
+
+
+# --- report (ranks → supervisor) ---------------------------------------------------
+
+
+@dataclass
+class RankReady:
+    deployment_id: str
+    job_id: str
+    rank: int
+    host: str
+    pid: int
+    start_time: float
+    boot_id: str
+    endpoints: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Telemetry:
+    deployment_id: str
+    job_id: str
+    rank: int
+    pid: int
+    phase: str
+    step: int
+    active: int
+    cancel_epoch: int
+    mem_active: int = 0
+    mem_peak: int = 0
+    at: float = 0.0
+    error: str | None = field(default=None, metadata=TEXT)
+
+
+@dataclass
+class CancelAck:
+    deployment_id: str
+    epoch: int
+    rank: int
+    step_applied: int
+    cancelled: list[str] = field(default_factory=list)
+
+
+# --- session handshake ---------------------------------------------------------------
+
+
+@dataclass
+class AuthHello:
+    deployment_id: str
+    job_id: str
+    rank: int
+    nonce: bytes
+
+
+@dataclass
+class AuthChallenge:
+    nonce: bytes  # responder's nonce
+    proof: bytes  # responder proves the key over the initiator's nonce
+
+
+@dataclass
+class AuthProof:
+    proof: bytes  # initiator proves the key over the responder's nonce
+
+
+@dataclass
+class AuthOk:
+    rank: int
+
+
+BODY: dict[Kind, type] = {
+    Kind.ADMIN_REQUEST: AdminRequest,
+    Kind.ADMIN_REPLY: AdminReply,
+    Kind.EVENT: Event,
+    Kind.GENERATE: Generate,
+    Kind.ABORT: Abort,
+    Kind.TOKENS: Tokens,
+    Kind.STATS_REQUEST: StatsRequest,
+    Kind.STATS: Stats,
+    Kind.PLAN_HELLO: PlanHello,
+    Kind.PLAN_WELCOME: PlanWelcome,
+    Kind.PLAN: Plan,
+    Kind.PLAN_FETCH: PlanFetch,
+    Kind.PLAN_BATCH: PlanBatch,
+    Kind.PING: Ping,
+    Kind.PONG: Pong,
+    Kind.CANCEL: Cancel,
+    Kind.SERVE: Serve,
+    Kind.SHUTDOWN: Shutdown,
+    Kind.LEASE: Lease,
+    Kind.RANK_READY: RankReady,
+    Kind.TELEMETRY: Telemetry,
+    Kind.CANCEL_ACK: CancelAck,
+    Kind.AUTH_HELLO: AuthHello,
+    Kind.AUTH_CHALLENGE: AuthChallenge,
+    Kind.AUTH_PROOF: AuthProof,
+    Kind.AUTH_OK: AuthOk,
+}
+KIND_OF: dict[type, Kind] = {cls: kind for kind, cls in BODY.items()}
+assert set(BODY) == set(Kind), "every kind needs exactly one schema"
+
+# Which kinds each channel accepts (a receiver rejects anything else as unexpected_kind).
+ADMIN_IN = frozenset({Kind.ADMIN_REQUEST})
+ADMIN_OUT = frozenset({Kind.ADMIN_REPLY})
+EVENTS = frozenset({Kind.EVENT})
+REQUESTS_IN = frozenset({Kind.GENERATE, Kind.ABORT, Kind.STATS_REQUEST})
+REQUESTS_OUT = frozenset({Kind.TOKENS, Kind.STATS})
+PLAN_TO_FOLLOWER = frozenset({Kind.PLAN_WELCOME, Kind.PLAN, Kind.PLAN_BATCH, Kind.PING})
+PLAN_TO_LEADER = frozenset({Kind.PLAN_HELLO, Kind.PLAN_FETCH, Kind.PONG})
+CONTROL = frozenset({Kind.CANCEL, Kind.SERVE, Kind.SHUTDOWN, Kind.LEASE})
+REPORT = frozenset({Kind.RANK_READY, Kind.TELEMETRY, Kind.CANCEL_ACK})
