@@ -4,15 +4,16 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 UNAME := $(shell uname -s)
-EXTRAS := test$(if $(filter Linux,$(UNAME)),$(comma)cpu,)
 comma := ,
+# Linux has no Metal: MLX runs on the CPU there (mlx[cpu]).
+EXTRAS := test$(if $(filter Linux,$(UNAME)),$(comma)cpu,)
 
 .PHONY: up test bench soak lint system-deps venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[test$(if $(filter Linux,$(UNAME)),$(comma)cpu,)]"
+	$(PIP) install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 venv: $(STAMP)
