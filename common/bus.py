@@ -10,9 +10,10 @@ Frame shapes (anything else is rejected as `bad_frames`):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +25,8 @@ from common.envelope import (
     Key,
     Message,
     Reason,
-    Rejected,
     RejectCounter,
+    Rejected,
     Signer,
     Verifier,
     random_id,
@@ -175,28 +176,34 @@ class AsyncRpcClient:
         rid = body.request_id
         fut = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
+
+        async def exchange() -> Message:
+            await self.send(body)  # inside the deadline: a full send queue must not hang us
+            return await fut
+
         try:
-            await self.send(body)
-            return await asyncio.wait_for(fut, timeout)
+            return await asyncio.wait_for(exchange(), timeout)
         except asyncio.TimeoutError:
             raise BusTimeout(f"no reply from {self.endpoint} within {timeout:.1f}s") from None
         finally:
             self._waiters.pop(rid, None)
 
-    def open_stream(self, request_id: str) -> asyncio.Queue:
+    def open_stream(self, request_id: str, queue: asyncio.Queue | None = None) -> asyncio.Queue:
+        """Route every reply for `request_id` into `queue` (a new one by default)."""
         self.start()
-        q: asyncio.Queue = asyncio.Queue()
+        q: asyncio.Queue = asyncio.Queue() if queue is None else queue
         self._streams[request_id] = q
         return q
 
     def close_stream(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
 
-    def close(self) -> None:
+    def close(self, linger: int = 0) -> None:
+        """Close; `linger` ms lets already queued messages (an ABORT) still go out."""
         self.closed = True
         if self._reader is not None:
             self._reader.cancel()
-        self.sock.close(0)
+        self.sock.close(linger)
 
 
 class SyncRpcClient:
@@ -209,8 +216,17 @@ class SyncRpcClient:
         self.sock.connect(endpoint)
 
     def call(self, body: Any, timeout: float) -> Message:
-        self.sock.send(self.channel.pack(body))
         deadline = time.monotonic() + timeout
+        payload = self.channel.pack(body)
+        while True:  # a full send queue (peer gone) must not block past the deadline
+            try:
+                self.sock.send(payload, zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BusTimeout(f"could not send to {self.endpoint} within {timeout:.1f}s") from None
+                self.sock.poll(int(left * 1000) + 1, zmq.POLLOUT)
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self.sock.poll(int(left * 1000) + 1, zmq.POLLIN):
@@ -273,8 +289,47 @@ class AckCollector:
             try:
                 await asyncio.wait_for(self._event.wait(), min(resend_s, left))
             except asyncio.TimeoutError:
-                continue
+                if time.monotonic() >= end:
+                    break  # no re-send once the deadline has passed
         return BroadcastResult(dict(self.acked), sorted(self.pending), self.sends)
+
+
+async def wait_subscribed(
+    publish: Callable[[], Any],
+    peers: Iterable[str],
+    confirmations: Callable[[], Awaitable[str | None]],
+    *,
+    deadline_s: float,
+    resend_s: float = 0.1,
+) -> BroadcastResult:
+    """Slow-joiner handshake (DESIGN.md §2): a subscriber counts as joined only once it
+    has confirmed receiving a message. Re-publish a hello until every peer confirmed.
+
+    `publish()` sends one hello on the PUB socket (may be async); `confirmations()`
+    awaits the next confirmation (e.g. from a ROUTER the subscribers' DEALERs answer
+    on) and returns the confirming peer's name, or None for anything to ignore.
+    Raises `BusTimeout` naming every peer that did not confirm by the deadline.
+    """
+    collector = AckCollector(peers, publish)
+
+    async def pump() -> None:
+        while collector.pending:
+            peer = await confirmations()
+            if peer is not None:
+                collector.ack(peer)
+
+    task = asyncio.ensure_future(pump())
+    try:
+        result = await collector.run(deadline_s=deadline_s, resend_s=resend_s)
+    finally:
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task  # re-raises what broke `confirmations`, if anything did
+    if result.missing:
+        raise BusTimeout(f"subscribers did not confirm within {deadline_s:.1f}s: "
+                         + ", ".join(result.missing))
+    return result
 
 
 def new_request_id() -> str:

@@ -46,7 +46,8 @@ def _coerce(name: str, raw: str, tp: Any) -> Any:
         if typing.get_origin(tp) is tuple:
             return tuple(p.strip() for p in raw.split(",") if p.strip())
     except ValueError:
-        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {tp}") from None
+        kind = getattr(tp, "__name__", str(tp))
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {kind}") from None
     raise ConfigError(f"unsupported setting type for {name}: {tp}")
 
 
@@ -63,6 +64,10 @@ def load_settings(cls: type[T], cli: dict[str, Any] | None = None, env: dict[str
             if k not in hints:
                 raise ConfigError(f"unknown setting {k}")
             values[k] = v
+    for f in dataclasses.fields(cls):
+        if (f.init and f.name not in values and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING):
+            raise ConfigError(f"missing setting {f.name} (set {ENV_PREFIX}{f.name.upper()})")
     return cls(**values)
 
 

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import stat
@@ -27,17 +28,38 @@ class KeyFileError(Exception):
 
 
 def _write_secret_file(path: Path, data: bytes, *, overwrite: bool) -> None:
+    """Write `data` to a 0600 file atomically. Without `overwrite` the final step is
+    `os.link`, which fails if the file exists: two processes creating the same key at
+    once (first `lockstep up`) end up sharing one key instead of the last one silently
+    replacing a key the other already loaded."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    exists = KeyFileError(f"{path} already exists (use --force to replace it)")
     if path.exists() and not overwrite:
-        raise KeyFileError(f"{path} already exists (use --force to replace it)")
+        raise exists
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if overwrite:
+            os.replace(tmp, path)
+            return
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise exists from None
+        except OSError:  # filesystem without hard links: best effort
+            if path.exists():
+                raise exists from None
+            os.replace(tmp, path)
     finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def generate_key_file(path: Path, *, overwrite: bool = False) -> None:
@@ -75,8 +97,14 @@ def load_cluster_key(path: Path) -> Key:
 
 def ensure_cluster_key(path: Path) -> Key:
     """Create the cluster key on first use (`lockstep up`), then load it strictly."""
-    if not Path(path).exists():
-        generate_key_file(path)
+    path = Path(path)
+    if not path.exists():
+        try:
+            generate_key_file(path)
+        except KeyFileError:
+            if not path.exists():
+                raise
+            # another process created it first: use theirs
     return load_cluster_key(path)
 
 
@@ -88,7 +116,9 @@ def new_launch_secret(path: Path) -> bytes:
 
 def derive_key(secret: bytes, channel: str, *, deployment_id: str, job_id: str, extra: str = "") -> Key:
     """Per-channel key from the launch secret; `extra` binds rank and direction."""
-    info = f"lockstep/v1/{channel}/{deployment_id}/{job_id}/{extra}".encode()
+    # Each part length-prefixed: ("a/b", "c") and ("a", "b/c") must not derive one key.
+    parts = [p.encode() for p in (channel, deployment_id, job_id, extra)]
+    info = b"lockstep/v1" + b"".join(len(p).to_bytes(2, "big") + p for p in parts)
     hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=b"lockstep-launch", info=info)
     return Key.from_secret(hkdf.derive(secret))
 

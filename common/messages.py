@@ -262,6 +262,7 @@ class Telemetry:
     mem_peak: int = 0
     at: float = 0.0
     error: str | None = field(default=None, metadata=TEXT)
+    rejects: dict[str, int] = field(default_factory=dict)  # "socket.reason" -> count
 
 
 @dataclass

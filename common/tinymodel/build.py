@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .tokenizer import ENDOFTEXT, IM_END, write_tokenizer
+from .tokenizer import ENDOFTEXT, IM_END, SPECIAL_TOKENS, TOOL_TOKENS, write_tokenizer
 from .weights import PRESETS, model_config, preset_dict, write_weights
 
 STAMP = "lockstep_model.json"
@@ -37,7 +37,9 @@ def is_complete(model_dir: str | os.PathLike, preset: str = "tiny", seed: int = 
     """True if model_dir holds a finished build of exactly this preset and seed."""
     stamp = read_stamp(model_dir)
     if not stamp or (stamp.get("format_version"), stamp.get("preset"), stamp.get("seed")) != (
-        FORMAT_VERSION, preset, seed,
+        FORMAT_VERSION,
+        preset,
+        seed,
     ):
         return False
     return all((Path(model_dir) / f).is_file() for f in stamp.get("files", []))
@@ -51,7 +53,8 @@ def _write_model(out: Path, preset: str, seed: int) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     gen = {"eos_token_id": eos, "pad_token_id": ids[ENDOFTEXT], "bos_token_id": None}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    shards = write_weights(out, p, seed, ids["vocab_size"])
+    silent = tuple(ids[t] for t in SPECIAL_TOKENS + TOOL_TOKENS)
+    shards = write_weights(out, p, seed, ids["vocab_size"], silent)
     files = sorted(f.name for f in out.iterdir())
     stamp = {
         "format_version": FORMAT_VERSION,
@@ -94,6 +97,8 @@ def build_model(
     try:
         _write_model(tmp, preset, seed)
         os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the model is not secret
+        if not force and is_complete(target, preset, seed):
+            return target  # a concurrent builder finished first; leave its copy in place
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
             os.rename(target, old / "m")

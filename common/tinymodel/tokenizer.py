@@ -1,17 +1,27 @@
 """A byte-level BPE tokenizer trained locally, with a Qwen-style ChatML template.
 
-Nothing is downloaded: the corpus is generated here from fixed word lists with a fixed
-seed, so the same code always trains the same tokenizer. Byte-level BPE (GPT-2/Qwen2
-style) means every string, ASCII or not, encodes and decodes back exactly.
+Nothing is downloaded: the corpus (corpus.py) is generated from fixed lists with a fixed
+seed, so the same code always trains the same tokenizer. Byte-level BPE means every
+string, ASCII or not, encodes and decodes back (after NFC normalisation, as in Qwen2).
 """
 
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    trainers,
+)
+
+from .corpus import corpus
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -49,8 +59,8 @@ CHAT_TEMPLATE = (
     "{%- for tool_call in message.tool_calls %}"
     "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}"
     "{%- endif %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}"
-    "{{- '\", \"arguments\": ' }}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' }}{{- tool_call.name }}'
+    '{{- \'", "arguments": \' }}'
     "{%- if tool_call.arguments is string %}{{- tool_call.arguments }}"
     "{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}"
     "{{- '}\\n</tool_call>' }}"
@@ -67,87 +77,24 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-_SUBJECTS = [
-    "the cat", "a small dog", "my neighbour", "the old server", "every request", "the river",
-    "our team", "a quiet student", "the weather", "this model", "the red train", "a farmer",
-    "the library", "each worker", "the gateway", "a tired engineer", "the orchestra",
-    "the city council", "a curious child", "the night shift", "the blue bird", "a robot",
-]
-_VERBS = [
-    "reads", "writes", "finds", "builds", "carries", "watches", "follows", "answers",
-    "cancels", "restarts", "measures", "paints", "remembers", "forgets", "sends", "receives",
-    "opens", "closes", "counts", "explains", "repairs", "visits", "plays", "cooks",
-]
-_OBJECTS = [
-    "a long letter", "the morning paper", "three green apples", "the broken clock",
-    "a new plan", "every message", "the final answer", "a warm cup of tea", "the map",
-    "two tickets", "the garden gate", "a short story", "the missing key", "a heavy box",
-    "the evening news", "a list of numbers", "the quiet song", "a bright lamp",
-]
-_PLACES = [
-    "in the kitchen", "at the station", "near the old bridge", "on the hill",
-    "before lunch", "after midnight", "during the storm", "by the window", "at home",
-    "in the office", "under the table", "across the street", "in a small town",
-]
-_CONNECTORS = ["because", "although", "while", "and then", "so", "but", "until", "when"]
-_QUESTIONS = [
-    "What time is it?", "Where is the nearest station?", "How do I reset my password?",
-    "Can you help me write a poem?", "Why is the sky blue?", "Who wrote this book?",
-    "Which road goes to the sea?", "How many days are in a week?", "What is the weather like?",
-    "Could you summarise this article?", "Is the server running?", "What does this error mean?",
-]
-_ANSWERS = [
-    "Sure, here is a short answer.", "I am not sure, but I can try.", "Yes, of course.",
-    "No, that is not correct.", "Let me think about it step by step.", "Here is the result:",
-    "The answer is forty two.", "It depends on the context.", "Thank you for asking!",
-]
-_FOREIGN = [
-    "héllo wörld", "café au lait", "naïve façade", "straße", "über", "niño", "crème brûlée",
-    "año nuevo", "smörgåsbord", "déjà vu", "Grüße", "fiancée", "✓ done", "→ next", "€ 12,50",
-]
-_CODE = [
-    "def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
-    "if x > 0:\n    x -= 1\nelse:\n    x = 0\n", "import json\ndata = json.loads(text)\n",
-    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
-    "while True:\n    break\n", "result = [n * n for n in numbers if n % 2 == 0]\n",
-]
-_TOOLS = ["get_weather", "search", "send_email", "add_numbers", "lookup_user", "get_time"]
-_ARG_KEYS = ["city", "query", "to", "a", "b", "user_id", "timezone", "limit"]
-
-
-def corpus(n_sentences: int = 600) -> list[str]:
-    """A fixed, varied English-ish corpus: prose, dialogue, code, JSON and tool calls."""
-    rng = random.Random(20240601)  # fixed: the tokenizer must not depend on the model seed
-    out: list[str] = []
-    for i in range(n_sentences):
-        kind = i % 8
-        s, v, o, p = (rng.choice(x) for x in (_SUBJECTS, _VERBS, _OBJECTS, _PLACES))
-        if kind in (0, 1, 2):
-            line = f"{s.capitalize()} {v} {o} {p}."
-            if rng.random() < 0.5:
-                s2, v2, o2 = (rng.choice(x) for x in (_SUBJECTS, _VERBS, _OBJECTS))
-                line = f"{line[:-1]} {rng.choice(_CONNECTORS)} {s2} {v2} {o2}."
-        elif kind == 3:
-            line = f"User: {rng.choice(_QUESTIONS)}\nAssistant: {rng.choice(_ANSWERS)}"
-        elif kind == 4:
-            n = rng.randint(0, 100000)
-            line = f"On day {rng.randint(1, 31)}, {s} {v} {n} items ({n / 7:.2f} per day)."
-        elif kind == 5:
-            line = rng.choice(_CODE)
-        elif kind == 6:
-            args = {k: rng.choice([rng.randint(0, 99), rng.choice(_OBJECTS)])
-                    for k in rng.sample(_ARG_KEYS, 2)}
-            call = json.dumps({"name": rng.choice(_TOOLS), "arguments": args})
-            line = f"<tool_call>\n{call}\n</tool_call>"
-        else:
-            line = f"{rng.choice(_FOREIGN)}, {s} {v} {o}!"
-        out.append(line)
-    return out
+# Qwen2's split regex. transformers >= 5 loads any model_type "qwen2" tokenizer as
+# Qwen2Tokenizer, which imposes this regex and NFC whatever tokenizer.json says; training
+# with the same pipeline keeps `tokenizers` and transformers (and so mlx-lm) in agreement.
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 
 
 def train_tokenizer(vocab_size: int = 1536) -> Tokenizer:
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -165,11 +112,15 @@ def write_tokenizer(out_dir: Path, vocab_size: int = 1536) -> dict[str, int]:
     """Write tokenizer files into out_dir; return the ids the model config needs."""
     tok = train_tokenizer(vocab_size)
     tok.save(str(out_dir / "tokenizer.json"))
-    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS + TOOL_TOKENS}
     added = {
         str(tok.token_to_id(t)): {
-            "content": t, "lstrip": False, "normalized": False, "rstrip": False,
-            "single_word": False, "special": t in SPECIAL_TOKENS,
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": t in SPECIAL_TOKENS,
         }
         for t in SPECIAL_TOKENS + TOOL_TOKENS
     }

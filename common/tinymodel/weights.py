@@ -57,8 +57,12 @@ LAYER_SHARDS = 2  # layers are split over this many files, plus one for the rest
 
 
 def model_config(p: Preset, vocab_size: int, eos_ids: list[int], pad_id: int) -> dict:
-    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size",
-                 "num_hidden_layers"):
+    for name in (
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "num_hidden_layers",
+    ):
         # TP=2 shards heads and the MLP; PP=2 splits layers.
         assert getattr(p, name) % 2 == 0, name
     assert p.hidden_size % p.num_attention_heads == 0
@@ -135,7 +139,8 @@ def write_weights(
     """Write the safetensors shards and model.safetensors.index.json; return shard names.
 
     Shard 1 holds the embeddings, final norm and head (every pipeline stage needs them);
-    the others hold contiguous runs of layers, so a pipeline stage reads only its own.
+    the others hold contiguous runs of layers, so the index tells mlx-lm's sharded_load
+    which files a pipeline stage needs.
     """
     n_files = 1 + LAYER_SHARDS
     names = [f"model-{k:05d}-of-{n_files:05d}.safetensors" for k in range(1, n_files + 1)]
@@ -149,7 +154,7 @@ def write_weights(
 
     weight_map: dict[str, str] = {}
     total = 0
-    for name, g in zip(names, groups):
+    for name, g in zip(names, groups, strict=True):
         arrays = {k: mx.array(v) for k, v in sorted(g.items())}
         mx.save_safetensors(str(out_dir / name), arrays, metadata={"format": "mlx"})
         for k, v in g.items():

@@ -1,0 +1,219 @@
+"""`lockstep admin COMMAND` — the supervisor's signed ZeroMQ admin socket from the shell.
+
+    lockstep admin [--home DIR] [--endpoint EP] [--timeout S] [--json] COMMAND ...
+      ping | status | deployments | reap
+      deploy [--model PATH] [--tp N] [--pp N] [--hosts FILE] [--backend B] [--id ID]
+             [--no-wait]
+      stop ID [--force]
+      cancel ID [--scope all|requests] [--request-id RID ...] [--reason TEXT]
+      abort-all [ID] [--timeout-s S]
+      backend-selection --hosts FILE [--backend B]
+      replan ID --backend B [--signature SIG] [--force]
+
+The endpoint comes from `$LOCKSTEP_HOME/runtime/supervisor.json` unless given. Exit
+status: 0 ok, 1 the supervisor answered with an error (its code is printed), 2 usage,
+3 no answer (supervisor not running, or the deadline passed). `--json` prints the whole
+reply `{ok, code, message, data}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from common.bus import BusTimeout, Channel, SyncRpcClient, new_request_id
+from common.config import default_home
+from common.envelope import Key
+from common.keys import KeyFileError, load_cluster_key
+from common.messages import ADMIN_OUT, AdminReply, AdminRequest
+from common.state import StateFileError, read_json
+
+LONG_COMMANDS = {"deploy": 900.0, "stop": 120.0, "replan": 900.0, "abort_all": 120.0,
+                 "cancel": 60.0, "reap": 120.0}
+
+
+class AdminClient:
+    """Blocking admin client (CLI, tests, scripts): one DEALER, calls with deadlines."""
+
+    def __init__(self, endpoint: str, key: Key, *, ctx: zmq.Context | None = None) -> None:
+        self._own = ctx is None
+        self.ctx = ctx or zmq.Context()
+        self.channel = Channel("admin_cli", "admin", sender=f"admin-cli:{new_request_id()}",
+                               send_key=key, accept=ADMIN_OUT)
+        self.rpc = SyncRpcClient(self.ctx, endpoint, self.channel)
+
+    @classmethod
+    def from_home(cls, home: Path, endpoint: str | None = None) -> AdminClient:
+        key = load_cluster_key(Path(home) / "keys" / "cluster.key")
+        return cls(endpoint or supervisor_endpoint(Path(home)), key)
+
+    def call(self, command: str, timeout: float | None = None, **args: Any) -> AdminReply:
+        req = AdminRequest(request_id=new_request_id(), command=command, args=args)
+        msg = self.rpc.call(req, timeout if timeout is not None else LONG_COMMANDS.get(command, 15.0))
+        return msg.body
+
+    def close(self) -> None:
+        self.rpc.close()
+        if self._own:
+            self.ctx.term()
+
+
+def supervisor_endpoint(home: Path) -> str:
+    try:
+        return str(read_json(home / "runtime" / "supervisor.json")["admin"])
+    except (StateFileError, KeyError) as exc:
+        raise SystemExit(f"lockstep admin: no supervisor found under {home} ({exc}); "
+                         "start one with `lockstep supervisor` or pass --endpoint") from None
+
+
+def _hosts_args(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    from services.supervisor.hosts import HostsError, read_hosts_file
+
+    try:
+        doc = read_hosts_file(Path(path))
+    except HostsError as exc:
+        raise SystemExit(f"lockstep admin: {exc}") from None
+    out: dict[str, Any] = {"hosts": doc["hosts"]}
+    if doc["envs"]:
+        out["envs"] = doc["envs"]
+    if doc["backend"]:
+        out["backend"] = doc["backend"]
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="lockstep admin", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--home", type=Path, default=None)
+    ap.add_argument("--endpoint", default=None)
+    ap.add_argument("--timeout", type=float, default=None, help="seconds to wait for a reply")
+    ap.add_argument("--json", action="store_true", help="print the whole reply as JSON")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for name in ("ping", "status", "deployments", "reap"):
+        sub.add_parser(name)
+    p = sub.add_parser("deploy")
+    p.add_argument("--model", dest="model_path")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--hosts")
+    p.add_argument("--backend", choices=("auto", "ring", "jaccl", "mpi"))
+    p.add_argument("--id", dest="deployment_id")
+    p.add_argument("--no-wait", dest="wait", action="store_false")
+    p = sub.add_parser("stop")
+    p.add_argument("deployment_id")
+    p.add_argument("--force", action="store_true")
+    p = sub.add_parser("cancel")
+    p.add_argument("deployment_id")
+    p.add_argument("--scope", choices=("all", "requests"), default="requests")
+    p.add_argument("--request-id", dest="request_ids", action="append", default=[])
+    p.add_argument("--reason", default="")
+    p = sub.add_parser("abort-all")
+    p.add_argument("deployment_id", nargs="?")
+    p.add_argument("--timeout-s", type=float, default=None)
+    p = sub.add_parser("backend-selection")
+    p.add_argument("--hosts", required=True)
+    p.add_argument("--backend", choices=("auto", "ring", "jaccl", "mpi"), default=None)
+    p = sub.add_parser("replan")
+    p.add_argument("deployment_id")
+    p.add_argument("--backend", choices=("auto", "ring", "jaccl", "mpi"), required=True)
+    p.add_argument("--signature")
+    p.add_argument("--force", action="store_true")
+    return ap
+
+
+def build_request(ns: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    cmd = ns.command.replace("-", "_")
+    a: dict[str, Any] = {}
+    if cmd == "deploy":
+        a = {"model_path": ns.model_path, "tp": ns.tp, "pp": ns.pp,
+             "deployment_id": ns.deployment_id, "wait": ns.wait, **_hosts_args(ns.hosts)}
+        if ns.backend:
+            a["backend"] = ns.backend
+    elif cmd == "stop":
+        a = {"deployment_id": ns.deployment_id, "force": ns.force}
+    elif cmd == "cancel":
+        a = {"deployment_id": ns.deployment_id, "scope": ns.scope,
+             "request_ids": ns.request_ids, "reason": ns.reason}
+    elif cmd == "abort_all":
+        a = {"deployment_id": ns.deployment_id, "timeout_s": ns.timeout_s}
+    elif cmd == "backend_selection":
+        a = _hosts_args(ns.hosts)
+        a.pop("envs", None)
+        if ns.backend:
+            a["backend"] = ns.backend
+    elif cmd == "replan":
+        a = {"deployment_id": ns.deployment_id, "backend": ns.backend,
+             "signature": ns.signature, "force": ns.force}
+    return cmd, a
+
+
+def human(cmd: str, data: dict[str, Any]) -> str:
+    if cmd in ("status", "deployments"):
+        lines = []
+        if cmd == "status":
+            s = data["supervisor"]
+            lines.append(f"supervisor pid {s['pid']} up {s['uptime_s']:.0f}s home {s['home']} "
+                         f"cancel epoch {data['cancel_epoch']}")
+        for d in data["deployments"]:
+            lines.append(f"{d['deployment_id']}  {d['state']:<15} {d['model']} tp={d['tp']} "
+                         f"pp={d['pp']} backend={d['backend']} job={d['job_id']}"
+                         + (f"  error: {d['error']}" if d.get("error") else ""))
+            for r in d["ranks"]:
+                lines.append(f"    rank {r['rank']} pid {r['pid']:<7} {r['phase']:<10} "
+                             f"step {r['step']:<6} active {r['active']:<3} "
+                             f"acked epoch {r['acked_epoch']}")
+        if not data["deployments"]:
+            lines.append("no deployments")
+        if cmd == "status":
+            for rj in data.get("rejections") or []:
+                lines.append(f"rejected {rj['service']}/{rj['socket']} {rj['reason']}: {rj['count']}")
+        return "\n".join(lines)
+    if cmd == "stop":
+        o = data["outcome"]
+        return (f"stopped {data['deployment_id']}: {' -> '.join(o.get('path') or ['none alive'])} "
+                f"in {o.get('duration_s', 0):.2f}s, every rank's exit proven")
+    if cmd == "abort_all":
+        return (f"epoch {data['epoch']}: zero active {data['zero_active']}; ranks "
+                f"{data['ranks']}; missing acks {data['missing']}")
+    if cmd == "backend_selection":
+        lines = [f"backend {data['backend']} ({len(data['members'])} members)"]
+        lines += [f"  blocker {b['member']}: {b['reason']}" for b in data["blockers"]]
+        return "\n".join(lines)
+    return json.dumps(data, indent=2, sort_keys=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    home = (ns.home or default_home()).expanduser()
+    cmd, args = build_request(ns)
+    try:
+        client = AdminClient.from_home(home, ns.endpoint)
+    except KeyFileError as exc:
+        print(f"lockstep admin: {exc}", file=sys.stderr)
+        return 2
+    try:
+        reply = client.call(cmd, ns.timeout, **args)
+    except BusTimeout as exc:
+        print(f"lockstep admin: {exc}", file=sys.stderr)
+        return 3
+    finally:
+        client.close()
+    if ns.json:
+        print(json.dumps({"ok": reply.ok, "code": reply.code, "message": reply.message,
+                          "data": reply.data}, indent=2, sort_keys=True, default=str))
+    elif reply.ok:
+        print(human(cmd, reply.data))
+    else:
+        print(f"error [{reply.code}]: {reply.message}", file=sys.stderr)
+    return 0 if reply.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""Admin HTTP API under /admin/api/cluster (DESIGN.md section 8), bearer token only.
+
+Each route forwards one command to the supervisor's admin socket and maps its stable
+error code to an HTTP status (`signature_mismatch` → 409). Two routes add the
+gateway's own evidence:
+- `POST /abort-all`: aborts the gateway's streams, has the supervisor broadcast the
+  cancel and wait for zero active on every rank, then waits for the gateway's own
+  counter to reach zero; the reply is that evidence.
+- `POST /deployments/{id}/unload` (and `DELETE /deployments/{id}`): the quiescence
+  gate. With active requests it is refused (409 `active_requests`) unless `force`,
+  which runs abort-all for that deployment and needs zero-active evidence from every
+  rank (DELETE with force falls back on verified teardown as the proof); then the
+  supervisor's verified teardown.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from services.gateway.cluster import SupervisorUnavailable
+from services.gateway.errors import ADMIN_STATUS, ApiError
+from services.gateway.openai_api import parse_json
+
+router = APIRouter(prefix="/admin/api/cluster")
+DEPLOY_WAIT_S = 600.0
+STOP_WAIT_S = 120.0
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class DeployArgs(_Args):
+    model_path: str | None = None
+    tp: int = Field(default=1, ge=1, le=64)
+    pp: int = Field(default=1, ge=1, le=64)
+    hosts: list[dict[str, Any]] | None = None  # host records (an mlx.launch hostfile's "hosts")
+    backend: Literal["auto", "ring", "jaccl", "mpi"] = "auto"
+    deployment_id: str | None = None
+    wait: bool = False  # HTTP default: answer at once, watch /ready or GET /deployments
+    envs: list[str] = Field(default_factory=list)
+
+
+class UnloadArgs(_Args):
+    force: bool = False
+    timeout_s: float | None = Field(default=None, gt=0, le=300)
+
+
+class AbortAllArgs(_Args):
+    deployment_id: str | None = None
+    timeout_s: float | None = Field(default=None, gt=0, le=300)
+
+
+class BackendArgs(_Args):
+    hosts: list[dict[str, Any]]
+    backend: Literal["auto", "ring", "jaccl", "mpi"] = "auto"
+
+
+class ReplanArgs(_Args):
+    deployment_id: str
+    backend: Literal["auto", "ring", "jaccl", "mpi"] = "auto"
+    signature: str | None = None
+    force: bool = False
+
+
+def require_admin(request: Request) -> None:
+    token = request.app.state.gw.settings.resolved_admin_token()
+    if not token:
+        raise ApiError(401, "the admin API is closed: no admin token is configured "
+                       "(LOCKSTEP_ADMIN_TOKEN or $LOCKSTEP_HOME/admin.token)", code="admin_disabled")
+    auth = request.headers.get("authorization", "")
+    if not auth.lower().startswith("bearer "):
+        raise ApiError(401, "missing admin token: send 'Authorization: Bearer <token>'",
+                       code="invalid_admin_token")
+    if not hmac.compare_digest(auth[7:].strip().encode(), token.encode()):
+        raise ApiError(401, "invalid admin token", code="invalid_admin_token")
+
+
+async def _args(request: Request, cls: type[_Args]) -> Any:
+    raw = await request.body()
+    obj = parse_json(raw) if raw.strip() else {}
+    if not isinstance(obj, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    try:
+        return cls.model_validate(obj)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        param = ".".join(str(p) for p in e.get("loc", ())) or None
+        raise ApiError(400, f"invalid value for '{param}': {e.get('msg')}", param=param,
+                       code="invalid_value") from None
+
+
+async def call(request: Request, command: str, args: dict | None = None,
+               timeout: float | None = None) -> dict:
+    """Forward one admin command; an error reply becomes an OpenAI-shaped error."""
+    gw = request.app.state.gw
+    try:
+        reply = await gw.cluster.admin(command, args or {}, timeout=timeout)
+    except SupervisorUnavailable as exc:
+        gw.metrics.admin_calls.labels(command=command, code="unavailable").inc()
+        raise ApiError(503, f"supervisor unavailable: {exc}", code="supervisor_unavailable") from None
+    gw.metrics.admin_calls.labels(command=command, code=reply.code or ("ok" if reply.ok else "?")).inc()
+    if not reply.ok:
+        raise ApiError(ADMIN_STATUS.get(reply.code, 500), reply.message or reply.code,
+                       code=reply.code, data=dict(reply.data) or None)
+    gw.cluster.wake()
+    return dict(reply.data)
+
+
+@router.get("/status")
+async def status(request: Request) -> dict:
+    require_admin(request)
+    gw = request.app.state.gw
+    data = await call(request, "status")
+    data["gateway"] = {"active": gw.cluster.active,
+                       "backends": {k: b.active for k, b in gw.cluster.backends.items()},
+                       "event_gaps": gw.cluster.gaps.gaps, "refreshed_at": gw.cluster.refreshed_at}
+    return data
+
+
+@router.get("/deployments")
+async def deployments(request: Request) -> dict:
+    require_admin(request)
+    data = await call(request, "deployments")
+    backends = request.app.state.gw.cluster.backends
+    for d in data.get("deployments") or []:
+        if isinstance(d, dict):
+            b = backends.get(d.get("deployment_id"))
+            d["gateway_active"] = b.active if b else 0
+    return data
+
+
+@router.post("/deployments")
+async def deploy(request: Request) -> dict:
+    require_admin(request)
+    a = await _args(request, DeployArgs)
+    return await call(request, "deploy", a.model_dump(), timeout=DEPLOY_WAIT_S if a.wait else 30.0)
+
+
+async def abort_all(request: Request, deployment_id: str | None, timeout_s: float | None) -> dict:
+    gw = request.app.state.gw
+    t0 = time.monotonic()
+    timeout = timeout_s or gw.settings.abort_all_timeout_s
+    backends = [b for k, b in gw.cluster.backends.items() if deployment_id in (None, k)]
+    for b in backends:
+        b.abort_local("abort_all")
+    ev = await call(request, "abort_all", {"deployment_id": deployment_id, "timeout_s": timeout},
+                    timeout=timeout + 10.0)
+    left = max(0.5, timeout - (time.monotonic() - t0))
+    gw_active = 0
+    for b in backends:
+        gw_active += await b.settle(left)
+    ev["gateway_active"] = gw_active
+    ev["zero_active"] = bool(ev.get("zero_active")) and gw_active == 0
+    ev["elapsed_ms"] = round((time.monotonic() - t0) * 1000, 1)
+    return ev
+
+
+@router.post("/abort-all")
+async def abort_all_route(request: Request) -> dict:
+    require_admin(request)
+    a = await _args(request, AbortAllArgs)
+    return await abort_all(request, a.deployment_id, a.timeout_s)
+
+
+async def _unload(request: Request, dep_id: str, force: bool, timeout_s: float | None,
+                  teardown_is_proof: bool) -> dict:
+    gw = request.app.state.gw
+    data = await call(request, "deployments")
+    info = next((d for d in data.get("deployments") or [] if d.get("deployment_id") == dep_id), None)
+    if info is None:
+        raise ApiError(404, f"no deployment {dep_id!r}", code="not_found")
+    b = gw.cluster.backends.get(dep_id)
+    ranks = {str(r.get("rank")): r.get("active", 0) for r in info.get("ranks") or []}
+    rank0 = None
+    if b is not None:
+        try:
+            rank0 = (await b.stats(timeout=2.0)).active
+        except Exception:  # noqa: BLE001 - rank 0 not answering: rely on telemetry
+            rank0 = None
+    active = {"gateway_active": b.active if b else 0, "ranks": ranks, "rank0_active": rank0}
+    busy = active["gateway_active"] or any(ranks.values()) or rank0
+    evidence = None
+    if busy and not force:
+        raise ApiError(409, f"deployment {dep_id} has active requests; abort them first or "
+                       "unload with force=true", code="active_requests", data=active)
+    if busy or force:
+        evidence = await abort_all(request, dep_id, timeout_s)
+        if not evidence.get("zero_active") and not teardown_is_proof:
+            raise ApiError(409, "abort-all did not prove zero active requests on every rank; "
+                           "not unloading (DELETE with force=true tears down anyway, the "
+                           "verified teardown being the proof)", code="active_requests",
+                           data=evidence)
+    teardown = await call(request, "stop", {"deployment_id": dep_id, "force": bool(force)},
+                          timeout=STOP_WAIT_S)
+    await _refresh(gw)
+    return {"deployment_id": dep_id, "active_before": active, "evidence": evidence,
+            "teardown": teardown}
+
+
+async def _refresh(gw) -> None:
+    try:
+        await gw.cluster.refresh()
+    except SupervisorUnavailable:
+        pass
+
+
+@router.post("/deployments/{dep_id}/unload")
+async def unload(dep_id: str, request: Request) -> dict:
+    require_admin(request)
+    a = await _args(request, UnloadArgs)
+    return await _unload(request, dep_id, a.force, a.timeout_s, teardown_is_proof=False)
+
+
+@router.delete("/deployments/{dep_id}")
+async def delete(dep_id: str, request: Request, force: bool = False) -> dict:
+    require_admin(request)
+    return await _unload(request, dep_id, force, None, teardown_is_proof=True)
+
+
+@router.post("/backend-selection")
+async def backend_selection(request: Request) -> dict:
+    require_admin(request)
+    a = await _args(request, BackendArgs)
+    return await call(request, "backend_selection", a.model_dump())
+
+
+@router.post("/replan")
+async def replan(request: Request) -> dict:
+    require_admin(request)
+    a = await _args(request, ReplanArgs)
+    return await call(request, "replan", a.model_dump(), timeout=60.0)
+
+
+@router.post("/reap")
+async def reap(request: Request) -> dict:
+    require_admin(request)
+    return await call(request, "reap", {}, timeout=60.0)

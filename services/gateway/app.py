@@ -1,0 +1,207 @@
+"""FastAPI wiring: state, routes, errors in OpenAI's shape, body cap, health and ready."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from common.bus import new_request_id
+from common.envelope import Key
+from common.messages import Generate
+from services.gateway import admin_api, openai_routes
+from services.gateway.backend import Backend
+from services.gateway.cluster import Cluster
+from services.gateway.detok import ModelTokenizer, load_tokenizer
+from services.gateway.errors import ApiError, error_json
+from services.gateway.metrics import Metrics
+from services.gateway.settings import GatewaySettings
+
+log = logging.getLogger("lockstep.gateway")
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class Gateway:
+    """Everything a request handler needs, on `app.state.gw`."""
+
+    def __init__(self, settings: GatewaySettings, key: Key) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.cluster = Cluster(settings, key, self.metrics)
+        self.metrics.cluster = self.cluster
+        self._probe_lock = asyncio.Lock()
+
+    def pick(self, model: str) -> Backend:
+        c = self.cluster
+        cands = [b for b in c.backends.values() if b.model == model]
+        if cands:
+            return min(cands, key=lambda b: b.active)
+        known = [d for d in c.deployments.values() if d.get("model") == model]
+        if known:
+            d = known[0]
+            why = f": {d['error']}" if d.get("error") else ""
+            raise ApiError(503, f"model {model!r} is not serving: deployment {d['deployment_id']} "
+                           f"is {d.get('state')}{why}", code="model_not_ready",
+                           headers={"retry-after": "5"})
+        if not c.backends:
+            raise ApiError(503, f"no deployment is serving: {self.not_ready_reason()}",
+                           code="no_serving_deployment", headers={"retry-after": "5"})
+        have = sorted({b.model for b in c.backends.values()})
+        raise ApiError(404, f"model {model!r} not found; serving: {', '.join(have)}",
+                       param="model", code="model_not_found")
+
+    async def tokenizer(self, b: Backend) -> ModelTokenizer:
+        if not b.model_path:
+            raise ApiError(503, f"deployment {b.deployment_id} names no model path", code="no_tokenizer")
+        try:
+            return await asyncio.to_thread(load_tokenizer, b.model_path)
+        except Exception as exc:  # noqa: BLE001 - whatever transformers raises
+            raise ApiError(503, f"cannot load the tokenizer of {b.model_path}: {exc}",
+                           code="no_tokenizer") from None
+
+    def not_ready_reason(self) -> str:
+        c = self.cluster
+        if c.supervisor_error:
+            return c.supervisor_error
+        if not c.deployments:
+            return "no deployment (deploy one: POST /admin/api/cluster/deployments)"
+        return "; ".join(f"deployment {d['deployment_id']} is {d.get('state')}"
+                         + (f" ({d['error']})" if d.get("error") else "")
+                         for d in c.deployments.values())
+
+    async def probe(self, b: Backend) -> bool:
+        """A one-token greedy generation through rank 0: the canary, refreshed."""
+        async with self._probe_lock:
+            fresh = self.settings.canary_fresh_s
+            if b.last_ok_at and time.time() - b.last_ok_at <= fresh:
+                return True
+            try:
+                tok = await self.tokenizer(b)
+                ids = tok.encode("ping") or [0]
+                s = await b.generate(Generate(request_id=new_request_id(), prompt=ids, max_tokens=1,
+                                              stop_token_ids=[], client="gateway-canary"))
+            except Exception:  # noqa: BLE001
+                return False
+            try:
+                deadline = time.monotonic() + 10.0
+                while time.monotonic() < deadline:
+                    body = await s.next(deadline - time.monotonic())
+                    if body is not None and body.finish_reason:
+                        break
+            finally:
+                s.release("canary_timeout")
+            return b.last_ok_at is not None and time.time() - b.last_ok_at <= fresh
+
+
+class BodyLimit:
+    """Pure ASGI middleware: bodies over the cap get 413 (declared or streamed)."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for k, v in scope.get("headers", []):
+            if k == b"content-length" and v.isdigit() and int(v) > self.max_bytes:
+                resp = error_json(413, f"request body of {int(v)} bytes exceeds the limit of "
+                                  f"{self.max_bytes} bytes", code="request_too_large")
+                return await resp(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge()
+            return msg
+
+        return await self.app(scope, limited, send)
+
+
+def create_app(settings: GatewaySettings, key: Key) -> FastAPI:
+    gw = Gateway(settings, key)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        gw.cluster.start()
+        try:
+            yield
+        finally:
+            await gw.cluster.stop()
+
+    app = FastAPI(title="lockstep gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.gw = gw
+    app.include_router(openai_routes.router)
+    app.include_router(admin_api.router)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return exc.response()
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(request: Request, exc: BodyTooLarge):
+        return error_json(413, f"request body exceeds the limit of {settings.max_body_bytes} bytes",
+                          code="request_too_large")
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        e = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in e.get("loc", ())[1:]) or None
+        return error_json(400, f"invalid value for '{param}': {e.get('msg', 'invalid')}",
+                          param=param, code="invalid_value")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return error_json(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        log.exception("unhandled error on %s", request.url.path)
+        return error_json(500, f"internal error: {type(exc).__name__}", code="internal")
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "supervisor": gw.cluster.supervisor_error is None,
+                "active": gw.cluster.active}
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        fresh_s = settings.canary_fresh_s
+        report = []
+        ok = False
+        for d in gw.cluster.serving():
+            b = gw.cluster.backends.get(d["deployment_id"])
+            at = gw.cluster.canary_at(d)
+            fresh = at is not None and time.time() - at <= fresh_s
+            if not fresh and b is not None:
+                fresh = await gw.probe(b)
+                at = gw.cluster.canary_at(d)
+            report.append({"deployment_id": d["deployment_id"], "model": d.get("model"),
+                           "canary_at": at, "canary_fresh": fresh})
+            ok = ok or (fresh and b is not None)
+        body = {"ready": ok, "deployments": report}
+        if not ok:
+            body["reason"] = (gw.not_ready_reason() if not report
+                              else "no serving deployment has a fresh canary")
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app

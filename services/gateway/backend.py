@@ -1,0 +1,277 @@
+"""One deployment's request channel: a signed DEALER to rank 0, the streams in flight
+on it, and the bookkeeping that keeps the gateway's active counter honest.
+
+A stream is *active* from the moment its GENERATE is sent until the gateway knows the
+request left the batch: rank 0's final TOKENS arrived (stop, length, abort, error), or
+rank 0 no longer lists it (STATS), or the deployment is gone. The consumer (the HTTP
+handler) `release`s a stream when it is done with it; releasing an unfinished stream
+sends ABORT at once and a drain task waits for the final chunk. Streams whose consumer
+went away without releasing (an orphan) are reaped by `reap_orphans` after a grace
+period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+
+from common.bus import AsyncRpcClient, BusTimeout, Channel, new_request_id
+from common.envelope import Key
+from common.messages import REQUESTS_OUT, Abort, Generate, Stats, StatsRequest, Tokens
+
+log = logging.getLogger("lockstep.gateway.backend")
+SEND_TIMEOUT_S = 5.0
+
+
+class StreamQueue(asyncio.Queue):
+    """A stream's queue that notes when the backend's final chunk arrived."""
+
+    final_at: float | None = None
+
+    def put_nowait(self, item) -> None:
+        body = getattr(item, "body", item)
+        if getattr(body, "finish_reason", None) and self.final_at is None:
+            self.final_at = time.monotonic()
+        super().put_nowait(item)
+
+
+class RequestStream:
+    def __init__(self, backend: Backend, request_id: str, prompt_len: int) -> None:
+        self.backend = backend
+        self.request_id = request_id
+        self.prompt_len = prompt_len
+        self.queue = StreamQueue()
+        self.submitted_at = time.monotonic()
+        self.last_token_at = self.submitted_at
+        self.consumer_seen = self.submitted_at
+        self.waiting = False
+        self.finished = False
+        self.finish_reason: str | None = None
+        self.released = False
+        self.abort_reason: str | None = None
+
+    async def next(self, timeout: float) -> Tokens | None:
+        """The next chunk from rank 0, or None if none arrived within `timeout`."""
+        self.waiting = True
+        try:
+            if self.queue.empty():
+                msg = await asyncio.wait_for(self.queue.get(), timeout)
+            else:  # fast path: no timer, no task
+                msg = self.queue.get_nowait()
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            self.waiting = False
+            self.consumer_seen = time.monotonic()
+        return self._take(msg)
+
+    def ready(self) -> list[Tokens]:
+        """Every chunk already queued (up to and including a final one), without waiting:
+        a consumer that fell behind handles them as one."""
+        out: list[Tokens] = []
+        while not self.finished and not self.queue.empty():
+            out.append(self._take(self.queue.get_nowait()))
+        return out
+
+    def _take(self, msg) -> Tokens:
+        body: Tokens = getattr(msg, "body", msg)
+        if body.tokens:
+            self.last_token_at = self.consumer_seen
+        if body.finish_reason:
+            self.finished, self.finish_reason = True, body.finish_reason
+        return body
+
+    def release(self, abort_reason: str | None = None) -> None:
+        """The consumer is done; abort rank-side if the request is still running."""
+        self.backend.release(self, abort_reason)
+
+
+class Backend:
+    def __init__(self, ctx: zmq.asyncio.Context, info: dict, *,
+                 on_abort: Callable[[str], None] | None = None,
+                 orphan_grace_s: float = 5.0) -> None:
+        self.deployment_id = info["deployment_id"]
+        self.job_id = info.get("job_id")
+        self.model = info.get("model") or self.deployment_id
+        self.model_path = info.get("model_path")
+        self.endpoint = info["requests_endpoint"]
+        key = Key.from_secret(bytes.fromhex(info["requests_key"]))
+        channel = Channel("gateway", "requests", sender="gateway", send_key=key, accept=REQUESTS_OUT)
+        self.client = AsyncRpcClient(ctx, self.endpoint, channel)
+        self.streams: dict[str, RequestStream] = {}
+        self.orphan_grace_s = orphan_grace_s
+        self.last_ok_at: float | None = None  # wall clock of the last good generation
+        self.closed = False
+        self._on_abort = on_abort or (lambda cause: None)
+        self._tasks: set[asyncio.Task] = set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    # --- requests ------------------------------------------------------------------
+
+    @property
+    def active(self) -> int:
+        return len(self.streams)
+
+    async def generate(self, gen: Generate) -> RequestStream:
+        if self.closed:
+            raise ConnectionError(f"deployment {self.deployment_id} is gone")
+        s = RequestStream(self, gen.request_id, len(gen.prompt))
+        self.client.open_stream(gen.request_id, s.queue)
+        self.streams[gen.request_id] = s
+        self._drained.clear()
+        try:
+            await asyncio.wait_for(self.client.send(gen), SEND_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            self._unregister(s)
+            raise ConnectionError(f"rank 0 of {self.deployment_id} does not take requests "
+                                  f"({self.endpoint})") from None
+        except BaseException:
+            self._unregister(s)
+            raise
+        return s
+
+    def abort(self, s: RequestStream, reason: str) -> None:
+        """ABORT to rank 0 now (idempotent per stream); the consumer keeps reading."""
+        if s.finished or s.abort_reason is not None:
+            return
+        s.abort_reason = reason
+        self._on_abort(reason)
+        self._spawn(self._send_abort(s.request_id, reason))
+
+    def release(self, s: RequestStream, abort_reason: str | None) -> None:
+        if s.released:
+            return
+        s.released = True
+        if s.finished or s.queue.final_at is not None:
+            if s.finish_reason in ("stop", "length"):
+                self.last_ok_at = time.time()
+            self._unregister(s)
+            return
+        self.abort(s, abort_reason or "client")
+        self._spawn(self._drain(s))
+
+    async def _send_abort(self, request_id: str, reason: str) -> None:
+        try:
+            await self.client.send(Abort(request_id=request_id, reason=reason))
+        except Exception as exc:  # noqa: BLE001 - a closed socket during shutdown
+            log.warning("abort %s to %s failed: %s", request_id, self.deployment_id, exc)
+
+    async def _drain(self, s: RequestStream) -> None:
+        """Wait for the final chunk of a released stream; verify with STATS if it is late."""
+        deadline = time.monotonic() + 3 * self.orphan_grace_s
+        while s.request_id in self.streams:
+            left = min(self.orphan_grace_s, deadline - time.monotonic())
+            if left <= 0:
+                log.warning("request %s on %s: no final chunk after abort; forgotten",
+                            s.request_id, self.deployment_id)
+                break
+            body = await s.next(left)
+            if body is not None:
+                if s.finished:
+                    break
+                continue
+            ids = await self.active_ids(timeout=min(2.0, self.orphan_grace_s))
+            if ids is not None and s.request_id not in ids:
+                break  # rank 0 no longer has it: the final chunk was lost
+            await self._send_abort(s.request_id, s.abort_reason or "client")
+        self._unregister(s)
+
+    def reap_orphans(self, now: float | None = None) -> int:
+        """Unregister streams whose backend finished but whose consumer is gone."""
+        now = time.monotonic() if now is None else now
+        n = 0
+        for s in list(self.streams.values()):
+            if s.released or s.waiting:
+                continue
+            final_at = s.queue.final_at
+            if final_at is not None and now - max(final_at, s.consumer_seen) > self.orphan_grace_s:
+                log.info("reaped orphaned stream %s on %s", s.request_id, self.deployment_id)
+                self._on_abort("orphan")
+                self._unregister(s)
+                n += 1
+        return n
+
+    def _unregister(self, s: RequestStream) -> None:
+        self.streams.pop(s.request_id, None)
+        self.client.close_stream(s.request_id)
+        if not self.streams:
+            self._drained.set()
+
+    # --- whole-deployment operations ----------------------------------------------
+
+    async def stats(self, timeout: float = 2.0) -> Stats:
+        msg = await self.client.call(StatsRequest(request_id=new_request_id()), timeout)
+        return msg.body
+
+    async def active_ids(self, timeout: float = 2.0) -> set[str] | None:
+        try:
+            return set((await self.stats(timeout)).active_ids)
+        except (BusTimeout, AttributeError):
+            return None
+
+    def abort_local(self, reason: str) -> int:
+        """Abort every running stream here (ABORT to rank 0 for each); count them."""
+        n = 0
+        for s in list(self.streams.values()):
+            if not s.finished and s.abort_reason is None:
+                self.abort(s, reason)
+                n += 1
+        return n
+
+    def fail_all(self, reason: str) -> None:
+        """The deployment is gone: end every stream as an abort, forget them all."""
+        for s in list(self.streams.values()):
+            s.queue.put_nowait(Tokens(request_id=s.request_id, tokens=[], index=0,
+                                      finish_reason="abort", error=reason))
+            self._unregister(s)
+
+    async def wait_drained(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._drained.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return not self.streams
+
+    async def settle(self, timeout: float) -> int:
+        """After a cluster abort: forget streams rank 0 no longer lists. Returns active."""
+        if await self.wait_drained(min(timeout, 1.0)):
+            return 0
+        ids = await self.active_ids(timeout=max(0.5, min(2.0, timeout)))
+        if ids is not None:
+            for s in list(self.streams.values()):
+                if s.request_id not in ids and (s.released or s.abort_reason):
+                    if s.queue.final_at is None:  # its final chunk was lost: end it here
+                        s.queue.put_nowait(Tokens(request_id=s.request_id, tokens=[], index=0,
+                                                  finish_reason="abort"))
+                    self._unregister(s)
+        await self.wait_drained(max(0.0, timeout - 1.0) if ids is None else 0.5)
+        return self.active
+
+    def _spawn(self, coro) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def close(self, reason: str = "deployment gone") -> None:
+        """End every stream as an abort. Requests still running get an ABORT queued
+        with a short linger, so a gateway that stops does not leave them generating."""
+        if self.closed:
+            return
+        self.closed = True
+        for s in list(self.streams.values()):
+            if not s.finished and s.queue.final_at is None:
+                try:
+                    self.client.sock.send(self.client.channel.pack(
+                        Abort(request_id=s.request_id, reason="gateway")), zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+        self.fail_all(reason)
+        for t in list(self._tasks):
+            t.cancel()
+        self.client.close(linger=500)

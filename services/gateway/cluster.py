@@ -1,0 +1,232 @@
+"""The gateway's view of the cluster: the supervisor's admin socket, its events, and one
+`Backend` per serving deployment.
+
+The supervisor is found through settings (admin/events endpoints) or
+`$LOCKSTEP_HOME/runtime/supervisor.json`, re-read whenever it changes, so a restarted
+supervisor is picked up. Deployments are refreshed on every event, on a detected event
+gap, and every `refresh_s` as a backstop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from common.bus import AsyncRpcClient, BusTimeout, Channel, GapTracker, configure, new_request_id
+from common.envelope import Key
+from common.messages import ADMIN_OUT, EVENTS, AdminReply, AdminRequest
+from services.gateway.backend import Backend
+from services.gateway.settings import GatewaySettings
+
+log = logging.getLogger("lockstep.gateway.cluster")
+SERVING = "serving"
+
+
+class SupervisorUnavailable(Exception):
+    pass
+
+
+class Cluster:
+    def __init__(self, settings: GatewaySettings, key: Key, metrics: Any = None) -> None:
+        self.settings = settings
+        self.key = key
+        self.metrics = metrics
+        self.ctx = zmq.asyncio.Context()
+        self.deployments: dict[str, dict] = {}
+        self.backends: dict[str, Backend] = {}
+        self.status: dict = {}
+        self.supervisor_error: str | None = "supervisor not contacted yet"
+        self.refreshed_at: float | None = None
+        self.gaps = GapTracker()
+        self._admin: AsyncRpcClient | None = None
+        self._endpoints: tuple[str, str] | None = None
+        self._sub: zmq.asyncio.Socket | None = None
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._file_sig: tuple | None = None
+
+    # --- supervisor discovery -----------------------------------------------------
+
+    def _resolve(self) -> tuple[str, str] | None:
+        s = self.settings
+        if s.admin_endpoint:
+            return s.admin_endpoint, s.events_endpoint or ""
+        try:
+            info = json.loads(s.supervisor_file.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(info, dict):
+            return None
+        admin = info.get("admin_endpoint") or info.get("admin")
+        events = info.get("events_endpoint") or info.get("events") or ""
+        return (str(admin), str(events)) if admin else None
+
+    def _connect(self) -> None:
+        eps = self._resolve()
+        if eps is None:
+            self.supervisor_error = f"no supervisor: {self.settings.supervisor_file} not found"
+            return
+        if eps == self._endpoints and self._admin is not None:
+            return
+        self._disconnect()
+        self._endpoints = eps
+        ch = Channel("gateway", "admin", sender="gateway", send_key=self.key, accept=ADMIN_OUT)
+        self._admin = AsyncRpcClient(self.ctx, eps[0], ch)
+        if eps[1]:
+            sub = configure(self.ctx.socket(zmq.SUB))
+            sub.setsockopt(zmq.SUBSCRIBE, b"events")
+            sub.connect(eps[1])
+            self._sub = sub
+        log.info("supervisor at %s (events %s)", eps[0], eps[1] or "none")
+
+    def _disconnect(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
+        if self._sub is not None:
+            self._sub.close(0)
+        self._admin, self._sub, self._endpoints = None, None, None
+
+    async def admin(self, command: str, args: dict | None = None,
+                    timeout: float | None = None) -> AdminReply:
+        """One admin call with a deadline; SupervisorUnavailable if nobody answers."""
+        self._connect()
+        if self._admin is None:
+            raise SupervisorUnavailable(self.supervisor_error or "no supervisor")
+        req = AdminRequest(request_id=new_request_id(), command=command, args=dict(args or {}))
+        try:
+            msg = await self._admin.call(req, timeout or self.settings.admin_timeout_s)
+        except BusTimeout as exc:
+            self.supervisor_error = f"supervisor at {self._endpoints[0]} did not answer: {exc}"
+            self._disconnect()  # re-resolve next time (the supervisor may have moved)
+            raise SupervisorUnavailable(self.supervisor_error) from None
+        return msg.body
+
+    # --- deployments ----------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """One `status` call: deployments (DeploymentInfo) plus what /metrics exports."""
+        timeout = min(5.0, self.settings.admin_timeout_s)
+        reply = await self.admin("status", timeout=timeout)
+        if reply.ok and isinstance(reply.data.get("deployments"), list):
+            self.status = dict(reply.data)
+        else:  # an older supervisor: the dedicated command
+            reply = await self.admin("deployments", timeout=timeout)
+        if not reply.ok:
+            raise SupervisorUnavailable(f"deployments: {reply.code}: {reply.message}")
+        deps = reply.data.get("deployments") or []
+        self.deployments = {d["deployment_id"]: d for d in deps
+                            if isinstance(d, dict) and isinstance(d.get("deployment_id"), str)}
+        self.supervisor_error = None
+        self.refreshed_at = time.time()
+        self._reconcile()
+
+    def _reconcile(self) -> None:
+        for dep_id, b in list(self.backends.items()):
+            info = self.deployments.get(dep_id)
+            if info is None or info.get("state") != SERVING or info.get("job_id") != b.job_id:
+                state = info.get("state") if info else "removed"
+                log.info("deployment %s is %s: closing its request channel", dep_id, state)
+                b.close(f"deployment {dep_id} is {state}")
+                del self.backends[dep_id]
+        for dep_id, info in self.deployments.items():
+            if info.get("state") == SERVING and dep_id not in self.backends and info.get("requests_key"):
+                try:
+                    self.backends[dep_id] = Backend(
+                        self.ctx, info, orphan_grace_s=self.settings.orphan_grace_s,
+                        on_abort=self._count_abort)
+                except (KeyError, ValueError) as exc:
+                    log.warning("deployment %s: bad request channel info: %s", dep_id, exc)
+
+    def _count_abort(self, cause: str) -> None:
+        if self.metrics is not None:
+            self.metrics.aborts.labels(cause=cause).inc()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except SupervisorUnavailable as exc:
+                self.supervisor_error = str(exc)
+            except Exception:  # noqa: BLE001 - keep the loop alive, say why
+                log.exception("refresh failed")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.refresh_s)
+            self._wake.clear()
+
+    async def _events_loop(self) -> None:
+        ch = Channel("gateway", "events", sender="gateway", send_key=self.key, accept=EVENTS)
+        while True:
+            sub = self._sub
+            if sub is None:
+                await asyncio.sleep(0.5)
+                self._connect()
+                continue
+            try:
+                if not await sub.poll(500, zmq.POLLIN):
+                    continue
+                frames = await sub.recv_multipart()
+            except zmq.ZMQError:
+                await asyncio.sleep(0.2)  # socket replaced under us
+                continue
+            msg = ch.unpack_sub(frames, b"events")
+            if msg is None:
+                continue
+            if self.gaps.observe(msg):
+                log.info("event gap from %s: refreshing", msg.header.sender)
+            log.debug("event %s %s %s", msg.body.name, msg.body.deployment_id, msg.body.state)
+            self.wake()
+
+    async def _reap_loop(self) -> None:
+        period = max(0.2, min(1.0, self.settings.orphan_grace_s / 2))
+        while True:
+            await asyncio.sleep(period)
+            for b in list(self.backends.values()):
+                b.reap_orphans()
+
+    def start(self) -> None:
+        self._connect()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(c) for c in
+                       (self._refresh_loop(), self._events_loop(), self._reap_loop())]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for b in self.backends.values():
+            b.close("gateway shutting down")
+        self.backends.clear()
+        self._disconnect()
+        self.ctx.destroy(linger=0)
+
+    # --- lookups ---------------------------------------------------------------------
+
+    @property
+    def active(self) -> int:
+        return sum(b.active for b in self.backends.values())
+
+    def serving(self) -> list[dict]:
+        return [d for d in self.deployments.values() if d.get("state") == SERVING]
+
+    def models(self) -> list[dict]:
+        return [d for d in self.serving() if d["deployment_id"] in self.backends]
+
+    def canary_at(self, dep: dict) -> float | None:
+        """Last proof that the deployment generates: the supervisor's canary or ours."""
+        times = [t for t in (dep.get("canary_at"),) if isinstance(t, int | float)]
+        b = self.backends.get(dep["deployment_id"])
+        if b is not None and b.last_ok_at:
+            times.append(b.last_ok_at)
+        return max(times) if times else None

@@ -1,0 +1,203 @@
+"""Tokenizer side of the gateway: chat template, encoding, incremental detokenizing.
+
+Rank 0 deals in token ids only; all text lives here. `Detokenizer` turns a growing list
+of ids into text deltas without ever emitting half a UTF-8 character: the byte-level
+BPE decoder yields U+FFFD for an incomplete sequence, so a delta ending in it is held
+back until the next ids complete it (the prefix/read-offset scheme of TGI and vLLM).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPLACEMENT = "\ufffd"
+# A UTF-8 character has at most 4 bytes; past this many pending ids the bytes are
+# invalid for good and are emitted as U+FFFD rather than held forever.
+MAX_PENDING = 6
+
+
+class ChatTemplateError(ValueError):
+    """The model has no chat template, or the messages do not fit it."""
+
+
+@dataclass
+class ModelTokenizer:
+    """One model's tokenizer, loaded once per model directory."""
+
+    path: Path
+    hf: Any  # transformers PreTrainedTokenizer(Fast)
+    eos_ids: list[int]
+    context_len: int | None
+
+    @property
+    def fast(self) -> Any:
+        """The Rust tokenizer when there is one (decode without Python overhead)."""
+        return getattr(self.hf, "backend_tokenizer", None) or getattr(self.hf, "_tokenizer", None)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        fast = self.fast
+        if fast is not None:
+            return fast.decode(ids, skip_special_tokens=True)
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        if not getattr(self.hf, "chat_template", None):
+            raise ChatTemplateError(f"model {self.path.name} has no chat template; use /v1/completions")
+        try:
+            text = self.hf.apply_chat_template(
+                messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # noqa: BLE001 - jinja errors of every kind
+            raise ChatTemplateError(f"chat template failed: {exc}") from None
+        return self.encode(text)
+
+    def detokenizer(self) -> Detokenizer:
+        return Detokenizer(self.decode, self.token_bytes())
+
+    def token_bytes(self) -> list[bytes | None] | None:
+        """Raw bytes of every token id for a byte-level BPE (None: not byte-level)."""
+        if not hasattr(self, "_bytes"):
+            self._bytes = _byte_level_table(self.fast)
+        return self._bytes
+
+
+def _gpt2_byte_decoder() -> dict[str, int]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+        + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+def _byte_level_table(fast: Any) -> list[bytes | None] | None:
+    """Token id → the bytes it decodes to; added tokens map to their UTF-8 content."""
+    if fast is None:
+        return None
+    try:
+        spec = json.loads(fast.to_str())
+    except Exception:  # noqa: BLE001 - an unusual tokenizer: fall back to the heuristic
+        return None
+    if (spec.get("decoder") or {}).get("type") != "ByteLevel":
+        return None
+    dec = _gpt2_byte_decoder()
+    vocab = fast.get_vocab(with_added_tokens=True)
+    added = {t["content"]: t.get("special", False) for t in spec.get("added_tokens", [])}
+    table: list[bytes | None] = [None] * (max(vocab.values()) + 1)
+    for piece, i in vocab.items():
+        if piece in added:
+            table[i] = b"" if added[piece] else piece.encode()
+        else:
+            try:
+                table[i] = bytes(dec[c] for c in piece)
+            except KeyError:
+                table[i] = None
+    return table
+
+
+def incomplete_utf8_tail(b: bytes) -> bool:
+    """True if `b` ends inside a valid multi-byte UTF-8 character (more bytes may
+    complete it); False if it ends on a boundary or in bytes that can never decode."""
+    for k in range(1, min(4, len(b)) + 1):
+        if b[-k] & 0xC0 != 0x80:  # the last lead byte
+            try:
+                b[-k:].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return exc.reason == "unexpected end of data" and exc.start == 0
+            return False
+    return False
+
+
+_CACHE: dict[Path, ModelTokenizer] = {}
+_LOCK = threading.Lock()
+
+
+def load_tokenizer(path: str | Path) -> ModelTokenizer:
+    """Load (once) the tokenizer of a model directory, with its eos ids and context."""
+    p = Path(path).expanduser().resolve()
+    with _LOCK:
+        hit = _CACHE.get(p)
+        if hit is not None:
+            return hit
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(p))
+    eos: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        try:
+            val = json.loads((p / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError):
+            continue
+        eos += val if isinstance(val, list) else ([val] if isinstance(val, int) else [])
+    if isinstance(hf.eos_token_id, int):
+        eos.append(hf.eos_token_id)
+    ctx = None
+    try:
+        ctx = json.loads((p / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        pass
+    tok = ModelTokenizer(p, hf, sorted(set(eos)), ctx if isinstance(ctx, int) else None)
+    with _LOCK:
+        _CACHE.setdefault(p, tok)
+        return _CACHE[p]
+
+
+class Detokenizer:
+    """Incremental detokenizer: `add(ids)` returns the new, complete text."""
+
+    def __init__(self, decode, token_bytes: list[bytes | None] | None = None) -> None:
+        self._decode = decode
+        self._bytes = token_bytes
+        self.ids: list[int] = []
+        self._prefix = 0  # ids before this are settled text
+        self._read = 0  # text of ids[_prefix:_read] has been emitted
+        self.text_len = 0
+
+    def add(self, ids: list[int]) -> str:
+        if not ids:
+            return ""
+        self.ids.extend(ids)
+        prefix_text = self._decode(self.ids[self._prefix:self._read]) if self._read > self._prefix else ""
+        new_text = self._decode(self.ids[self._prefix:])
+        if len(new_text) <= len(prefix_text):
+            return ""  # nothing visible yet (special tokens): wait
+        if new_text.endswith(REPLACEMENT) and self._may_complete():
+            return ""  # an incomplete UTF-8 sequence: wait for the rest of its bytes
+        delta = new_text[len(prefix_text):]
+        self._prefix, self._read = self._read, len(self.ids)
+        self.text_len += len(delta)
+        return delta
+
+    def _may_complete(self) -> bool:
+        tail = self.ids[max(self._read, len(self.ids) - 4):]
+        if self._bytes is not None:
+            try:
+                raw = b"".join(self._bytes[t] for t in tail)  # type: ignore[misc]
+            except (IndexError, TypeError):
+                raw = None
+            if raw is not None:
+                return incomplete_utf8_tail(raw)
+        return len(self.ids) - self._read < MAX_PENDING  # not byte-level: bounded wait
+
+    def flush(self) -> str:
+        """At the end of the stream: whatever is still held back (replacement chars stay)."""
+        if self._read >= len(self.ids):
+            return ""
+        prefix_text = self._decode(self.ids[self._prefix:self._read]) if self._read > self._prefix else ""
+        new_text = self._decode(self.ids[self._prefix:])
+        self._prefix = self._read = len(self.ids)
+        delta = new_text[len(prefix_text):]
+        self.text_len += len(delta)
+        return delta

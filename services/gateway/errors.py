@@ -1,0 +1,44 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with a status."""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+         404: "invalid_request_error", 405: "invalid_request_error", 409: "conflict_error",
+         413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+         500: "server_error", 502: "server_error", 503: "service_unavailable_error",
+         504: "timeout_error"}
+
+# Supervisor admin error codes → HTTP status (DESIGN.md section 8, the lead's table).
+ADMIN_STATUS = {"bad_request": 400, "unknown_command": 400, "not_found": 404, "conflict": 409,
+                "active_requests": 409, "launch_failed": 502, "teardown_failed": 500,
+                "reap_blocked": 409, "signature_mismatch": 409, "timeout": 504,
+                "internal": 500, "unavailable": 503}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, type_: str | None = None,
+                 data: dict | None = None, headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_ or TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        self.data = data
+        self.headers = headers
+
+    def body(self) -> dict:
+        err = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        if self.data is not None:
+            err["data"] = self.data
+        return {"error": err}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def error_json(status: int, message: str, **kw) -> JSONResponse:
+    return ApiError(status, message, **kw).response()

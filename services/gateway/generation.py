@@ -1,0 +1,158 @@
+"""From token chunks to what the client sees: detokenize → stop strings → tool calls.
+
+`Generation.events()` yields, in order, ("text", str), ("tool_call", ToolCall),
+("keepalive", None) while rank 0 is quiet, and finally ("end", Final). It never raises
+for an outcome of the request itself: a read timeout or a rank error ends as a Final
+carrying an ApiError, an abort as finish_reason "abort".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from services.gateway.backend import RequestStream
+from services.gateway.detok import ModelTokenizer
+from services.gateway.errors import ApiError
+from services.gateway.metrics import Metrics
+from services.gateway.stops import StopMatcher
+from services.gateway.toolcalls import ToolCall, ToolCallParser
+
+
+@dataclass
+class Final:
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    model_ttft_ms: float | None = None
+    visible_ttft_ms: float | None = None
+    error: ApiError | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    abort_reason: str | None = None
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+    def timings(self) -> dict:
+        return {"ttft_model_ms": _ms(self.model_ttft_ms), "ttft_visible_ms": _ms(self.visible_ttft_ms)}
+
+
+# Rank 0 refuses some requests outright; these are the client's to fix (400) or a
+# deployment that is not serving (503); anything else failed in the engine (502).
+_CLIENT_ERRORS = ("empty prompt", "prompt too long", "token id out of range", "temperature",
+                  "top_p", "duplicate request_id")
+
+
+def rank_error(text: str) -> ApiError:
+    if text.startswith(_CLIENT_ERRORS):
+        return ApiError(400, f"rank 0 refused the request: {text}", code="invalid_request")
+    if text.startswith("not serving"):
+        return ApiError(503, f"rank 0 is {text}", code="model_not_ready")
+    return ApiError(502, f"generation failed on rank 0: {text}", code="backend_error")
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+class Generation:
+    def __init__(self, stream: RequestStream, tok: ModelTokenizer, *, model: str,
+                 stops: list[str], tool_names: set[str] | None, started_at: float,
+                 read_timeout: float, keepalive_s: float, metrics: Metrics | None) -> None:
+        self.stream = stream
+        self.model = model
+        self.detok = tok.detokenizer()
+        self.stops = StopMatcher(stops)
+        self.tools = ToolCallParser(tool_names) if tool_names else None
+        self.started_at = started_at  # monotonic, when the HTTP request arrived
+        self.read_timeout = read_timeout
+        self.keepalive_s = keepalive_s
+        self.metrics = metrics
+        self.completion_tokens = 0
+        self.model_ttft_ms: float | None = None
+        self.visible_at: float | None = None
+        self._last_token_time: float | None = None
+
+    def mark_visible(self) -> None:
+        """The consumer is about to send the first visible byte."""
+        if self.visible_at is None:
+            self.visible_at = time.monotonic()
+            if self.metrics is not None:
+                self.metrics.ttft_visible.labels(model=self.model).observe(self.visible_at - self.started_at)
+
+    def _text_events(self, text: str, final: bool = False) -> list[tuple[str, object]]:
+        out = self.stops.feed(text)
+        if final:
+            out += self.stops.flush()
+        if self.tools is None:
+            return [("text", out)] if out else []
+        events = self.tools.feed(out) if out else []
+        if final:
+            events += self.tools.flush()
+        return [("text", v) if k == "content" else (k, v) for k, v in events]
+
+    def _observe_tokens(self, times: list[float]) -> None:
+        if self.metrics is None or not times:
+            return
+        h = self.metrics.token_latency.labels(model=self.model)
+        prev = self._last_token_time
+        for t in times:
+            if prev is not None and t >= prev:
+                h.observe(t - prev)
+            prev = t
+        self._last_token_time = prev
+
+    async def events(self) -> AsyncIterator[tuple[str, object]]:
+        s = self.stream
+        error: ApiError | None = None
+        finish = "stop"
+        while True:
+            quiet = time.monotonic() - s.last_token_at
+            left = self.read_timeout - quiet
+            if left <= 0:
+                s.backend.abort(s, "read_timeout")
+                error = ApiError(504, f"no token from the model for {self.read_timeout:g}s; "
+                                 "the request was cancelled", code="read_timeout")
+                finish = "abort"
+                break
+            first = await s.next(min(self.keepalive_s, left))
+            if first is None:
+                yield "keepalive", None
+                continue
+            bodies = [first, *s.ready()]  # behind? coalesce what is queued into one delta
+            body = bodies[-1]
+            tokens: list[int] = []
+            for b in bodies:
+                if self.model_ttft_ms is None and b.model_ttft_ms is not None:
+                    self.model_ttft_ms = b.model_ttft_ms
+                    if self.metrics is not None:
+                        self.metrics.ttft_model.labels(model=self.model).observe(b.model_ttft_ms / 1000)
+                tokens += b.tokens
+                self._observe_tokens(b.token_times)
+            if tokens:
+                self.completion_tokens += len(tokens)
+                for ev in self._text_events(self.detok.add(tokens)):
+                    yield ev
+                if self.stops.stopped:
+                    if not body.finish_reason:
+                        s.backend.abort(s, "stop_string")
+                    finish = "stop"
+                    break
+            if body.finish_reason:
+                finish = body.finish_reason
+                if finish == "error":
+                    error = rank_error(body.error or "unknown error")
+                for ev in self._text_events(self.detok.flush(), final=True):
+                    yield ev
+                break
+        if self.tools is not None and self.tools.calls and finish == "stop":
+            finish = "tool_calls"
+        if self.metrics is not None:
+            self.metrics.tokens.labels(model=self.model, kind="completion").inc(self.completion_tokens)
+            self.metrics.tokens.labels(model=self.model, kind="prompt").inc(s.prompt_len)
+        visible = None if self.visible_at is None else (self.visible_at - self.started_at) * 1000
+        yield "end", Final(finish, s.prompt_len, self.completion_tokens, self.model_ttft_ms,
+                           visible, error, list(self.tools.calls if self.tools else []),
+                           s.abort_reason)

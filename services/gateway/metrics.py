@@ -1,0 +1,125 @@
+"""Prometheus metrics for the whole cluster, as the gateway sees it.
+
+The gateway's own series (requests, tokens, active, aborts by cause, TTFT twice,
+per-token latency) are ordinary instruments on a per-app registry. What the supervisor,
+reaper and ranks report (rank telemetry, cancel epochs, deployment states, bus
+rejections by service and reason, teardown and reap outcomes) is collected at scrape
+time from the gateway's last cluster refresh, so a scrape never waits on the bus.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from common.envelope import REGISTRY as REJECTS
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("lockstep_gateway_requests", "HTTP generation requests by outcome",
+                                ["endpoint", "model", "outcome"], registry=r)
+        self.tokens = Counter("lockstep_gateway_tokens", "Tokens processed",
+                              ["model", "kind"], registry=r)
+        self.aborts = Counter("lockstep_gateway_aborts", "Requests aborted, by cause",
+                              ["cause"], registry=r)
+        self.ttft_model = Histogram("lockstep_ttft_model_seconds",
+                                    "Model TTFT: rank 0 produced the first token",
+                                    ["model"], buckets=TTFT_BUCKETS, registry=r)
+        self.ttft_visible = Histogram("lockstep_ttft_visible_seconds",
+                                      "Visible TTFT: first byte of visible content sent",
+                                      ["model"], buckets=TTFT_BUCKETS, registry=r)
+        self.token_latency = Histogram("lockstep_token_latency_seconds",
+                                       "Time between consecutive tokens of one request",
+                                       ["model"], buckets=TOKEN_BUCKETS, registry=r)
+        self.admin_calls = Counter("lockstep_gateway_admin_calls", "Admin API calls by outcome",
+                                   ["command", "code"], registry=r)
+        self.cluster = None  # set by the app: the Cluster whose state is exported
+        r.register(_ClusterCollector(self))
+
+
+class _ClusterCollector:
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        c = self.m.cluster
+        active = GaugeMetricFamily("lockstep_gateway_active_requests",
+                                   "Requests in flight through this gateway", labels=["deployment"])
+        dep_state = GaugeMetricFamily("lockstep_deployment_state", "1 for the current state",
+                                      labels=["deployment", "model", "state"])
+        rank_g = {n: GaugeMetricFamily(f"lockstep_rank_{n}", h, labels=["deployment", "rank"])
+                  for n, h in (("step", "Decode steps done"), ("active", "Active requests"),
+                               ("cancel_epoch", "Last consumed cancel epoch"),
+                               ("acked_epoch", "Last acknowledged cancel epoch"),
+                               ("mem_active_bytes", "MLX active memory"),
+                               ("telemetry_age_seconds", "Seconds since the last telemetry"))}
+        rejects = CounterMetricFamily("lockstep_bus_rejected", "Bus messages rejected",
+                                      labels=["service", "socket", "reason"])
+        up = GaugeMetricFamily("lockstep_supervisor_up", "1 if the supervisor answered lately")
+        epoch = GaugeMetricFamily("lockstep_cluster_cancel_epoch", "Supervisor cancel epoch")
+        extra: list[Any] = []
+        total = 0
+        seen: set[tuple] = set()
+        for row in REJECTS.snapshot():
+            key = (row["service"], row["socket"], row["reason"])
+            seen.add(key)
+            rejects.add_metric(list(key), row["count"])
+        if c is not None:
+            now = time.time()
+            for dep_id, b in c.backends.items():
+                active.add_metric([dep_id], b.active)
+                total += b.active
+            for dep_id, d in c.deployments.items():
+                dep_state.add_metric([dep_id, str(d.get("model", "")), str(d.get("state", ""))], 1)
+                for rk in d.get("ranks") or []:
+                    if not isinstance(rk, dict):
+                        continue
+                    labels = [dep_id, str(rk.get("rank"))]
+                    for name, field in (("step", "step"), ("active", "active"),
+                                        ("cancel_epoch", "cancel_epoch"),
+                                        ("acked_epoch", "acked_epoch"),
+                                        ("mem_active_bytes", "mem_active")):
+                        if isinstance(rk.get(field), int | float):
+                            rank_g[name].add_metric(labels, rk[field])
+                    if isinstance(rk.get("last_seen"), int | float):
+                        rank_g["telemetry_age_seconds"].add_metric(labels, max(0.0, now - rk["last_seen"]))
+            st = c.status or {}
+            up.add_metric([], 0.0 if c.supervisor_error else 1.0)
+            if isinstance(st.get("cancel_epoch"), int | float):
+                epoch.add_metric([], st["cancel_epoch"])
+            for row in st.get("rejections") or []:
+                if isinstance(row, dict) and isinstance(row.get("count"), int):
+                    key = (str(row.get("service", "supervisor")), str(row.get("socket", "")),
+                           str(row.get("reason", "")))
+                    if key not in seen:
+                        seen.add(key)
+                        rejects.add_metric(list(key), row["count"])
+            extra += _numbers("lockstep_reaper", st.get("reaper"), "Reaper outcome counters")
+            extra += _numbers("lockstep_supervisor", st.get("supervisor"), "Supervisor counters")
+        active.add_metric(["all"], total)
+        yield from (active, dep_state, *rank_g.values(), rejects, up, epoch, *extra)
+
+
+def _numbers(prefix: str, obj: Any, doc: str) -> list:
+    """Flat numeric fields of a status section (e.g. teardowns ok/failed) as gauges."""
+    out = []
+    if isinstance(obj, dict):
+        for k, v in sorted(obj.items()):
+            if isinstance(v, bool):
+                v = int(v)
+            if isinstance(v, int | float) and k.replace("_", "").isalnum():
+                g = GaugeMetricFamily(f"{prefix}_{k}", f"{doc}: {k}")
+                g.add_metric([], v)
+                out.append(g)
+    return out

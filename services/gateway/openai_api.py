@@ -1,0 +1,177 @@
+"""OpenAI request schemas and their validation (strict types, clear 400s).
+
+Parsing is by hand, not by FastAPI's body injection, so that every failure — invalid
+JSON, wrong types, out-of-range values, unsupported options — becomes one
+OpenAI-shaped error naming the offending parameter.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from services.gateway.errors import ApiError
+
+MAX_STOPS = 16
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(_Strict):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class _Sampling(_Strict):
+    model: str = Field(min_length=1, max_length=512)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
+    stop: str | list[str] | None = None
+    n: int | None = Field(default=None, ge=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def stops(self) -> list[str]:
+        s = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [x for x in s if x]
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = None
+
+    def limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool | None = False
+    best_of: int | None = Field(default=None, ge=1)
+    logprobs: int | None = None
+    suffix: str | None = None
+
+    def limit(self) -> int | None:
+        return self.max_tokens
+
+
+def parse_json(raw: bytes) -> Any:
+    if not raw:
+        raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def validate(cls: type[_Sampling], raw: bytes) -> Any:
+    obj = parse_json(raw)
+    if not isinstance(obj, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    try:
+        req = cls.model_validate(obj)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ()) if not str(p).startswith(("function-", "union[")))
+        param = param or None
+        raise ApiError(400, f"invalid value for '{param}': {first.get('msg')}",
+                       param=param, code="invalid_value") from None
+    _check_common(req)
+    return req
+
+
+def _check_common(req: _Sampling) -> None:
+    if req.n not in (None, 1):
+        raise ApiError(400, "n > 1 is not supported: this server returns one choice per request",
+                       param="n", code="unsupported_value")
+    stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    if len(stops) > MAX_STOPS:
+        raise ApiError(400, f"at most {MAX_STOPS} stop sequences", param="stop", code="invalid_value")
+    if isinstance(req, ChatRequest):
+        if req.logprobs:
+            raise ApiError(400, "logprobs are not supported", param="logprobs", code="unsupported_value")
+        for i, m in enumerate(req.messages):
+            if isinstance(m.content, list):
+                for part in m.content:
+                    if part.type != "text":
+                        raise ApiError(400, f"content part type {part.type!r} is not supported "
+                                       "(text only)", param=f"messages.{i}.content", code="unsupported_value")
+    if isinstance(req, CompletionRequest):
+        if req.best_of not in (None, 1):
+            raise ApiError(400, "best_of > 1 is not supported", param="best_of", code="unsupported_value")
+        if req.logprobs:
+            raise ApiError(400, "logprobs are not supported", param="logprobs", code="unsupported_value")
+        if req.suffix:
+            raise ApiError(400, "suffix is not supported", param="suffix", code="unsupported_value")
+        p = req.prompt
+        if isinstance(p, list) and len(p) and isinstance(p[0], str | list) and len(p) != 1:
+            raise ApiError(400, "one prompt per request (a list of several prompts is not supported)",
+                           param="prompt", code="unsupported_value")
+
+
+def template_messages(req: ChatRequest) -> list[dict]:
+    """OpenAI messages → the plain dicts a chat template expects."""
+    out = []
+    for m in req.messages:
+        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
+        if isinstance(m.content, list):
+            d["content"] = "".join(p.text or "" for p in m.content)
+        else:
+            d["content"] = m.content
+        if m.name:
+            d["name"] = m.name
+        if m.tool_calls:
+            d["tool_calls"] = m.tool_calls
+        if m.tool_call_id:
+            d["tool_call_id"] = m.tool_call_id
+        out.append(d)
+    return out
+
+
+def template_tools(req: ChatRequest) -> list[dict] | None:
+    if not req.tools or req.tool_choice == "none":
+        return None
+    return [t.model_dump(exclude_none=True) for t in req.tools]
+
+
+def tool_names(req: ChatRequest) -> set[str] | None:
+    if not req.tools or req.tool_choice == "none":
+        return None
+    return {t.function.name for t in req.tools}

@@ -1,0 +1,213 @@
+"""The OpenAI endpoints: /v1/models, /v1/chat/completions, /v1/completions.
+
+One request: authenticate → validate → pick a serving deployment for `model` →
+tokenize (chat template) → GENERATE to rank 0 → stream or collect. From the moment the
+GENERATE is sent the stream is released exactly once, whatever happens: normal end,
+client disconnect (ABORT at once), server shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import secrets
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from common.messages import Generate
+from services.gateway.errors import ApiError
+from services.gateway.generation import Final, Generation
+from services.gateway.openai_api import (
+    ChatRequest,
+    CompletionRequest,
+    template_messages,
+    template_tools,
+    tool_names,
+    validate,
+)
+from services.gateway.streaming import EventStreamResponse, Shape, collect, sse_events
+
+router = APIRouter()
+LARGE_PROMPT = 8192  # characters; longer prompts are tokenized off the event loop
+
+
+def check_api_key(request: Request) -> None:
+    keys = request.app.state.gw.settings.api_keys
+    if not keys:
+        return
+    auth = request.headers.get("authorization", "")
+    if not auth.lower().startswith("bearer "):
+        raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+    given = auth[7:].strip().encode()
+    if not any(hmac.compare_digest(given, k.encode()) for k in keys):
+        raise ApiError(401, "invalid API key", code="invalid_api_key")
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict:
+    check_api_key(request)
+    seen: dict[str, dict] = {}
+    for d in request.app.state.gw.cluster.models():
+        seen.setdefault(d["model"], {"id": d["model"], "object": "model",
+                                     "created": int(d.get("canary_at") or 0), "owned_by": "lockstep"})
+    return {"object": "list", "data": list(seen.values())}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> dict:
+    check_api_key(request)
+    for m in (await list_models(request))["data"]:
+        if m["id"] == model_id:
+            return m
+    raise ApiError(404, f"model {model_id!r} not found", param="model", code="model_not_found")
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _handle(request, chat=True)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await _handle(request, chat=False)
+
+
+async def _prompt_ids(req, tok, chat: bool) -> tuple[list[int], str]:
+    """Token ids of the prompt, and the echo prefix (completions with echo)."""
+    if chat:
+        msgs, tools = template_messages(req), template_tools(req)
+        size = sum(len(m.get("content") or "") for m in msgs)
+        if size > LARGE_PROMPT:
+            return await asyncio.to_thread(tok.chat_prompt, msgs, tools), ""
+        return tok.chat_prompt(msgs, tools), ""
+    p = req.prompt
+    if isinstance(p, list) and p and isinstance(p[0], str | list):
+        p = p[0]
+    if isinstance(p, str):
+        ids = await asyncio.to_thread(tok.encode, p) if len(p) > LARGE_PROMPT else tok.encode(p)
+        text = p
+    else:
+        vocab = len(tok.hf)
+        if any(not 0 <= t < vocab for t in p):
+            raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt",
+                           code="invalid_value")
+        ids, text = list(p), (tok.decode(list(p)) if req.echo else "")
+    return ids, (text if req.echo else "")
+
+
+async def _handle(request: Request, *, chat: bool) -> Response:
+    gw = request.app.state.gw
+    started = time.monotonic()
+    endpoint = "chat" if chat else "completions"
+    check_api_key(request)
+    req = validate(ChatRequest if chat else CompletionRequest, await request.body())
+    backend = gw.pick(req.model)
+    tok = await gw.tokenizer(backend)
+    ids, prefix = await _prompt_ids(req, tok, chat)
+    if not ids:
+        raise ApiError(400, "the prompt is empty", param="messages" if chat else "prompt",
+                       code="invalid_value")
+    ctx = tok.context_len
+    if ctx and len(ids) >= ctx:
+        raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context is {ctx}",
+                       param="messages" if chat else "prompt", code="context_length_exceeded")
+    limit = req.limit() or gw.settings.default_max_tokens
+    if ctx:
+        limit = min(limit, ctx - len(ids))
+    rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+    gen_msg = Generate(
+        request_id=rid, prompt=ids, max_tokens=limit,
+        temperature=1.0 if req.temperature is None else float(req.temperature),
+        top_p=1.0 if req.top_p is None else float(req.top_p),
+        seed=None if req.seed is None else req.seed % (2**63),
+        stop_token_ids=list(tok.eos_ids), client="gateway")
+    try:
+        stream = await backend.generate(gen_msg)
+    except ConnectionError as exc:
+        raise ApiError(503, str(exc), code="no_serving_deployment") from None
+    names = tool_names(req) if chat else None
+    gen = Generation(stream, tok, model=backend.model, stops=req.stops(), tool_names=names,
+                     started_at=started, read_timeout=gw.settings.request_read_timeout,
+                     keepalive_s=gw.settings.keepalive_s, metrics=gw.metrics)
+    shape = Shape(chat, rid, backend.model, req.include_usage())
+    headers = {"x-lockstep-request-id": rid, "x-lockstep-deployment": backend.deployment_id}
+
+    def done(final: Final | None, outcome: str | None = None) -> None:
+        gw.metrics.requests.labels(endpoint=endpoint, model=backend.model,
+                                   outcome=outcome or _outcome(final)).inc()
+
+    if req.stream:
+        def on_end(final: Final) -> None:
+            stream.release()
+            done(final)
+
+        def on_disconnect() -> None:
+            if not stream.released:
+                stream.release("client_disconnect")
+                if not stream.finished:
+                    done(None, "client_disconnect")
+
+        async def body():
+            try:
+                async for chunk in sse_events(gen, shape, prefix, on_end):
+                    yield chunk
+            finally:
+                on_disconnect()
+
+        return EventStreamResponse(body(), on_disconnect, headers)
+
+    try:
+        text, final = await _until_disconnect(request, collect(gen, prefix))
+    except _ClientGone:
+        stream.release("client_disconnect")
+        done(None, "client_disconnect")
+        return Response(status_code=499)
+    finally:
+        stream.release("client_disconnect")  # no-op after a normal end
+    done(final)
+    if final.error is not None:
+        final.error.headers = headers
+        raise final.error
+    headers["x-lockstep-ttft-model-ms"] = _hdr(final.model_ttft_ms)
+    headers["x-lockstep-ttft-visible-ms"] = _hdr(final.visible_ttft_ms)
+    return JSONResponse(shape.body(text, final), headers=headers)
+
+
+def _outcome(final: Final | None) -> str:
+    if final is None:
+        return "unknown"
+    if final.error is not None:
+        return final.error.code or "error"
+    return final.finish_reason
+
+
+def _hdr(ms: float | None) -> str:
+    return "" if ms is None else f"{ms:.3f}"
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _until_disconnect(request: Request, coro):
+    """Run `coro`; if the client disconnects first, cancel it and raise _ClientGone."""
+    work = asyncio.ensure_future(coro)
+
+    async def watch() -> None:
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            return work.result()
+        raise _ClientGone()
+    finally:
+        watcher.cancel()
+        if not work.done():
+            work.cancel()

@@ -1,0 +1,181 @@
+"""OpenAI bodies and SSE streams for chat and text completions, and an ASGI response
+that notices a client disconnect the moment it happens (not at the next write).
+
+Stream layout (chat): a role chunk, content / tool_calls delta chunks, a finish chunk
+(carrying `lockstep.ttft_*_ms`), with `stream_options.include_usage` a usage chunk with
+empty `choices`, then `data: [DONE]`. Comment lines (`: keep-alive`) are sent while the
+model is quiet. An error after the stream started is an `error` event, then [DONE];
+an aborted request ends with finish_reason "abort", never a broken transfer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+
+from starlette.responses import Response
+
+from services.gateway.generation import Final, Generation
+from services.gateway.toolcalls import ToolCall
+
+DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keep-alive\n\n"
+
+
+def sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+class Shape:
+    """The envelope of one response: chat or text completion."""
+
+    def __init__(self, chat: bool, rid: str, model: str, include_usage: bool = False) -> None:
+        self.chat, self.rid, self.model = chat, rid, model
+        self.created = int(time.time())
+        self.include_usage = include_usage
+
+    def chunk(self, *, text: str | None = None, role: bool = False,
+              tool_call: tuple[int, ToolCall] | None = None, finish: str | None = None,
+              extra: dict | None = None) -> dict:
+        if self.chat:
+            delta: dict = {}
+            if role:
+                delta = {"role": "assistant", "content": ""}
+            if text is not None:
+                delta["content"] = text
+            if tool_call is not None:
+                delta["tool_calls"] = [tool_call[1].to_openai(tool_call[0])]
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        out = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
+               "choices": [choice]}
+        if self.include_usage:
+            out["usage"] = None
+        if extra:
+            out.update(extra)
+        return out
+
+    def usage_chunk(self, final: Final) -> dict:
+        return {"id": self.rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [],
+                "usage": final.usage(), "lockstep": final.timings()}
+
+    def body(self, text: str, final: Final) -> dict:
+        if self.chat:
+            msg: dict = {"role": "assistant", "content": text or (None if final.tool_calls else "")}
+            if final.tool_calls:
+                msg["tool_calls"] = [c.to_openai() for c in final.tool_calls]
+            choice = {"index": 0, "message": msg, "logprobs": None,
+                      "finish_reason": final.finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": final.finish_reason}
+            obj = "text_completion"
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": final.usage(), "lockstep": final.timings()}
+
+
+async def collect(gen: Generation, prefix: str = "") -> tuple[str, Final]:
+    """Run a generation to its end (non-streaming)."""
+    parts = [prefix] if prefix else []
+    async for kind, val in gen.events():
+        if kind == "text":
+            parts.append(val)
+        elif kind == "end":
+            gen.mark_visible()  # the whole body is the first visible byte
+            val.visible_ttft_ms = (gen.visible_at - gen.started_at) * 1000
+            return "".join(parts), val
+    raise RuntimeError("generation ended without a final event")
+
+
+async def sse_events(gen: Generation, shape: Shape, prefix: str = "",
+                     on_end: Callable[[Final], None] | None = None) -> AsyncIterator[bytes]:
+    """SSE bytes for one generation; `on_end` gets the Final (metrics, release)."""
+    n_calls = 0
+    if shape.chat:
+        yield sse(shape.chunk(role=True))
+    if prefix:  # echo
+        gen.mark_visible()
+        yield sse(shape.chunk(text=prefix))
+    async for kind, val in gen.events():
+        if kind == "keepalive":
+            yield KEEPALIVE
+        elif kind == "text":
+            gen.mark_visible()
+            yield sse(shape.chunk(text=val))
+        elif kind == "tool_call":
+            gen.mark_visible()
+            yield sse(shape.chunk(tool_call=(n_calls, val)))
+            n_calls += 1
+        elif kind == "end":
+            final: Final = val
+            if on_end is not None:
+                on_end(final)
+            if final.error is not None:
+                yield sse(final.error.body())
+            else:
+                yield sse(shape.chunk(finish=final.finish_reason,
+                                      extra={"lockstep": final.timings()}))
+                if shape.include_usage:
+                    yield sse(shape.usage_chunk(final))
+            yield DONE
+            return
+
+
+class EventStreamResponse(Response):
+    """Streams `body` as text/event-stream; calls `on_disconnect` as soon as the client
+    goes away (a listener awaits `http.disconnect` alongside the writer)."""
+
+    def __init__(self, body: AsyncIterator[bytes], on_disconnect: Callable[[], None],
+                 headers: dict[str, str] | None = None) -> None:
+        # Response.__init__ is skipped on purpose: it would set a content-length.
+        self.body_iter = body
+        self.on_disconnect = on_disconnect
+        self.status_code = 200
+        self.background = None
+        hdrs = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache",
+                "x-accel-buffering": "no", **(headers or {})}
+        self.raw_headers = [(k.lower().encode(), v.encode()) for k, v in hdrs.items()]
+
+    async def __call__(self, scope, receive, send) -> None:
+        raw = self.raw_headers
+        gone = asyncio.Event()
+
+        async def listen() -> None:
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    gone.set()
+                    self.on_disconnect()
+                    pump.cancel()
+                    return
+
+        async def write() -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": raw})
+            async for chunk in self.body_iter:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        pump = asyncio.ensure_future(write())
+        listener = asyncio.ensure_future(listen())
+        try:
+            await pump
+        except asyncio.CancelledError:
+            if not gone.is_set():  # not the client leaving: the server cancelled us
+                self.on_disconnect()
+                raise
+        except OSError:  # the transport broke under a write
+            self.on_disconnect()
+        finally:
+            listener.cancel()
+            pump.cancel()
+            with contextlib.suppress(BaseException):
+                await listener
+            with contextlib.suppress(BaseException):
+                await self.body_iter.aclose()

@@ -1,0 +1,162 @@
+"""Start-up of one rank, up to the serve release.
+
+    marker starting → I/O thread (control SUB, report DEALER, plan, requests)
+    → wait for one LEASE (slow-joiner proof)              → marker loading
+    → mx.distributed.init (MLX_RANK / MLX_HOSTFILE; ring, jaccl or mpi)
+    → load the shard (sharded_load: tensor_group for TP, pipeline_group for PP;
+      a single rank loads the whole model)
+    → plan session: followers HELLO until rank 0 WELCOMEs; rank 0 waits for all
+    → marker ready + RANK_READY (re-sent until SERVE)     → SERVE → marker serving
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+from pathlib import Path
+
+import mlx.core as mx
+
+from common.keys import KeyFileError, LaunchKeys, read_secret_file
+from common.messages import RankReady
+from common.rankspec import RankSpec
+from common.state import Phase
+from services.rank import events as ev
+from services.rank.engine import Engine
+from services.rank.errors import StartupError
+from services.rank.io import RankIO
+from services.rank.removals import RemovalLog, removals_path
+from services.rank.runtime import EXIT_FAILED, EXIT_OK, RankRuntime
+
+log = logging.getLogger("lockstep.rank.boot")
+PARENT_CHECK_S = 1.0
+
+
+def wait_for(rt: RankRuntime, io: RankIO, kind: type | tuple[type, ...], stash: list[object],
+             what: str):
+    """Block on the inbox until an event of `kind`; keep the rest for the serve loop.
+    SHUTDOWN or a signal before serving ends the rank cleanly; a launcher that went away
+    (we were re-parented) ends it as launcher_lost."""
+    for i, e in enumerate(stash):
+        if isinstance(e, kind):
+            return stash.pop(i)
+    parent = rt.parent_pid
+    while True:
+        try:
+            e = io.inbox.get(timeout=PARENT_CHECK_S)
+        except queue.Empty:
+            if parent is not None and os.getppid() != parent:
+                rt.exit(EXIT_FAILED, Phase.LAUNCHER_LOST, f"launcher gone while waiting for {what}",
+                        stop_io=io.stop)
+            continue
+        if isinstance(e, kind):
+            return e
+        if isinstance(e, ev.ShutdownEv | ev.SignalEv):
+            rt.exit(EXIT_OK, Phase.EXITING, None, stop_io=io.stop)
+        if isinstance(e, ev.IoFailed):
+            rt.exit(EXIT_FAILED, Phase.FAILED, e.error, stop_io=io.stop)
+        stash.append(e)  # for a later wait, or the serve loop
+
+
+def init_distributed(spec: RankSpec):
+    if spec.world_size == 1:
+        return None
+    if spec.backend not in ("ring", "jaccl", "mpi"):
+        raise StartupError(f"backend {spec.backend!r} cannot run {spec.world_size} ranks")
+    group = mx.distributed.init(strict=True, backend=spec.backend)
+    if group.size() != spec.world_size or group.rank() != spec.rank:
+        raise StartupError(f"distributed group is rank {group.rank()} of {group.size()}, the "
+                           f"spec says rank {spec.rank} of {spec.world_size} (check MLX_RANK "
+                           "and the hostfile)")
+    return group
+
+
+def load_shard(spec: RankSpec, group) -> tuple[object, list[int], int, int | None]:
+    """(model, eos token ids, vocab size, context length or None) for this rank's shard."""
+    path = spec.model_path
+    if group is None:
+        from mlx_lm import load
+
+        model, tokenizer, config = load(path, return_config=True)
+    else:
+        from mlx_lm.utils import sharded_load
+
+        if spec.tp == spec.world_size and spec.pp == 1:
+            kw = {"tensor_group": group}
+        elif spec.pp == spec.world_size and spec.tp == 1:
+            kw = {"pipeline_group": group}
+        else:
+            raise StartupError(f"tp={spec.tp} pp={spec.pp} over {spec.world_size} ranks is not "
+                               "supported (use tp=N or pp=N)")
+        model, tokenizer, config = sharded_load(path, return_config=True, **kw)
+    ctx = config.get("max_position_embeddings")
+    return model, sorted(tokenizer.eos_token_ids), int(config["vocab_size"]), \
+        int(ctx) if isinstance(ctx, int) and ctx > 0 else None
+
+
+def run(spec: RankSpec) -> None:
+    rt = RankRuntime(spec)
+    rt.set_phase(Phase.STARTING)
+    try:
+        keys = LaunchKeys(read_secret_file(Path(spec.secret_path)), spec.deployment_id,
+                          spec.job_id)
+        io = RankIO(spec, keys, rt)
+    except (KeyFileError, OSError) as exc:
+        rt.exit(EXIT_FAILED, Phase.FAILED, f"cannot start: {exc}")
+    except Exception as exc:  # noqa: BLE001 - zmq bind errors and the like
+        rt.exit(EXIT_FAILED, Phase.FAILED, f"cannot open the bus: {exc}")
+    rt.install_signal_handlers(io.signal_fd)
+    io.start()
+    removals = RemovalLog(removals_path(rt.paths, spec.deployment_id, spec.rank))
+    stash: list[object] = []
+
+    lease = wait_for(rt, io, ev.LeaseSeen, stash, "a LEASE on control").lease
+    if lease.cancel_epoch > rt.cancel_floor:  # present at start-up: a watermark
+        rt.cancel_floor = rt.cancel_epoch = lease.cancel_epoch
+    rt.set_phase(Phase.LOADING)
+    try:
+        group = init_distributed(spec)
+        model, eos_ids, vocab, max_context = load_shard(spec, group)
+        engine = Engine(model, eos_ids, spec.settings)
+    except Exception as exc:  # noqa: BLE001 - any load failure ends this rank, reported
+        log.exception("loading failed")
+        rt.exit(EXIT_FAILED, Phase.FAILED, f"load failed: {exc}", stop_io=io.stop)
+
+    next_seq = 0
+    if spec.world_size > 1:
+        next_seq = wait_for(rt, io, ev.Joined, stash, "the plan session").next_seq
+    rt.set_phase(Phase.READY)
+    endpoints = {"plan": spec.plan_endpoint, "requests": spec.requests_endpoint} \
+        if rt.leader else {}
+    io.post(("ready", RankReady(
+        deployment_id=spec.deployment_id, job_id=spec.job_id, rank=spec.rank,
+        host=spec.host or socket.gethostname(), pid=rt.pid, start_time=rt.start_time,
+        boot_id=rt.boot_id, endpoints=endpoints)))
+    # Rank 0 plans only once it was released, so a plan is a release too (a follower
+    # that missed SERVE on the PUB must not leave rank 0 alone in a collective).
+    got = wait_for(rt, io, (ev.ServeEv, ev.PlanEv), stash, "SERVE")
+    if isinstance(got, ev.PlanEv):
+        stash.insert(0, got)
+    io.post(("served",))
+    rt.set_phase(Phase.SERVING)
+
+    try:
+        if rt.leader:
+            from services.rank.leader import Leader
+
+            L = Leader(rt, io, engine, removals, stash, vocab_size=vocab, context=max_context)
+            if os.environ.get("PROF_OUT"):
+                import cProfile
+                pr = cProfile.Profile()
+                rt.on_exit(lambda _r: (pr.disable(), pr.dump_stats(os.environ["PROF_OUT"])))
+                pr.enable()
+            L.run()
+        else:
+            from services.rank.follower import Follower
+
+            Follower(rt, io, engine, removals, stash, next_seq=next_seq).run()
+    except Exception as exc:  # noqa: BLE001 - a bug must still end in a marker, not a hang
+        log.exception("rank loop failed")
+        rt.exit(EXIT_FAILED, Phase.FAILED, f"internal error: {exc!r}", stop_io=io.stop)

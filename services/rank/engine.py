@@ -1,0 +1,154 @@
+"""The batch: an mlx-lm `BatchGenerator` driven only through step plans.
+
+Every rank owns one `Engine` built from the same `RankSettings`, so the generators have
+identical arguments, and applies exactly the same plans in the same order: removes, then
+inserts (one `insert` call, in plan order), then `next()` iff the plan says advance.
+Requests are named by request id; each rank maps id → uid from its own `insert` return
+value and checks that the uid is the one the plan order predicts (an insert made on one
+rank alone would shift every later uid). Any mismatch raises `Divergence`: the caller
+fails closed instead of entering a collective its peers will not enter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, StopSequences
+
+from common.messages import PlanInsert, PlanRemove
+from common.rankspec import RankSettings
+from services.rank.sampling import make_sampler
+
+
+class Divergence(Exception):
+    """This rank's batch no longer matches the plan: stop before the next collective."""
+
+
+@dataclass
+class Active:
+    request_id: str
+    uid: int
+    prompt_len: int
+    max_tokens: int
+    tokens: list[int] = field(default_factory=list)  # emitted tokens (stop token excluded)
+
+
+@dataclass
+class Finished:
+    """One request leaving the batch: removed by a plan, or finished by the model."""
+
+    active: Active
+    reason: str  # stop | length (model) or the plan's remove reason
+    step: int  # the step it left at (removes: the step the plan precedes)
+    token: int | None = None  # the token produced with a model finish, if emitted
+
+
+@dataclass
+class Emitted:
+    active: Active
+    token: int | None  # None: the stop token itself, which is not emitted
+    finish_reason: str | None
+
+
+def generator_kwargs(settings: RankSettings) -> dict:
+    """BatchGenerator arguments: a pure function of the settings, same on every rank."""
+    return {
+        "max_tokens": settings.default_max_tokens,
+        "completion_batch_size": settings.max_batch,
+        "prefill_batch_size": settings.prefill_batch,
+        "prefill_step_size": settings.prefill_step,
+    }
+
+
+class Engine:
+    def __init__(self, model, eos_ids: list[int], settings: RankSettings) -> None:
+        self.eos_ids = sorted(int(t) for t in eos_ids)
+        self.gen = BatchGenerator(model, stop_tokens=[[t] for t in self.eos_ids],
+                                  **generator_kwargs(settings))
+        self._default_stops = StopSequences([(t,) for t in self.eos_ids] or None)
+        self.by_rid: dict[str, Active] = {}
+        self.by_uid: dict[int, Active] = {}
+        self.next_uid = 0
+        self.step = 0  # next() calls made so far
+
+    # -- queries -----------------------------------------------------------------
+
+    def has(self, request_id: str) -> bool:
+        return request_id in self.by_rid
+
+    def has_work(self) -> bool:
+        return bool(self.by_rid)
+
+    def active_ids(self) -> tuple[str, ...]:
+        return tuple(self.by_rid)
+
+    # -- plan application ------------------------------------------------------------
+
+    def apply(self, removes: list[PlanRemove], inserts: list[PlanInsert]) -> list[Finished]:
+        """Removes first, then inserts, exactly as the plan lists them."""
+        removed: list[Finished] = []
+        if removes:
+            uids = []
+            for r in removes:
+                a = self.by_rid.get(r.request_id)
+                if a is None:
+                    raise Divergence(f"plan removes {r.request_id!r}, which is not in this batch")
+                uids.append(a.uid)
+                removed.append(Finished(a, r.reason, self.step))
+            self.gen.remove(uids)
+            for f in removed:
+                del self.by_rid[f.active.request_id]
+                del self.by_uid[f.active.uid]
+        if inserts:
+            for ins in inserts:
+                if ins.request_id in self.by_rid:
+                    raise Divergence(f"plan inserts {ins.request_id!r}, already in this batch")
+            uids = self.gen.insert(
+                [list(i.prompt) for i in inserts],
+                max_tokens=[i.max_tokens for i in inserts],
+                samplers=[make_sampler(i.temperature, i.top_p, i.seed) for i in inserts],
+                stop_sequences=[self._stops(i.stop_token_ids) for i in inserts],
+            )
+            expected = list(range(self.next_uid, self.next_uid + len(inserts)))
+            if list(uids) != expected:
+                raise Divergence(f"insert returned uids {uids}, plan order predicts {expected}")
+            self.next_uid += len(inserts)
+            for ins, uid in zip(inserts, uids, strict=True):
+                a = Active(ins.request_id, uid, len(ins.prompt), ins.max_tokens)
+                self.by_rid[a.request_id] = a
+                self.by_uid[uid] = a
+        return removed
+
+    def _stops(self, extra: list[int]) -> StopSequences:
+        if not extra:
+            return self._default_stops
+        return StopSequences([(t,) for t in sorted(set(self.eos_ids) | set(extra))])
+
+    # -- stepping ----------------------------------------------------------------------
+
+    def next(self) -> tuple[list[Emitted], list[Finished]]:
+        """One `BatchGenerator.next()`: what each request emitted, and who finished."""
+        step = self.step
+        _, responses = self.gen.next()
+        self.step += 1
+        emitted: list[Emitted] = []
+        finished: list[Finished] = []
+        for r in responses:
+            a = self.by_uid.get(r.uid)
+            if a is None:
+                raise Divergence(f"step {step} produced a token for unknown uid {r.uid}")
+            token = int(r.token)
+            keep = None if r.finish_reason == "stop" else token
+            if keep is not None:
+                a.tokens.append(keep)
+            emitted.append(Emitted(a, keep, r.finish_reason))
+            if r.finish_reason is not None:
+                del self.by_rid[a.request_id]
+                del self.by_uid[a.uid]
+                finished.append(Finished(a, r.finish_reason, step, keep))
+        return emitted, finished
+
+    def drain(self) -> None:
+        """Wait for work queued on the generation stream (an async step in flight)."""
+        mx.synchronize(self.gen.stream)

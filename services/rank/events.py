@@ -1,0 +1,70 @@
+"""What the I/O thread hands the main thread (through `RankIO.inbox`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.messages import Abort, Cancel, Generate, Lease, Plan, Serve, Shutdown
+
+
+@dataclass
+class LeaseSeen:  # the first LEASE on control (slow-joiner proof)
+    lease: Lease
+
+
+@dataclass
+class Joined:  # follower: rank 0 welcomed us; leader: every follower said hello
+    next_seq: int
+
+
+@dataclass
+class ServeEv:
+    body: Serve
+
+
+@dataclass
+class ShutdownEv:
+    body: Shutdown
+
+
+@dataclass
+class SignalEv:
+    signum: int
+
+
+@dataclass
+class CancelEv:
+    body: Cancel
+
+
+@dataclass
+class GenerateEv:
+    ident: bytes
+    body: Generate
+    received_at: float  # wall clock at the I/O thread
+
+
+@dataclass
+class AbortEv:
+    body: Abort
+
+
+@dataclass
+class AbortAllEv:  # from a watchdog (issue 4) through RankRuntime.request_abort_all
+    reason: str
+
+
+@dataclass
+class PlanEv:  # follower: the next plan, in sequence order
+    plan: Plan
+
+
+@dataclass
+class PlanMissingEv:  # follower: a plan the leader can no longer replay
+    from_seq: int
+    detail: str
+
+
+@dataclass
+class IoFailed:
+    error: str

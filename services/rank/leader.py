@@ -1,0 +1,265 @@
+"""Rank 0's loop: requests in, one plan per step out, tokens streamed back.
+
+    drain inbox (block only when nothing is active or pending)
+    → build the plan: removes (aborts, a cancel epoch) first, then inserts
+    → apply it locally (a plan rank 0 cannot apply is never published)
+    → hand it to the I/O thread (fan-out to every follower + replay buffer)
+    → next() iff anything is in the batch → stream each request's token
+
+A cancel-only plan with an empty batch has advance=False. At most one cancel epoch is
+folded into a plan, lowest first, so every epoch has one plan and one step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from common.messages import Generate, Plan, PlanInsert, PlanRemove, Tokens
+from common.state import Phase
+from services.rank import events as ev
+from services.rank.engine import Divergence, Emitted
+from services.rank.loop import RankLoop
+from services.rank.planwire import MAX_BATCH_BYTES, plan_size
+
+log = logging.getLogger("lockstep.rank.leader")
+MAX_SEED = (1 << 63) - 1
+
+
+@dataclass
+class Req:
+    ident: bytes
+    insert: PlanInsert
+    received_at: float
+    sent: int = 0
+    first_at: float | None = None
+    tokens: list[int] = field(default_factory=list)
+
+
+class Leader(RankLoop):
+    def __init__(self, *args, vocab_size: int, context: int | None = None, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.vocab_size = vocab_size
+        self.context = context  # prompt + completion must fit (None: unknown)
+        self.reqs: dict[str, Req] = {}  # pending and in the batch
+        self.pending: deque[str] = deque()
+        self.removes: dict[str, str] = {}  # request id → reason, for the next plan
+        self.cancels: dict[int, object] = {}  # epoch → Cancel, not yet folded
+        self.seq = 0
+        self.rt.on_exit(self._end_all_streams)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self) -> None:
+        for e in self.stash:
+            self.handle(e)
+        self.stash.clear()
+        while True:
+            busy = self.engine.has_work() or self.pending or self.removes or self.cancels
+            self.drain(block=not busy)
+            if self.engine.has_work() or self.pending or self.removes or self.cancels:
+                self.plan_and_step()
+
+    def handle(self, e: object) -> None:
+        if isinstance(e, ev.GenerateEv):
+            self.on_generate(e)
+        elif isinstance(e, ev.AbortEv):
+            self.on_abort(e.body.request_id, "abort")
+        elif isinstance(e, ev.AbortAllEv):
+            for rid in list(self.reqs):
+                self.on_abort(rid, e.reason)
+        else:
+            self.handle_common(e)
+
+    def on_generate(self, e: ev.GenerateEv) -> None:
+        g = e.body
+        problem = self.validate(g)
+        if problem is None and g.request_id in self.reqs:
+            problem = "duplicate request_id (that request is still active)"
+        if problem is None and self.rt.phase != Phase.SERVING:
+            problem = f"not serving (phase {self.rt.phase.value})"
+        if problem is not None:
+            self.io.post(("req", e.ident, Tokens(request_id=g.request_id, tokens=[], index=0,
+                                                  finish_reason="error", error=problem)))
+            return
+        seed = g.seed if g.seed is not None else secrets.randbits(63)
+        max_tokens = g.max_tokens if g.max_tokens > 0 else self.settings.default_max_tokens
+        if self.context is not None:  # clamp to what fits in the model's context
+            max_tokens = min(max_tokens, self.context - len(g.prompt))
+        ins = PlanInsert(
+            request_id=g.request_id, prompt=g.prompt, max_tokens=max_tokens,
+            temperature=g.temperature, top_p=g.top_p, seed=seed & MAX_SEED,
+            stop_token_ids=sorted(set(g.stop_token_ids)))
+        self.reqs[g.request_id] = Req(e.ident, ins, e.received_at)
+        self.pending.append(g.request_id)
+        self.publish_counts()
+
+    def validate(self, g: Generate) -> str | None:
+        if not g.request_id:
+            return "empty request_id"
+        if not g.prompt:
+            return "empty prompt"
+        v = self.vocab_size
+        if any(t < 0 or t >= v for t in g.prompt) or any(t < 0 or t >= v for t in g.stop_token_ids):
+            return f"token id out of range [0, {v})"
+        if not math.isfinite(g.temperature) or g.temperature < 0:
+            return "temperature must be a finite number >= 0"
+        if not math.isfinite(g.top_p) or not 0 < g.top_p <= 1:
+            return "top_p must be in (0, 1]"
+        if self.context is not None and len(g.prompt) >= self.context:
+            return f"prompt of {len(g.prompt)} tokens does not fit the context ({self.context})"
+        if plan_size(Plan(0, 0, True, [PlanInsert(g.request_id, g.prompt, 1, 0, 1, 0)])) \
+                > MAX_BATCH_BYTES:
+            return "prompt too long"
+        return None
+
+    def on_abort(self, rid: str, reason: str) -> None:
+        req = self.reqs.get(rid)
+        if req is None:
+            return  # finished already, or never ours
+        if self.engine.has(rid):
+            self.removes.setdefault(rid, reason)
+        else:  # still pending: it never reached a plan
+            self.pending.remove(rid)
+            self.finish(rid, "abort", error=None)
+            self.publish_counts()
+
+    def on_cancel(self, c) -> None:
+        if c.epoch > self.rt.cancel_epoch and c.epoch not in self.cancels:
+            self.cancels[c.epoch] = c
+
+    # -- plans and steps -----------------------------------------------------------------
+
+    def plan_and_step(self) -> None:
+        removes = {rid: why for rid, why in self.removes.items() if self.engine.has(rid)}
+        self.removes.clear()
+        epoch = 0
+        if self.cancels:
+            epoch = min(self.cancels)
+            c = self.cancels.pop(epoch)
+            targets = list(self.reqs) if c.scope == "all" else list(c.request_ids)
+            for rid in targets:
+                if self.engine.has(rid):
+                    removes.setdefault(rid, "cancel")
+                elif rid in self.reqs and rid in self.pending:
+                    self.pending.remove(rid)
+                    self.finish(rid, "abort", error=None)
+        inserts: list[PlanInsert] = []
+        budget = MAX_BATCH_BYTES
+        while self.pending:
+            ins = self.reqs[self.pending[0]].insert
+            budget -= plan_size(Plan(0, 0, True, [ins]))
+            if inserts and budget < 0:
+                break
+            inserts.append(ins)
+            self.pending.popleft()
+        plan_removes = [PlanRemove(request_id=rid, reason=why) for rid, why in removes.items()]
+        try:
+            removed = self.engine.apply(plan_removes, inserts)
+        except Exception as exc:  # noqa: BLE001 - never publish a plan rank 0 can't apply
+            self.fail(f"rank 0 cannot apply its own plan: {exc!r}")
+        plan = Plan(seq=self.seq, step=self.engine.step, advance=self.engine.has_work(),
+                    inserts=inserts, removes=plan_removes, cancel_epoch=epoch)
+        self.seq += 1
+        self.io.post(("plan", plan))
+        for f in removed:
+            self.record(f)
+            self.finish(f.active.request_id, "abort", error=None, step=f.step)
+        if epoch:
+            self.consume_cancel(plan)
+        self.publish_counts()
+        if plan.advance:
+            self.step()
+
+    def step(self) -> None:
+        delay = self.rt.seams.step_delay_s
+        if delay:
+            time.sleep(delay)
+        try:
+            emitted, finished = self.engine.next()
+        except Divergence as exc:
+            self.fail(str(exc))
+        except Exception as exc:  # noqa: BLE001 - a collective failed: a peer is gone
+            self.collective_failed(exc)
+        self.rt.progressed(self.engine.step)
+        for f in finished:  # recorded before the stream ends
+            self.record(f)
+        self.emit(emitted)
+        self.publish_counts()
+
+    def emit(self, emitted: list[Emitted]) -> None:
+        now = time.time()
+        step = self.engine.step - 1
+        out = []
+        for e in emitted:
+            rid = e.active.request_id
+            req = self.reqs[rid]
+            ttft = None
+            if req.first_at is None:
+                req.first_at = now
+                ttft = (now - req.received_at) * 1000.0
+            toks = [] if e.token is None else [e.token]
+            out.append(("req", req.ident, Tokens(
+                request_id=rid, tokens=toks, index=req.sent, finish_reason=e.finish_reason,
+                prompt_tokens=len(req.insert.prompt), model_ttft_ms=ttft, step=step,
+                token_times=[now] * len(toks))))
+            req.sent += len(toks)
+            if e.finish_reason is not None:
+                del self.reqs[rid]
+        if out:
+            self.io.post(*out)
+
+    def finish(self, rid: str, reason: str, *, error: str | None, step: int | None = None) -> None:
+        req = self.reqs.pop(rid, None)
+        if req is None:
+            return
+        self.io.post(("req", req.ident, Tokens(
+            request_id=rid, tokens=[], index=req.sent, finish_reason=reason, error=error,
+            prompt_tokens=len(req.insert.prompt),
+            step=self.engine.step if step is None else step)))
+
+    def publish_counts(self) -> None:
+        self.rt.active_ids = self.engine.active_ids()
+        self.rt.pending = len(self.pending)
+
+    # -- leaving ---------------------------------------------------------------------------
+
+    def _end_all_streams(self, reason: str) -> None:
+        graceful = self.rt.phase in (Phase.EXITING, Phase.DRAINING)
+        while True:  # requests that arrived while the last step ran: never planned
+            try:
+                e = self.io.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(e, ev.GenerateEv):
+                self.io.post(("req", e.ident, Tokens(
+                    request_id=e.body.request_id, tokens=[], index=0, finish_reason="error",
+                    error=f"rank 0 stopped: {reason}")))
+        for rid in list(self.reqs):
+            if graceful:
+                self.finish(rid, "abort", error=None)
+            else:
+                self.finish(rid, "error", error=f"rank 0 stopped: {reason}")
+
+    def shutdown(self, reason: str) -> None:
+        """Graceful: every follower gets a final plan that empties the batch, so all
+        ranks record the same removals and leave at the same step."""
+        self.rt.set_phase(Phase.DRAINING)
+        removes = [PlanRemove(request_id=rid, reason="shutdown")
+                   for rid in self.engine.active_ids()]
+        try:
+            removed = self.engine.apply(removes, [])
+        except Divergence as exc:
+            self.fail(str(exc))
+        plan = Plan(seq=self.seq, step=self.engine.step, advance=False, removes=removes,
+                    shutdown=True)
+        self.seq += 1
+        self.io.post(("plan", plan))
+        for f in removed:
+            self.record(f)
+        self.leave(0, Phase.EXITING, None)

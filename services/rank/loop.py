@@ -1,0 +1,130 @@
+"""What rank 0's loop and a follower's loop share: the inbox, cancel epochs and acks,
+the removal record, and every way out."""
+
+from __future__ import annotations
+
+import logging
+import queue
+from typing import NoReturn
+
+from common.messages import CancelAck, Plan
+from common.rankspec import RankSettings
+from common.state import Phase
+from services.rank import events as ev
+from services.rank.engine import Engine, Finished
+from services.rank.io import RankIO
+from services.rank.removals import RemovalLog
+from services.rank.runtime import EXIT_FAILED, RankRuntime
+
+log = logging.getLogger("lockstep.rank.loop")
+
+
+class RankLoop:
+    def __init__(self, rt: RankRuntime, io: RankIO, engine: Engine, removals: RemovalLog,
+                 stash: list[object]) -> None:
+        self.rt = rt
+        self.io = io
+        self.engine = engine
+        self.removals = removals
+        self.stash = stash
+        self.settings: RankSettings = rt.spec.settings
+        self.acks: dict[int, CancelAck] = {}
+        self.watermark_step = 0
+
+    # -- inbox ---------------------------------------------------------------------------
+
+    def drain(self, *, block: bool, timeout: float | None = None) -> None:
+        if block:
+            try:
+                self.handle(self.io.inbox.get(timeout=timeout))
+            except queue.Empty:
+                return
+        while True:
+            try:
+                e = self.io.inbox.get_nowait()
+            except queue.Empty:
+                return
+            self.handle(e)
+
+    def handle(self, e: object) -> None:  # pragma: no cover - overridden
+        self.handle_common(e)
+
+    def handle_common(self, e: object) -> None:
+        if isinstance(e, ev.CancelEv):
+            self.on_cancel_msg(e.body)
+        elif isinstance(e, ev.ShutdownEv):
+            self.shutdown(f"shutdown: {e.body.reason}" if e.body.reason else "shutdown")
+        elif isinstance(e, ev.SignalEv):
+            self.shutdown(f"signal {e.signum}")
+        elif isinstance(e, ev.IoFailed):
+            self.fail(e.error)
+        # ServeEv / LeaseSeen / Joined repeats carry nothing new once serving
+
+    # -- cancel epochs -------------------------------------------------------------------
+
+    def on_cancel_msg(self, c) -> None:
+        if c.scope not in ("all", "requests"):
+            self.io.drops["control.bad_cancel_scope"] += 1
+            return
+        if c.epoch in self.acks:  # re-sent: the ack may have been lost
+            self.io.post(("report", self.acks[c.epoch]))
+        elif c.epoch <= self.rt.cancel_floor:
+            log.info("cancel epoch %d is at or below the start-up watermark; ignored", c.epoch)
+            self.io.drops["control.cancel_watermark"] += 1
+        elif c.epoch <= self.rt.cancel_epoch:
+            # Superseded: a later epoch was consumed first. Never applied now (it could
+            # cancel requests that arrived since); acked so the sender stops re-sending.
+            log.warning("cancel epoch %d arrived after epoch %d; not applied", c.epoch,
+                        self.rt.cancel_epoch)
+            ack = CancelAck(deployment_id=self.rt.spec.deployment_id, epoch=c.epoch,
+                            rank=self.rt.rank, step_applied=self.watermark_step, cancelled=[])
+            self.acks[c.epoch] = ack
+            self.io.post(("report", ack))
+        else:
+            self.on_cancel(c)
+
+    def on_cancel(self, c) -> None:
+        """Leader folds it into a plan; followers wait for the plan that carries it."""
+
+    def consume_cancel(self, plan: Plan) -> None:
+        cancelled = [r.request_id for r in plan.removes if r.reason == "cancel"]
+        ack = CancelAck(deployment_id=self.rt.spec.deployment_id, epoch=plan.cancel_epoch,
+                        rank=self.rt.rank, step_applied=plan.step, cancelled=cancelled)
+        self.acks[plan.cancel_epoch] = ack
+        if plan.cancel_epoch > self.rt.cancel_epoch:
+            self.rt.cancel_epoch = plan.cancel_epoch
+            self.watermark_step = plan.step
+        log.info("cancel epoch %d applied at step %d: %s", plan.cancel_epoch, plan.step, cancelled)
+        self.io.post(("report", ack))
+
+    # -- record ----------------------------------------------------------------------------
+
+    def record(self, f: Finished) -> None:
+        a = f.active
+        self.removals.append(a.request_id, a.uid, f.step, f.reason, a.tokens)
+
+    # -- leaving ---------------------------------------------------------------------------
+
+    def shutdown(self, reason: str) -> None:  # pragma: no cover - overridden
+        self.leave(0, Phase.EXITING, None)
+
+    def fail(self, error: str) -> NoReturn:
+        log.error("rank %d fails closed: %s", self.rt.rank, error)
+        self.rt.exit(EXIT_FAILED, Phase.FAILED, error, stop_io=self.io.stop)
+
+    def collective_failed(self, exc: BaseException) -> NoReturn:
+        text = str(exc)
+        phase = Phase.PEER_LOST if ("peer" in text.lower() or "connection" in text.lower()) \
+            else Phase.FAILED
+        log.error("rank %d: step %d failed: %s", self.rt.rank, self.engine.step, text)
+        self.rt.exit(EXIT_FAILED, phase, f"step {self.engine.step} failed: {text}",
+                     stop_io=self.io.stop)
+
+    def leave(self, code: int, phase: Phase, error: str | None) -> NoReturn:
+        """A clean exit: let the step in flight finish (every rank queued it), then go."""
+        try:
+            self.engine.drain()
+        except Exception as exc:  # noqa: BLE001 - a peer already gone; still exit
+            log.warning("draining the last step: %s", exc)
+        self.removals.close()
+        self.rt.exit(code, phase, error, stop_io=self.io.stop)

@@ -1,0 +1,46 @@
+"""The reaper's events PUB: signed `Event`s under topic frame b"events" (protocol.md).
+
+Publishing is fire-and-forget; a subscriber that joins late misses earlier passes, and
+each pass publishes its whole report, so nothing depends on one message arriving.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import zmq
+
+from common.bus import Channel, configure
+from common.envelope import Key
+from common.messages import EVENTS, Event
+
+TOPIC = b"events"
+
+
+class EventPublisher:
+    def __init__(self, key: Key, host: str, port: int, *, ctx: zmq.Context | None = None) -> None:
+        self._own_ctx = ctx is None
+        self.ctx = ctx or zmq.Context()
+        self.channel = Channel("reaper", "events",
+                               sender=f"reaper:{socket.gethostname()}:{os.getpid()}",
+                               send_key=key, accept=EVENTS)
+        self.sock = configure(self.ctx.socket(zmq.PUB))
+        try:
+            if port:
+                self.sock.bind(f"tcp://{host}:{port}")
+                self.port = port
+            else:
+                self.port = self.sock.bind_to_random_port(f"tcp://{host}")
+        except zmq.ZMQError:
+            self.close()
+            raise
+        self.endpoint = f"tcp://{host}:{self.port}"
+
+    def publish(self, event: Event) -> None:
+        self.sock.send_multipart([TOPIC, self.channel.pack(event)], flags=zmq.NOBLOCK)
+
+    def close(self) -> None:
+        self.sock.close(0)
+        if self._own_ctx:
+            self.ctx.term()

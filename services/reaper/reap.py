@@ -1,0 +1,377 @@
+"""One reap pass: orphaned launches, stale markers, reused-PID safety (DESIGN 5.8).
+
+For each launch manifest under `runtime/manifests/`:
+  - supervisor alive (pid exists, not a zombie, start time matches) → the job is
+    *active* and nothing of it is touched;
+  - otherwise its ranks are reaped: a rank pid is signalled only while pid + start time
+    + command line prove it is that rank, a process group only while a recorded rank
+    still lives in it (a reused pgid is never signalled); SIGTERM → wait → SIGKILL →
+    wait → SIGKILL → prove exit. Proven: manifest, launch secret and (when no live
+    owner remains) the deployment's markers are removed. Not proven: the manifest is
+    kept with the failure appended to `teardown_failures`, and the pass is *blocking*.
+A manifest that cannot be read is reported with its path and error and blocks launches;
+nothing is guessed from it. Finally a marker directory whose every owner is dead and
+that no remaining manifest names is retired.
+
+Passes are serialised by an flock on `runtime/state/reap.lock`: the reaper service and a
+supervisor may run one at the same moment, and a late failure record must never
+resurrect a manifest that the other pass has just removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from common.messages import Event
+from common.procs import (
+    START_TIME_TOLERANCE,
+    Kill,
+    ProcessIdentity,
+    identify,
+    terminate_ladder,
+)
+from common.state import (
+    LaunchManifest,
+    Paths,
+    RankRecord,
+    StateFileError,
+    read_json,
+    read_manifests,
+    read_markers,
+    remove_manifest,
+    retire_markers,
+    write_manifest,
+)
+
+log = logging.getLogger("lockstep.reaper")
+
+MAX_FAILURE_RECORDS = 20  # per manifest: retried every pass, so keep only the latest
+EMPTY_MARKER_DIR_GRACE_S = 60.0  # a fresh, empty marker dir may be a launch in progress
+REMOTE_UNAVAILABLE = "remote reap not available yet"
+
+
+class RemoteReaper(Protocol):
+    """Seam for ranks reached over ssh: stop them with the same proof rules and return
+    the survivors as `{rank, host, pid}` dicts (empty list: every exit proven)."""
+
+    def __call__(self, manifest: LaunchManifest, ranks: list[RankRecord], *,
+                 term_timeout: float, kill_timeout: float) -> list[dict[str, Any]]: ...
+
+
+Publish = Callable[[Event], None]
+
+
+class ReapLockTimeout(Exception):
+    pass
+
+
+@dataclass
+class ReapReport:
+    reaped: list[str] = field(default_factory=list)  # job ids, every exit proven
+    active: list[str] = field(default_factory=list)  # job ids of live supervisors
+    failures: list[dict[str, Any]] = field(default_factory=list)  # {job_id, reason, survivors}
+    unreadable: list[dict[str, str]] = field(default_factory=list)  # {path, error}
+    retired_markers: list[str] = field(default_factory=list)  # deployment ids
+    unreadable_markers: list[dict[str, str]] = field(default_factory=list)  # informative
+    started_at: float = 0.0
+    duration_s: float = 0.0
+
+    @property
+    def blocking(self) -> bool:
+        """True when a new launch must not start: a reap failed or a manifest is unreadable."""
+        return bool(self.failures or self.unreadable)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["blocking"] = self.blocking
+        return d
+
+    def blockers(self) -> str:
+        """One human line per blocker, naming each file and job: for launch errors."""
+        lines = [f"unreadable launch manifest {u['path']}: {u['error']} "
+                 f"(fix or remove the file)" for u in self.unreadable]
+        lines += [f"job {f['job_id']} not reaped: {f['reason']}" for f in self.failures]
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        return (f"reaped={self.reaped} active={self.active} failures={len(self.failures)} "
+                f"unreadable={len(self.unreadable)} retired_markers={self.retired_markers} "
+                f"({self.duration_s:.2f}s)")
+
+
+# --- liveness -----------------------------------------------------------------------
+
+
+def _owner_alive(pid: int, start_time: float) -> bool:
+    """pid + start time name a running, non-zombie process (no command line recorded)."""
+    current = identify(pid)
+    return current is not None and abs(current.start_time - start_time) <= START_TIME_TOLERANCE
+
+
+def supervisor_state(manifest: LaunchManifest) -> tuple[bool, str]:
+    """(alive, why): alive only if the recorded supervisor pid still runs with the
+    recorded start time."""
+    current = identify(manifest.supervisor_pid)
+    if current is None:
+        return False, f"supervisor pid {manifest.supervisor_pid} is gone"
+    if abs(current.start_time - manifest.supervisor_start_time) > START_TIME_TOLERANCE:
+        return False, (f"supervisor pid {manifest.supervisor_pid} was reused "
+                       f"(start time {current.start_time:.2f} != "
+                       f"{manifest.supervisor_start_time:.2f})")
+    return True, f"supervisor pid {manifest.supervisor_pid} alive"
+
+
+def _rank_identity(r: RankRecord) -> ProcessIdentity:
+    return ProcessIdentity(r.pid, r.start_time, tuple(r.cmdline))
+
+
+def _ambiguous(r: RankRecord) -> str | None:
+    """Why a live process can be neither proven to be this rank nor proven another one.
+
+    The start time (1/100 s) tells processes apart; the command line confirms. A running
+    process with the recorded pid *and* start time but another command line is almost
+    surely this rank recorded badly (e.g. read mid-exec, when /proc shows an empty
+    command line): signalling it would go beyond the proof, calling it gone would leak
+    it. An empty current command line is a process exiting: the ladder handles it."""
+    current = identify(r.pid)
+    if (current is None or not current.cmdline
+            or abs(current.start_time - r.start_time) > START_TIME_TOLERANCE
+            or current.cmdline == tuple(r.cmdline)):
+        return None
+    return (f"identity ambiguous: start time matches but the command line differs "
+            f"(recorded {r.cmdline[:3]!r}, now {list(current.cmdline[:3])!r})")
+
+
+def _describe(r: RankRecord) -> dict[str, Any]:
+    return {"rank": r.rank, "host": r.host, "pid": r.pid}
+
+
+# --- one manifest ---------------------------------------------------------------------
+
+
+@dataclass
+class _JobOutcome:
+    survivors: list[dict[str, Any]] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    path: list[str] = field(default_factory=list)
+
+
+def _reap_job(manifest: LaunchManifest, *, term_timeout: float, kill_timeout: float,
+              kill: Kill | None, remote: RemoteReaper | None) -> _JobOutcome:
+    out = _JobOutcome()
+    local = [r for r in manifest.ranks if not r.remote]
+    remote_ranks = [r for r in manifest.ranks if r.remote]
+    ambiguous = [(r, why) for r in local if (why := _ambiguous(r)) is not None]
+    for r, why in ambiguous:
+        out.survivors.append(_describe(r))
+        out.reasons.append(f"rank {r.rank} pid {r.pid}: {why}; not signalled, not proven gone")
+    skip = {(r.rank, r.pid) for r, _ in ambiguous}
+    local = [r for r in local if (r.rank, r.pid) not in skip]
+    if local:
+        by_pid = {r.pid: r for r in local}
+        ladder = terminate_ladder([_rank_identity(r) for r in local],
+                                  sorted({r.pgid for r in local}),
+                                  term_timeout=term_timeout, kill_timeout=kill_timeout, kill=kill)
+        out.path = ladder.path
+        for ident in ladder.survivors:
+            out.survivors.append(_describe(by_pid[ident.pid]))
+        if ladder.survivors:
+            pids = ", ".join(str(i.pid) for i in ladder.survivors)
+            out.reasons.append(f"local rank pid(s) {pids} survived {' → '.join(ladder.path)}")
+    if remote_ranks:
+        if remote is None:
+            out.survivors += [_describe(r) for r in remote_ranks]
+            hosts = sorted({r.host for r in remote_ranks})
+            out.reasons.append(f"{REMOTE_UNAVAILABLE}: rank(s) "
+                               f"{[r.rank for r in remote_ranks]} on {', '.join(hosts)}")
+        else:
+            try:
+                left = remote(manifest, remote_ranks, term_timeout=term_timeout,
+                              kill_timeout=kill_timeout)
+            except Exception as exc:  # noqa: BLE001 - any remote error is "not proven"
+                left = [_describe(r) for r in remote_ranks]
+                out.reasons.append(f"remote reap failed: {type(exc).__name__}: {exc}")
+            else:
+                if left:
+                    out.reasons.append(f"remote rank(s) survived: {left}")
+            out.survivors += list(left)
+    return out
+
+
+def _record_failure(paths: Paths, manifest: LaunchManifest, reason: str) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    records = [*manifest.teardown_failures, f"{stamp}Z reaper: {reason}"]
+    updated = dataclasses.replace(manifest, teardown_failures=records[-MAX_FAILURE_RECORDS:])
+    write_manifest(paths, updated)
+
+
+def _remove_secret(paths: Paths, manifest: LaunchManifest) -> None:
+    if not manifest.secret_path:
+        return
+    secret = Path(manifest.secret_path)
+    # Only ever delete inside runtime/secrets: a path read from a file is not a licence.
+    if secret.parent.resolve() != paths.secrets.resolve():
+        log.warning("job %s: secret %s is outside %s; left in place",
+                    manifest.job_id, secret, paths.secrets)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        secret.unlink()
+
+
+# --- markers --------------------------------------------------------------------------
+
+
+def _sweep_markers(paths: Paths, protected: set[str], report: ReapReport) -> None:
+    """Retire marker directories whose every owner is dead and that no manifest names."""
+    scan = read_markers(paths)
+    report.unreadable_markers += [{"path": str(p), "error": e} for p, e in scan.unreadable]
+    unsure = {p.parent.name for p, _ in scan.unreadable}
+    live = {m.deployment_id for _, m in scan.markers if _owner_alive(m.pid, m.start_time)}
+    has_markers = {m.deployment_id for _, m in scan.markers}
+    try:
+        entries = sorted(os.scandir(paths.markers), key=lambda e: e.name)
+    except FileNotFoundError:
+        return
+    now = time.time()
+    for entry in entries:
+        dep = entry.name
+        if (dep.startswith(".") or not entry.is_dir(follow_symlinks=False)
+                or dep in protected or dep in live or dep in unsure):
+            continue
+        if dep not in has_markers:
+            with contextlib.suppress(OSError):
+                if now - entry.stat(follow_symlinks=False).st_mtime < EMPTY_MARKER_DIR_GRACE_S:
+                    continue
+        try:
+            if retire_markers(paths, dep):
+                report.retired_markers.append(dep)
+        except (ValueError, OSError) as exc:  # a name that is no deployment id: leave it
+            report.unreadable_markers.append({"path": entry.path, "error": str(exc)})
+
+
+def _protected_deployments(paths: Paths) -> set[str] | None:
+    """Deployments of every manifest on disk now (re-read: a supervisor may have
+    launched since the pass began). None if a manifest cannot be read."""
+    scan = read_manifests(paths)
+    if scan.unreadable:
+        return None
+    return {m.deployment_id for _, m in scan.manifests}
+
+
+# --- the pass -------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _pass_lock(paths: Paths, timeout: float) -> Iterator[None]:
+    lock_path = paths.state / "reap.lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ReapLockTimeout(
+                        f"another reap pass held {lock_path} for {timeout:.0f}s") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _emit(publish: Publish | None, event: Event) -> None:
+    if publish is None:
+        return
+    try:
+        publish(event)
+    except Exception:  # noqa: BLE001 - events are best effort; the report is the truth
+        log.exception("publishing reap event %s failed", event.name)
+
+
+def reap_orphans(paths: Paths, *, term_timeout: float = 5.0, kill_timeout: float = 5.0,
+                 kill: Kill | None = None, remote: RemoteReaper | None = None,
+                 publish: Publish | None = None,
+                 lock_timeout: float | None = None) -> ReapReport:
+    """One reap pass over `paths`; see the module docstring. Never raises for what it
+    finds on disk: everything lands in the report (`.blocking` gates launches)."""
+    paths.ensure()
+    report = ReapReport(started_at=time.time())
+    t0 = time.monotonic()
+    if lock_timeout is None:
+        lock_timeout = 2 * (term_timeout + 2 * kill_timeout) + 30.0
+    try:
+        with _pass_lock(paths, lock_timeout):
+            _reap_all(paths, report, term_timeout=term_timeout, kill_timeout=kill_timeout,
+                      kill=kill, remote=remote, publish=publish)
+    except ReapLockTimeout as exc:
+        report.failures.append({"job_id": "", "reason": str(exc), "survivors": []})
+    report.duration_s = time.monotonic() - t0
+    _emit(publish, Event(topic="reap", name="pass", deployment_id="",
+                         state="blocked" if report.blocking else "ok",
+                         reason=report.summary(), at=time.time(), data=report.to_dict()))
+    return report
+
+
+def _reap_all(paths: Paths, report: ReapReport, *, term_timeout: float, kill_timeout: float,
+              kill: Kill | None, remote: RemoteReaper | None, publish: Publish | None) -> None:
+    scan = read_manifests(paths)
+    for path, error in scan.unreadable:
+        report.unreadable.append({"path": str(path), "error": error})
+        log.error("unreadable launch manifest %s: %s", path, error)
+        _emit(publish, Event(topic="reap", name="manifest_unreadable", deployment_id="",
+                             state="blocked", reason=f"{path}: {error}", at=time.time(),
+                             data={"path": str(path), "error": error}))
+    for path, manifest in scan.manifests:
+        alive, why = supervisor_state(manifest)
+        if alive:
+            report.active.append(manifest.job_id)
+            continue
+        # Re-read right before acting: the owner may have removed or rewritten it.
+        try:
+            if LaunchManifest.from_dict(read_json(path), path=path) != manifest:
+                continue
+        except StateFileError:
+            continue
+        log.warning("job %s (deployment %s): %s; reaping %d rank(s)", manifest.job_id,
+                    manifest.deployment_id, why, len(manifest.ranks))
+        out = _reap_job(manifest, term_timeout=term_timeout, kill_timeout=kill_timeout,
+                        kill=kill, remote=remote)
+        if out.reasons:
+            reason = f"{why}; " + "; ".join(out.reasons)
+            report.failures.append({"job_id": manifest.job_id, "reason": reason,
+                                    "survivors": out.survivors})
+            log.error("job %s not reaped: %s", manifest.job_id, reason)
+            try:
+                _record_failure(paths, manifest, reason)
+            except (OSError, ValueError) as exc:
+                log.error("job %s: could not record the failure in %s: %s",
+                          manifest.job_id, path, exc)
+            _emit(publish, Event(topic="reap", name="reap_failed",
+                                 deployment_id=manifest.deployment_id, state="failed",
+                                 reason=reason, at=time.time(),
+                                 data={"job_id": manifest.job_id, "survivors": out.survivors}))
+            continue
+        remove_manifest(paths, manifest.job_id)
+        _remove_secret(paths, manifest)
+        report.reaped.append(manifest.job_id)
+        log.warning("job %s reaped: %d rank(s), steps %s", manifest.job_id,
+                    len(manifest.ranks), out.path or ["none alive"])
+        _emit(publish, Event(topic="reap", name="reaped", deployment_id=manifest.deployment_id,
+                             state="reaped", reason=why, at=time.time(),
+                             data={"job_id": manifest.job_id, "ranks": len(manifest.ranks),
+                                   "path": out.path}))
+    protected = _protected_deployments(paths)
+    if protected is None:
+        return  # a manifest we cannot read may name any deployment: retire nothing
+    _sweep_markers(paths, protected, report)

@@ -1,0 +1,75 @@
+"""`lockstep supervisor [--home DIR] [--admin-port N] ... ` — run the supervisor.
+
+Every setting (settings.py) is a flag (`--load-timeout 60`) and an environment variable
+(`LOCKSTEP_LOAD_TIMEOUT=60`). The bound endpoints are printed and written to
+`$LOCKSTEP_HOME/runtime/supervisor.json` (0600). SIGTERM/SIGINT take the same path as a
+stop of every deployment: verified teardown, then exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import signal
+import sys
+import typing
+from pathlib import Path
+
+from common.config import ConfigError
+from common.keys import KeyFileError
+from services.supervisor.settings import SupervisorSettings, load
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="lockstep supervisor", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    hints = typing.get_type_hints(SupervisorSettings)
+    for f in dataclasses.fields(SupervisorSettings):
+        tp = hints[f.name]
+        flag = "--" + f.name.replace("_", "-")
+        if tp is bool:
+            ap.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            ap.add_argument(flag, dest=f.name, type=Path if tp is Path else tp, default=None)
+    ap.add_argument("--log-level", default="INFO")
+    return ap
+
+
+async def _run(settings: SupervisorSettings) -> int:
+    from services.supervisor.service import Supervisor
+
+    sup = Supervisor(settings)
+    await sup.start()
+    sk = sup.sockets
+    print(json.dumps({"pid": sup.me.pid, "admin": sk.admin_endpoint, "events": sk.events_endpoint,
+                      "control": sk.control_endpoint, "report": sk.report_endpoint}), flush=True)
+    loop = asyncio.get_running_loop()
+    quitting = []
+
+    def quit_() -> None:  # only schedules work: the handler itself does nothing else
+        if not quitting:
+            quitting.append(sup.spawn(sup.close()))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, quit_)
+    await sup.wait_closed()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = vars(_parser().parse_args(argv))
+    logging.basicConfig(level=args.pop("log_level").upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        settings = load(args)
+        return asyncio.run(_run(settings))
+    except (ConfigError, KeyFileError) as exc:
+        print(f"lockstep supervisor: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Admin commands: one module per command, its docstring the protocol doc; this
+registry maps names to modules. Each module has `Args` (a dataclass the request's
+`args` are decoded into strictly: a bad field is `bad_request` naming it) and
+`async run(sup, args) -> dict`.
+
+Wire: `AdminRequest(request_id, command, args)` → `AdminReply(request_id, ok, code,
+message, data)`; `code` is "ok" on success, else one of errors.CODES.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+
+from common.messages import AdminReply, AdminRequest
+from common.schema import SchemaError, decode_into
+from services.supervisor.commands import (
+    abort_all,
+    backend_selection,
+    cancel,
+    deploy,
+    deployments,
+    ping,
+    reap,
+    replan,
+    status,
+    stop,
+)
+from services.supervisor.errors import AdminError
+
+log = logging.getLogger("lockstep.supervisor.admin")
+
+REGISTRY: dict[str, ModuleType] = {
+    "ping": ping, "status": status, "deployments": deployments, "deploy": deploy,
+    "stop": stop, "cancel": cancel, "abort_all": abort_all,
+    "backend_selection": backend_selection, "replan": replan, "reap": reap,
+}
+
+
+async def dispatch(sup, req: AdminRequest) -> AdminReply:
+    mod = REGISTRY.get(req.command)
+    try:
+        if mod is None:
+            raise AdminError("unknown_command", f"unknown command {req.command[:64]!r}; "
+                             f"known: {', '.join(sorted(REGISTRY))}")
+        try:
+            args = decode_into(mod.Args, req.args, prefix="args.")
+        except SchemaError as exc:
+            raise AdminError("bad_request", f"{exc.reason}: {exc.detail}",
+                             {"field": exc.detail, "reason": exc.reason}) from None
+        data = await mod.run(sup, args)
+        return AdminReply(request_id=req.request_id, ok=True, code="ok", data=data)
+    except AdminError as exc:
+        return AdminReply(request_id=req.request_id, ok=False, code=exc.code,
+                          message=exc.message[:60000], data=exc.data)
+    except Exception as exc:  # noqa: BLE001 - never let a command take the socket down
+        log.exception("admin command %s failed", req.command)
+        return AdminReply(request_id=req.request_id, ok=False, code="internal",
+                          message=f"{type(exc).__name__}: {exc}"[:60000])

@@ -1,0 +1,40 @@
+"""abort_all — cancel everything: one epoch, scope `all`, to one deployment or all of
+them; then wait (bounded, default 15 s) until every rank acked and every rank's telemetry
+reports zero active requests after the abort. The reply is that evidence.
+
+    request  {deployment_id: str|null (null = every deployment), timeout_s: float|null
+              (null = abort_all_timeout, 15 s)}
+    reply    {epoch, zero_active: bool, ranks: {rank: active}, acked: {rank: evidence},
+              missing: [rank], deployments: {id: {zero_active, ranks, acked, missing}},
+              waited_s}   (rank keys are "r" for one deployment, "id/r" for several)
+    CLI      lockstep admin abort-all [ID] [--timeout S]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.supervisor import ops
+from services.supervisor.deployment import LIVE
+from services.supervisor.errors import AdminError
+
+
+@dataclass
+class Args:
+    deployment_id: str | None = None
+    timeout_s: float | None = None
+
+
+async def run(sup, args: Args) -> dict:
+    if args.deployment_id is not None:
+        deps = [ops.get(sup, args.deployment_id)]
+    else:
+        deps = [d for d in sup.deployments.values() if d.state in LIVE and d.control]
+    deps = [d for d in deps if d.control is not None and d.ranks]
+    timeout = sup.settings.abort_all_timeout if args.timeout_s is None else args.timeout_s
+    if timeout < 0 or timeout > 600:
+        raise AdminError("bad_request", "args.timeout_s: must be within 0..600")
+    if not deps:
+        return {"epoch": sup.epochs.current, "zero_active": True, "ranks": {}, "acked": {},
+                "missing": [], "deployments": {}, "waited_s": 0.0}
+    return await sup.broadcaster.abort_all(deps, timeout)

@@ -1,0 +1,45 @@
+"""deploy — plan and launch a deployment: reap orphans first (a failed reap or an
+unreadable manifest refuses with `reap_blocked`), write the manifest, start the ranks,
+wait for the readiness barrier, release serve, pass the canary.
+
+    request  {model_path: str|null (null = the embedded model, built once into
+              $LOCKSTEP_HOME/models/tiny), tp: int=1, pp: int=1,
+              hosts: [host record]|null (null = this machine only),
+              backend: "auto"|"ring"|"jaccl"|"mpi" = "auto", deployment_id: str|null,
+              wait: bool=true, envs: ["K=V"]=[]}
+    reply    {deployment_id, job_id, state}   (wait=true: state "serving")
+    errors   bad_request, conflict (deployment exists), reap_blocked, launch_failed
+             (data: {error, rank, teardown, teardown_error?}: the launch error first, a
+             failed teardown after it)
+    CLI      lockstep admin deploy [--model PATH] [--tp N] [--pp N] [--hosts FILE]
+                                   [--backend B] [--id ID] [--no-wait]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.supervisor import ops
+
+
+@dataclass
+class Args:
+    model_path: str | None = None
+    tp: int = 1
+    pp: int = 1
+    hosts: list[dict[str, object]] | None = None
+    backend: str = "auto"
+    deployment_id: str | None = None
+    wait: bool = True
+    envs: list[str] = field(default_factory=list)
+
+
+async def run(sup, args: Args) -> dict:
+    result = await ops.deploy(sup, model_path=args.model_path, tp=args.tp, pp=args.pp,
+                              hosts=args.hosts, backend=args.backend,
+                              deployment_id=args.deployment_id, wait=args.wait, envs=args.envs)
+    if args.wait:
+        dep = sup.deployments.get(result["deployment_id"])
+        if dep is not None and dep.job_id == result["job_id"] and dep.state != "serving":
+            raise ops.launch_failure(dep)
+    return result

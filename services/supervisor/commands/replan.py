@@ -1,0 +1,36 @@
+"""replan — change a deployment's backend. Without a signature: a preview of the new
+plan and its signature (an HMAC over the plan and the launch it replaces). With the
+signature: the deployment is stopped (verified) and relaunched with that plan; a
+signature that does not match the current preview is `signature_mismatch` (HTTP 409 at
+the gateway), and nothing is changed.
+
+    request  {deployment_id, backend: "auto"|"ring"|"jaccl"|"mpi", signature: str|null,
+              force: bool=false}
+    reply    preview {preview: true, plan, current, signature}
+             applied {preview: false, deployment_id, job_id, state}
+    CLI      lockstep admin replan ID --backend B [--signature SIG] [--force]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.supervisor import ops
+
+
+@dataclass
+class Args:
+    deployment_id: str
+    backend: str = "auto"
+    signature: str | None = None
+    force: bool = False
+
+
+async def run(sup, args: Args) -> dict:
+    result = await ops.replan(sup, args.deployment_id, args.backend, args.signature,
+                              args.force)
+    if not result["preview"]:
+        dep = sup.deployments.get(args.deployment_id)
+        if dep is not None and dep.state != "serving":
+            raise ops.launch_failure(dep)
+    return result

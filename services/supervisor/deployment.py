@@ -1,0 +1,101 @@
+"""One deployment's state as the supervisor sees it, and its DeploymentInfo wire form."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.bus import Channel
+from common.keys import LaunchKeys
+from common.procs import ProcessIdentity
+from common.state import LaunchManifest
+from services.supervisor.plan import DeployPlan
+
+STATES = ("launching", "loading", "canary", "serving", "stopping", "stopped", "failed",
+          "teardown_failed")
+LIVE = frozenset({"launching", "loading", "canary", "serving", "stopping"})
+
+
+@dataclass
+class RankState:
+    rank: int
+    host: str
+    identity: ProcessIdentity | None = None
+    pgid: int = 0
+    popen: subprocess.Popen | None = None
+    phase: str = "starting"
+    step: int = 0
+    active: int = 0
+    cancel_epoch: int = 0  # last consumed, from telemetry
+    acked_epoch: int = 0  # highest epoch this rank acked
+    acked_at: float = 0.0  # monotonic time of that ack
+    mem_active: int = 0
+    last_seen: float = 0.0  # wall time of the last report
+    telemetry_rx: float = 0.0  # monotonic receive time of the last telemetry
+    ready: Any = None  # the identity-checked RankReady body
+    error: str | None = None
+    log_path: Path | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.identity.pid if self.identity else 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "pid": self.pid, "phase": self.phase,
+                "step": self.step, "active": self.active, "cancel_epoch": self.cancel_epoch,
+                "acked_epoch": self.acked_epoch, "mem_active": self.mem_active,
+                "last_seen": self.last_seen}
+
+
+@dataclass
+class Deployment:
+    deployment_id: str
+    job_id: str
+    plan: DeployPlan
+    state: str = "launching"
+    keys: LaunchKeys | None = None
+    control: Channel | None = None  # signs control PUB messages for this launch
+    report: Channel | None = None  # verifies this launch's report messages
+    manifest: LaunchManifest | None = None
+    job_dir: Path | None = None
+    secret_path: Path | None = None
+    requests_endpoint: str = ""
+    plan_endpoint: str = ""
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    canary_at: float | None = None
+    error: str | None = None
+    teardown: dict[str, Any] | None = None  # last teardown outcome / failure evidence
+    created_at: float = field(default_factory=time.time)
+    lease_seq: int = 0
+    busy: bool = False  # a launch, stop or replan is running on it
+    launch_task: Any = None  # asyncio.Task of the launch while it runs
+    abort_reason: str | None = None  # set by stop to end a launch in progress
+    launch_error: Any = None  # the LaunchError of a failed launch
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size
+
+    @property
+    def model_name(self) -> str:
+        return Path(self.plan.model_path).name
+
+    def identities(self) -> list[ProcessIdentity]:
+        return [r.identity for r in self.ranks.values() if r.identity is not None]
+
+    def active_requests(self) -> int:
+        return max((r.active for r in self.ranks.values()), default=0)
+
+    def to_wire(self, *, with_key: bool = True) -> dict[str, Any]:
+        return {
+            "deployment_id": self.deployment_id, "job_id": self.job_id, "state": self.state,
+            "model": self.model_name, "model_path": self.plan.model_path, "tp": self.plan.tp,
+            "pp": self.plan.pp, "backend": self.plan.backend, "world_size": self.world_size,
+            "requests_endpoint": self.requests_endpoint,
+            "requests_key": self.keys.requests.secret.hex() if (self.keys and with_key) else "",
+            "canary_at": self.canary_at, "error": self.error, "teardown": self.teardown,
+            "ranks": [self.ranks[r].to_wire() for r in sorted(self.ranks)],
+        }

@@ -1,0 +1,304 @@
+"""Deployment orchestration: deploy (reap → plan → launch → barrier → serve → canary),
+stop (verified teardown, refused with active requests unless forced), replan, and the
+bookkeeping after a teardown: proven → manifest, secret, job files and markers removed
+and the deployment gone; not proven → `teardown_failed`, manifest and state kept with
+the evidence, so the next stop retries."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import logging
+import re
+import secrets
+import shutil
+import time
+from typing import Any
+
+from common.bus import AsyncRpcClient, BusTimeout, Channel, new_request_id
+from common.messages import REQUESTS_OUT, Shutdown, Stats, StatsRequest
+from common.state import remove_manifest, retire_markers, write_manifest
+from services.supervisor import launch, readiness
+from services.supervisor.canary import run_canary
+from services.supervisor.deployment import LIVE, Deployment
+from services.supervisor.errors import AdminError, LaunchError, TeardownError
+from services.supervisor.plan import DeployPlan, make_plan, signature
+from services.supervisor.teardown import TeardownOutcome, verified_teardown
+
+log = logging.getLogger("lockstep.supervisor")
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+STATS_TIMEOUT_S = 2.0
+LAUNCH_FAILURE_GRACE_S = 1.0  # a rank stuck in load ignores control: don't wait long
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
+
+
+async def default_model(sup) -> str:
+    from common.tinymodel import build_model
+
+    async with sup._model_lock:
+        path = await asyncio.to_thread(build_model, sup.paths.models / "tiny")
+    return str(path)
+
+
+def get(sup, deployment_id: str) -> Deployment:
+    dep = sup.deployments.get(deployment_id)
+    if dep is None:
+        raise AdminError("not_found", f"no deployment {deployment_id!r}")
+    return dep
+
+
+# --- deploy ---------------------------------------------------------------------------
+
+
+async def deploy(sup, *, model_path: str | None, tp: int, pp: int, hosts, backend: str,
+                 deployment_id: str | None, wait: bool, envs: list[str]) -> dict[str, Any]:
+    dep_id = deployment_id or new_id("d-")
+    if not ID_RE.fullmatch(dep_id):
+        raise AdminError("bad_request", f"deployment_id: {dep_id!r} must match {ID_RE.pattern}")
+    old = sup.deployments.get(dep_id)
+    if old is not None and (old.state in LIVE or old.state == "teardown_failed" or old.busy):
+        raise AdminError("conflict", f"deployment {dep_id} exists ({old.state}); stop it first")
+    if model_path is None:
+        model_path = await default_model(sup)
+    plan = make_plan(model_path, tp, pp, hosts, backend, envs)
+    return await start(sup, dep_id, plan, wait=wait)
+
+
+async def start(sup, dep_id: str, plan: DeployPlan, *, wait: bool) -> dict[str, Any]:
+    await sup.reap()  # raises reap_blocked: nothing is spawned
+    if dep_id in sup.deployments and sup.deployments[dep_id].busy:
+        raise AdminError("conflict", f"deployment {dep_id} is busy")
+    dep = Deployment(dep_id, new_id("j-"), plan)
+    dep.busy = True
+    sup.deployments[dep_id] = dep
+    sup.set_state(dep, "launching", f"backend {plan.backend}, world size {plan.world_size}")
+    task = sup.spawn(_launch(sup, dep))
+    dep.launch_task = task
+    if not wait:
+        return {"deployment_id": dep_id, "job_id": dep.job_id, "state": dep.state}
+    await asyncio.shield(task)
+    return {"deployment_id": dep_id, "job_id": dep.job_id, "state": dep.state}
+
+
+async def _launch(sup, dep: Deployment) -> None:
+    s = sup.settings
+    def aborted() -> str | None:
+        return dep.abort_reason
+
+    try:
+        try:
+            launch.prepare(dep, sup.paths, sup.me)
+            sup.sockets.add_report_route(dep.keys.report, dep.report, dep)
+            launch.start_ranks(dep, sup.paths, sup.me, s, sup.launcher,
+                               floor=sup.epochs.current, extra_env=sup.rank_env)
+            sup.set_state(dep, "loading", f"{dep.world_size} rank(s) started")
+            await readiness.wait_ready(dep, sup.paths, s.load_timeout, aborted)
+            await readiness.release_serve(dep, sup.paths, lambda b: sup._publish_dep(dep, b),
+                                          min(30.0, s.load_timeout), aborted)
+            sup.set_state(dep, "canary", "every rank ready and serving")
+            tokens = await run_canary(dep, sup.ctx, sup.me.sender, runs=s.canary_runs,
+                                      window_s=s.canary_window_s, tokens=s.canary_tokens,
+                                      timeout=s.canary_timeout_s,
+                                      aborted=lambda: aborted() or _lost(dep))
+            dep.canary_at = time.time()
+            dep.busy = False
+            sup.set_state(dep, "serving", f"canary passed {s.canary_runs}x: tokens {tokens}")
+        except asyncio.CancelledError:  # the supervisor is closing: leave nothing running
+            await _fail_launch(sup, dep, LaunchError("launch cancelled: supervisor closing"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever broke, tear down and report it
+            err = exc if isinstance(exc, LaunchError) else LaunchError(
+                f"{type(exc).__name__}: {exc}")
+            if not isinstance(exc, LaunchError):
+                log.exception("launch of %s failed", dep.deployment_id)
+            await _fail_launch(sup, dep, err)
+    finally:
+        dep.busy = False
+
+
+def _lost(dep: Deployment) -> str | None:
+    for rs in dep.ranks.values():
+        if rs.popen is not None and rs.popen.poll() is not None:
+            return f"rank {rs.rank} exited with code {rs.popen.returncode}"
+    return None
+
+
+async def _fail_launch(sup, dep: Deployment, err: LaunchError) -> None:
+    dep.error = str(err)
+    sup.incident(dep, "launch_failed", dep.error, {"job_id": dep.job_id, "rank": err.rank})
+    try:
+        outcome = await teardown(sup, dep, graceful_s=min(LAUNCH_FAILURE_GRACE_S,
+                                                          sup.settings.graceful_timeout))
+    except TeardownError as td:
+        err.teardown = td
+        dep.launch_error = err
+        return
+    dep.launch_error = err
+    dep.teardown = outcome.to_wire()
+    sup.set_state(dep, "failed", dep.error)
+
+
+# --- teardown bookkeeping --------------------------------------------------------------
+
+
+def _finalize(sup, dep: Deployment) -> None:
+    """Verified: remove the manifest, the launch secret, the job files and the markers."""
+    remove_manifest(sup.paths, dep.job_id)
+    if dep.secret_path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            dep.secret_path.unlink()
+    if dep.job_dir is not None:
+        shutil.rmtree(dep.job_dir, ignore_errors=True)
+    with contextlib.suppress(ValueError, OSError):
+        retire_markers(sup.paths, dep.deployment_id)
+    if dep.keys is not None:
+        sup.sockets.drop_report_route(dep.keys.report)
+
+
+async def teardown(sup, dep: Deployment, *, graceful_s: float | None = None) -> TeardownOutcome:
+    """Verified teardown; raises TeardownError (state teardown_failed) if not proven."""
+    s = sup.settings
+    body = Shutdown(deployment_id=dep.deployment_id, job_id=dep.job_id, reason="stop")
+    outcome = await verified_teardown(
+        dep, sup.paths, publish_shutdown=lambda: sup._publish_dep(dep, body),
+        graceful_s=s.graceful_timeout if graceful_s is None else graceful_s,
+        stop_timeout=s.stop_timeout, kill_timeout=s.kill_timeout, seams=sup.seams)
+    dep.teardown = outcome.to_wire()
+    if outcome.proven:
+        _finalize(sup, dep)
+        return outcome
+    err = TeardownError(dep.deployment_id, outcome.survivors, outcome.to_wire())
+    if dep.manifest is not None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        failures = [*dep.manifest.teardown_failures, f"{stamp} supervisor: {err}"][-20:]
+        dep.manifest = dataclasses.replace(dep.manifest, teardown_failures=failures)
+        write_manifest(sup.paths, dep.manifest)
+    sup.set_state(dep, "teardown_failed", str(err))
+    sup.incident(dep, "teardown_failed", str(err), {"outcome": outcome.to_wire()})
+    raise err
+
+
+async def teardown_after_failure(sup, dep: Deployment, reason: str) -> None:
+    """A rank was lost while serving: tear the rest down (the state stays `failed`, or
+    becomes `teardown_failed`); a later stop removes the deployment."""
+    if dep.busy:
+        return
+    dep.busy = True
+    try:
+        with contextlib.suppress(TeardownError):
+            await teardown(sup, dep, graceful_s=LAUNCH_FAILURE_GRACE_S)
+    finally:
+        dep.busy = False
+
+
+# --- stop -------------------------------------------------------------------------------
+
+
+async def stop(sup, deployment_id: str, *, force: bool) -> dict[str, Any]:
+    dep = get(sup, deployment_id)
+    task = dep.launch_task
+    if task is not None and not task.done():
+        dep.abort_reason = "stop requested"
+        await asyncio.shield(task)
+        if dep.state == "teardown_failed":
+            raise _teardown_admin_error(dep)
+        if dep.state == "failed":  # the launch tore itself down, verified
+            sup.deployments.pop(deployment_id, None)
+            sup.set_state(dep, "stopped", "stopped during launch")
+            return {"deployment_id": deployment_id, "outcome": dep.teardown or {}}
+    if dep.busy:
+        raise AdminError("conflict", f"deployment {deployment_id} is busy ({dep.state})")
+    abort = None
+    active = await active_requests(sup, dep) if dep.state in LIVE else 0
+    if active:
+        if not force:
+            raise AdminError("active_requests", f"deployment {deployment_id} has {active} active "
+                             "request(s); abort them first or stop with force",
+                             {"active": active})
+        abort = await sup.broadcaster.abort_all([dep], sup.settings.abort_all_timeout,
+                                                reason="forced stop")
+    dep.busy = True
+    previous = dep.state
+    try:
+        sup.set_state(dep, "stopping", "stop requested" + (" (forced)" if force else ""))
+        try:
+            outcome = await teardown(sup, dep)
+        except TeardownError:
+            raise _teardown_admin_error(dep) from None
+    finally:
+        dep.busy = False
+    sup.deployments.pop(deployment_id, None)
+    sup.set_state(dep, "stopped", f"verified teardown: {' -> '.join(outcome.path) or 'none alive'}"
+                  f" (was {previous})")
+    reply = {"deployment_id": deployment_id, "outcome": outcome.to_wire()}
+    if abort is not None:
+        reply["abort"] = abort
+    return reply
+
+
+async def active_requests(sup, dep: Deployment) -> int:
+    """Active requests: telemetry, confirmed by a fresh STATS from rank 0 when telemetry
+    says there are some (telemetry lags by up to one interval; a fresh zero wins)."""
+    active = dep.active_requests()
+    if not active or dep.keys is None:
+        return active
+    channel = Channel("supervisor", "stats", sender=sup.me.sender, send_key=dep.keys.requests,
+                      accept=REQUESTS_OUT)
+    client = AsyncRpcClient(sup.ctx, dep.requests_endpoint, channel)
+    try:
+        msg = await client.call(StatsRequest(request_id=new_request_id()), STATS_TIMEOUT_S)
+        return max(0, msg.body.active) if isinstance(msg.body, Stats) else active
+    except BusTimeout:
+        return active
+    finally:
+        client.close()
+
+
+def _teardown_admin_error(dep: Deployment) -> AdminError:
+    td = dep.teardown or {}
+    names = ", ".join(f"rank {s.get('rank')} pid {s.get('pid')}" for s in td.get("survivors", []))
+    return AdminError("teardown_failed", f"teardown of {dep.deployment_id} not proven; still "
+                      f"alive: {names}; state and manifest kept, stop again to retry",
+                      {"deployment_id": dep.deployment_id, "outcome": td})
+
+
+def launch_failure(dep: Deployment) -> AdminError:
+    err: LaunchError | None = dep.launch_error
+    data: dict[str, Any] = {"deployment_id": dep.deployment_id, "job_id": dep.job_id,
+                            "state": dep.state, "error": dep.error,
+                            "rank": err.rank if err else None, "teardown": dep.teardown}
+    msg = dep.error or "launch failed"
+    if err is not None and err.teardown is not None:
+        data["teardown_error"] = str(err.teardown)
+        msg += f" (teardown failed too: {err.teardown})"
+    return AdminError("launch_failed", msg, data)
+
+
+# --- replan -----------------------------------------------------------------------------
+
+
+async def replan(sup, deployment_id: str, backend: str, sig: str | None,
+                 force: bool = False) -> dict[str, Any]:
+    dep = get(sup, deployment_id)
+    if dep.busy:
+        raise AdminError("conflict", f"deployment {deployment_id} is busy ({dep.state})")
+    p = dep.plan
+    plan = make_plan(p.model_path, p.tp, p.pp, p.hosts, backend, p.envs)
+    expected = signature(sup.cluster_key.secret, deployment_id, dep.job_id, plan)
+    if sig is None:
+        return {"preview": True, "plan": plan.to_wire(), "current": p.to_wire(),
+                "signature": expected}
+    if not hmac.compare_digest(sig, expected):
+        raise AdminError("signature_mismatch", "the signature does not match the current "
+                         "plan for this deployment; request a new preview",
+                         {"deployment_id": deployment_id})
+    if dep.state in LIVE:
+        await stop(sup, deployment_id, force=force)
+    sup.deployments.pop(deployment_id, None)
+    result = await start(sup, deployment_id, plan, wait=True)
+    return {"preview": False, **result}

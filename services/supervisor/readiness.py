@@ -1,0 +1,112 @@
+"""The readiness barrier (DESIGN.md 5.4): every rank must show a rank-ready marker *and*
+a rank_ready report, both naming the pid and start time recorded in the manifest; then
+`serve` is released (re-sent until every rank reports `serving`). Bounded by
+load_timeout; a rank that dies or reports `failed` ends the wait with its own error."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from common.messages import Serve
+from common.procs import START_TIME_TOLERANCE, identify, is_alive
+from common.state import Paths, RankMarker, read_markers
+from services.supervisor.deployment import Deployment, RankState
+from services.supervisor.errors import LaunchError
+from services.supervisor.launcher import log_tail
+
+POLL_S = 0.05
+READY_PHASES = frozenset({"ready", "serving"})
+DEAD_PHASES = frozenset({"failed", "peer_lost", "launcher_lost", "exiting"})
+
+
+def _same(rs: RankState, pid: int, start_time: float) -> bool:
+    return (rs.identity is not None and rs.identity.pid == pid
+            and abs(rs.identity.start_time - start_time) <= START_TIME_TOLERANCE)
+
+
+def own_markers(paths: Paths, dep: Deployment) -> dict[int, RankMarker]:
+    """This launch's markers whose identity matches the manifest, by rank."""
+    out = {}
+    for _, m in read_markers(paths, dep.deployment_id).markers:
+        rs = dep.ranks.get(m.rank)
+        if rs is not None and m.job_id == dep.job_id and _same(rs, m.pid, m.start_time):
+            out[m.rank] = m
+    return out
+
+
+def rank_failure(dep: Deployment, markers: dict[int, RankMarker]) -> LaunchError | None:
+    """The first rank that exited or reported a terminal phase, as a LaunchError."""
+    for rs in dep.ranks.values():
+        m = markers.get(rs.rank)
+        code = rs.popen.poll() if rs.popen is not None else None
+        dead = code is not None or (rs.identity is not None and not is_alive(rs.identity))
+        phase = m.phase.value if m else rs.phase
+        if dead or phase in DEAD_PHASES:
+            why = (m.error if m and m.error else None) or rs.error
+            if not why:
+                tail = log_tail(rs.log_path, 400).splitlines()
+                why = tail[-1] if tail else "no error recorded"
+            what = f"exited with code {code}" if code is not None else (
+                f"is gone (now {identify(rs.pid)})" if dead else f"reported {phase}")
+            return LaunchError(f"rank {rs.rank} (pid {rs.pid}) {what} during load "
+                               f"(phase {phase}): {why}", rank=rs.rank)
+    return None
+
+
+async def wait_ready(dep: Deployment, paths: Paths, timeout: float,
+                     aborted: Callable[[], str | None]) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        markers = own_markers(paths, dep)
+        for r, m in markers.items():
+            dep.ranks[r].phase = m.phase.value
+        err = rank_failure(dep, markers)
+        if err is not None:
+            raise err
+        if (why := aborted()) is not None:
+            raise LaunchError(f"launch aborted: {why}")
+        missing = []
+        for rs in dep.ranks.values():
+            m = markers.get(rs.rank)
+            ready = rs.ready is not None and _same(rs, rs.ready.pid, rs.ready.start_time)
+            if m is None or m.phase.value not in READY_PHASES or not ready:
+                missing.append(f"rank {rs.rank}: marker "
+                               f"{m.phase.value if m else 'missing'}, rank_ready "
+                               f"{'received' if ready else 'missing'}")
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise LaunchError(f"not ready within {timeout:.0f}s (LOCKSTEP_LOAD_TIMEOUT): "
+                              + "; ".join(missing))
+        await asyncio.sleep(POLL_S)
+
+
+async def release_serve(dep: Deployment, paths: Paths, publish: Callable[[object], None],
+                        timeout: float, aborted: Callable[[], str | None]) -> None:
+    """Publish SERVE until every rank reports `serving` (telemetry or marker)."""
+    deadline = time.monotonic() + timeout
+    body = Serve(deployment_id=dep.deployment_id, job_id=dep.job_id)
+    next_send = 0.0
+    while True:
+        now = time.monotonic()
+        if now >= next_send:
+            publish(body)
+            next_send = now + 0.25
+        markers = own_markers(paths, dep)
+        for r, m in markers.items():
+            if m.phase.value == "serving":
+                dep.ranks[r].phase = "serving"
+        err = rank_failure(dep, markers)
+        if err is not None:
+            raise err
+        if (why := aborted()) is not None:
+            raise LaunchError(f"launch aborted: {why}")
+        waiting = [rs.rank for rs in dep.ranks.values() if rs.phase != "serving"]
+        if not waiting:
+            return
+        if now >= deadline:
+            raise LaunchError(f"rank(s) {waiting} did not start serving within {timeout:.0f}s "
+                              "after serve was released")
+        await asyncio.sleep(POLL_S)

@@ -1,0 +1,261 @@
+"""The supervisor process: sockets, deployment table, report handling, the lease and
+monitor loops, events, and the reap gate. Deploy/stop/replan orchestration lives in
+`ops`, cancel broadcasts in `broadcast`, admin commands in `commands/`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from typing import Any
+
+import zmq.asyncio
+
+from common.envelope import BOOT_ID, Message
+from common.keys import load_cluster_key
+from common.messages import AdminRequest, CancelAck, Event, Lease, RankReady, Telemetry
+from common.procs import START_TIME_TOLERANCE, identify, is_alive
+from common.state import SCHEMA_VERSION, Paths, write_json_atomic
+from services.supervisor import commands, ops
+from services.supervisor.broadcast import Broadcaster
+from services.supervisor.deployment import LIVE, Deployment
+from services.supervisor.epochs import EpochStore
+from services.supervisor.errors import AdminError
+from services.supervisor.launch import SupervisorIdentity
+from services.supervisor.launcher import Launcher, LocalLauncher
+from services.supervisor.settings import SupervisorSettings
+from services.supervisor.sockets import SupervisorSockets
+from services.supervisor.teardown import TeardownSeams
+
+log = logging.getLogger("lockstep.supervisor")
+VERSION = "0.1.0"
+MONITOR_S = 0.25
+DEAD_PHASES = frozenset({"failed", "peer_lost", "launcher_lost"})
+
+
+class Supervisor:
+    def __init__(self, settings: SupervisorSettings, *, launcher: Launcher | None = None,
+                 seams: TeardownSeams | None = None, rank_env: dict[str, str] | None = None,
+                 reap_fn=None) -> None:
+        self.settings = settings
+        self.paths = Paths(settings.home)
+        self.launcher = launcher or LocalLauncher()
+        self.seams = seams or TeardownSeams()
+        self.rank_env = dict(rank_env or {})
+        self.reap_fn = reap_fn
+        self.deployments: dict[str, Deployment] = {}
+        self.last_reap: dict[str, Any] | None = None
+        self.started_at = time.time()
+        self._tasks: set[asyncio.Task] = set()
+        self._loops: list[asyncio.Task] = []
+        self._closed = asyncio.Event()
+        self._model_lock = asyncio.Lock()
+        self._reap_lock = asyncio.Lock()
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.paths.ensure()
+        self.cluster_key = load_cluster_key(self.paths.cluster_key)  # fail closed
+        self.epochs = EpochStore(self.paths.state / "cancel_epoch.json")
+        self.ctx = zmq.asyncio.Context()
+        s = self.settings
+        self.sockets = SupervisorSockets(
+            self.ctx, self.cluster_key, bind_host=s.bind_host, rank_host=s.rank_host,
+            admin_port=s.admin_port, events_port=s.events_port, control_port=s.control_port,
+            report_port=s.report_port)
+        me = identify(os.getpid())
+        self.me = SupervisorIdentity(os.getpid(), me.start_time if me else time.time(), BOOT_ID,
+                                     self.sockets.sender, self.sockets.control_endpoint,
+                                     self.sockets.report_endpoint)
+        self.broadcaster = Broadcaster(self._publish_dep, self.epochs)
+        self._write_runtime_file()
+        self._loops = [asyncio.create_task(c) for c in (
+            self.sockets.admin_loop(self._on_admin), self.sockets.report_loop(self._on_report),
+            self._lease_loop(), self._monitor_loop())]
+        try:
+            await self.reap()
+        except AdminError as exc:  # reported in status; launches stay blocked until fixed
+            log.error("reap at start is blocking launches: %s", exc.message)
+        log.info("supervisor %s: admin %s events %s control %s report %s", os.getpid(),
+                 self.sockets.admin_endpoint, self.sockets.events_endpoint,
+                 self.sockets.control_endpoint, self.sockets.report_endpoint)
+
+    @property
+    def runtime_file(self):
+        return self.paths.runtime / "supervisor.json"
+
+    def _write_runtime_file(self) -> None:
+        write_json_atomic(self.runtime_file, {
+            "schema_version": SCHEMA_VERSION, "pid": self.me.pid, "boot_id": BOOT_ID,
+            "start_time": self.me.start_time, "admin": self.sockets.admin_endpoint,
+            "events": self.sockets.events_endpoint, "control": self.sockets.control_endpoint,
+            "report": self.sockets.report_endpoint})
+
+    async def close(self, *, teardown: bool = True) -> None:
+        """Stop every deployment (verified), then the loops and sockets."""
+        if teardown:
+            for dep_id in list(self.deployments):
+                with contextlib.suppress(AdminError):
+                    await ops.stop(self, dep_id, force=True)
+        for t in [*self._loops, *self._tasks]:
+            t.cancel()
+        for t in [*self._loops, *self._tasks]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self.sockets.close()
+        self.ctx.term()
+        with contextlib.suppress(FileNotFoundError):
+            self.runtime_file.unlink()
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    def spawn(self, coro) -> asyncio.Task:
+        t = asyncio.create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    # --- events and state --------------------------------------------------------------
+
+    def emit(self, topic: str, name: str, dep: Deployment | None, reason: str = "",
+             data: dict[str, Any] | None = None, state: str | None = None) -> None:
+        ev = Event(topic=topic, name=name, deployment_id=dep.deployment_id if dep else "",
+                   state=state if state is not None else (dep.state if dep else ""),
+                   reason=reason[:60000], at=time.time(), data=data or {})
+        self.sockets.publish_event(ev)
+
+    def set_state(self, dep: Deployment, state: str, reason: str = "") -> None:
+        if dep.state == state:
+            return
+        log.info("deployment %s: %s -> %s %s", dep.deployment_id, dep.state, state, reason)
+        dep.state = state
+        self.emit("deployment", "state", dep, reason, {"job_id": dep.job_id})
+
+    def incident(self, dep: Deployment, name: str, reason: str, data: dict | None = None) -> None:
+        log.error("incident %s on %s: %s", name, dep.deployment_id, reason)
+        self.emit("incident", name, dep, reason, data)
+
+    def _publish_dep(self, dep: Deployment, body: Any) -> None:
+        if dep.control is not None:
+            self.sockets.publish_control(dep.deployment_id, dep.control, body)
+
+    # --- reap gate ---------------------------------------------------------------------
+
+    async def reap(self) -> dict[str, Any]:
+        """One reap pass (serialised); raises reap_blocked if launches must not start."""
+        from services.reaper.reap import reap_orphans
+
+        loop = asyncio.get_running_loop()
+
+        def publish(ev: Event) -> None:
+            loop.call_soon_threadsafe(self.sockets.publish_event, ev)
+
+        fn = self.reap_fn or reap_orphans
+        async with self._reap_lock:
+            report = await asyncio.to_thread(
+                fn, self.paths, term_timeout=self.settings.stop_timeout,
+                kill_timeout=self.settings.kill_timeout, kill=self.seams.kill, publish=publish)
+        self.last_reap = report.to_dict()
+        if report.blocking:
+            raise AdminError("reap_blocked", "launch refused: " + report.blockers(),
+                             self.last_reap)
+        return self.last_reap
+
+    # --- admin ---------------------------------------------------------------------------
+
+    async def _on_admin(self, ident: bytes, msg: Message) -> None:
+        self.spawn(self._answer(ident, msg.body))
+
+    async def _answer(self, ident: bytes, req: AdminRequest) -> None:
+        reply = await commands.dispatch(self, req)
+        try:
+            await self.sockets.reply(ident, reply)
+        except Exception as exc:  # noqa: BLE001 - e.g. a reply too large for the client
+            log.error("admin reply for %s not sent: %s", req.command, exc)
+
+    # --- report ---------------------------------------------------------------------------
+
+    def _on_report(self, dep: Deployment, msg: Message) -> None:
+        body = msg.body
+        if getattr(body, "deployment_id", None) != dep.deployment_id:
+            return
+        rs = dep.ranks.get(body.rank)
+        if rs is None or rs.identity is None:
+            return
+        now = time.time()
+        if isinstance(body, RankReady):
+            if body.job_id != dep.job_id or body.pid != rs.pid or abs(
+                    body.start_time - rs.identity.start_time) > START_TIME_TOLERANCE:
+                rs.error = (f"rank_ready identity mismatch: pid {body.pid} start "
+                            f"{body.start_time:.2f} vs manifest pid {rs.pid}")
+                log.error("deployment %s rank %d: %s", dep.deployment_id, body.rank, rs.error)
+                return
+            rs.ready = body
+            rs.last_seen = now
+        elif isinstance(body, Telemetry):
+            if body.pid != rs.pid or body.job_id != dep.job_id:
+                return
+            rs.phase, rs.step, rs.active = body.phase, body.step, body.active
+            rs.cancel_epoch, rs.mem_active = body.cancel_epoch, body.mem_active
+            rs.last_seen, rs.telemetry_rx = now, time.monotonic()
+            if body.error:
+                rs.error = body.error
+        elif isinstance(body, CancelAck):
+            if body.epoch > rs.acked_epoch:
+                rs.acked_epoch, rs.acked_at = body.epoch, time.monotonic()
+            rs.last_seen = now
+            self.broadcaster.on_ack(dep.deployment_id, body.epoch, body.rank,
+                                    {"step_applied": body.step_applied,
+                                     "cancelled": list(body.cancelled)})
+
+    # --- loops ----------------------------------------------------------------------------
+
+    async def _lease_loop(self) -> None:
+        while True:
+            starting = False
+            for dep in list(self.deployments.values()):
+                if dep.state not in LIVE or dep.control is None:
+                    continue
+                starting = starting or dep.state in ("launching", "loading")
+                dep.lease_seq += 1
+                self._publish_dep(dep, Lease(
+                    deployment_id=dep.deployment_id, job_id=dep.job_id, lease_seq=dep.lease_seq,
+                    ttl_s=self.settings.lease_ttl, cancel_epoch=self.epochs.current))
+            # Ranks wait for their first lease before loading: renew fast while starting.
+            await asyncio.sleep(min(0.2, self.settings.lease_interval) if starting
+                                else self.settings.lease_interval)
+
+    async def _monitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(MONITOR_S)
+            for dep in list(self.deployments.values()):
+                try:
+                    self._check_ranks(dep)
+                except Exception:  # noqa: BLE001
+                    log.exception("monitor failed for %s", dep.deployment_id)
+
+    def _check_ranks(self, dep: Deployment) -> None:
+        if dep.state not in ("canary", "serving") or (dep.busy and dep.state != "canary"):
+            return  # launching/loading: the launch watches its ranks; stopping: teardown does
+        lost = []
+        for rs in dep.ranks.values():
+            code = rs.popen.poll() if rs.popen is not None else None
+            gone = code is not None or (rs.identity is not None and not is_alive(rs.identity))
+            if gone or rs.phase in DEAD_PHASES:
+                what = f"exited with code {code}" if code is not None else (
+                    "is gone" if gone else f"reported {rs.phase}")
+                lost.append(f"rank {rs.rank} (pid {rs.pid}) {what}"
+                            + (f": {rs.error}" if rs.error else ""))
+                self.broadcaster.on_rank_dead(dep.deployment_id, rs.rank)
+        if not lost or dep.state == "canary":
+            return  # during the canary the launch itself reports the failure
+        reason = "; ".join(lost)
+        self.incident(dep, "rank_lost", reason, {"job_id": dep.job_id})
+        dep.error = reason
+        self.set_state(dep, "failed", reason)
+        self.spawn(ops.teardown_after_failure(self, dep, reason))

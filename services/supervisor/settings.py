@@ -1,0 +1,64 @@
+"""Supervisor settings: CLI > `LOCKSTEP_<NAME>` environment > defaults.
+
+| setting | default | meaning |
+|---|---|---|
+| home | `~/.lockstep` | `$LOCKSTEP_HOME` |
+| admin_port / events_port | 7710 / 7711 | admin ROUTER, events PUB (on bind_host); 0 = any free port |
+| control_port / report_port | 7712 / 7713 | control PUB, report ROUTER (on rank_host); 0 = any free port |
+| bind_host | 127.0.0.1 | where admin and events bind |
+| rank_host | 127.0.0.1 | where control and report bind, the address ranks connect to |
+| load_timeout | 120 | seconds for every rank to become ready (`LOCKSTEP_LOAD_TIMEOUT`) |
+| graceful_timeout | 5 | seconds a rank gets to exit after a control `shutdown` |
+| stop_timeout | 10 | seconds after SIGTERM before SIGKILL |
+| kill_timeout | 5 | seconds after each SIGKILL |
+| lease_interval / lease_ttl | 1.0 / 45 | supervisor lease renewal and the staleness ranks act on |
+| canary_runs / canary_window_s / canary_tokens / canary_timeout_s | 3 / 1.0 / 4 / 60 | canary |
+| abort_all_timeout | 15 | bound on abort_all's wait for acks and zero active requests |
+| cancel_timeout | 10 | how long a cancel is re-sent before unacked ranks are reported missing |
+| rank_command | (empty) | command that starts one rank, `--spec FILE` appended; empty = `python -m services.rank` |
+| rank_telemetry_interval_s | 1.0 | telemetry period written into each rank's spec |
+| rank_test_seams | false | lets ranks honour LOCKSTEP_TEST_* fault switches (tests only) |
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.config import default_home, load_settings
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    home: Path = field(default_factory=default_home)
+    admin_port: int = 7710
+    events_port: int = 7711
+    control_port: int = 7712
+    report_port: int = 7713
+    bind_host: str = "127.0.0.1"
+    rank_host: str = "127.0.0.1"
+    load_timeout: float = 120.0
+    graceful_timeout: float = 5.0
+    stop_timeout: float = 10.0
+    kill_timeout: float = 5.0
+    lease_interval: float = 1.0
+    lease_ttl: float = 45.0
+    canary_runs: int = 3
+    canary_window_s: float = 1.0
+    canary_tokens: int = 4
+    canary_timeout_s: float = 60.0
+    abort_all_timeout: float = 15.0
+    cancel_timeout: float = 10.0
+    rank_command: str = ""
+    rank_telemetry_interval_s: float = 1.0
+    rank_test_seams: bool = False
+
+    def rank_argv(self, spec_path: Path) -> list[str]:
+        base = shlex.split(self.rank_command) or [sys.executable, "-m", "services.rank"]
+        return [*base, "--spec", str(spec_path)]
+
+
+def load(cli: dict | None = None, env: dict | None = None) -> SupervisorSettings:
+    return load_settings(SupervisorSettings, cli, env)

@@ -1,0 +1,343 @@
+"""`lockstep up` — serve a model on this machine with one command.
+
+    lockstep up [--port 8000] [--home ~/.lockstep] [--model PATH] [--tp 2] [--pp 1]
+                [--hosts FILE] [--backend auto|ring|jaccl|mpi] [--host 127.0.0.1]
+
+Starts `lockstep supervisor`, `lockstep reaper` and `lockstep gateway` as separate
+processes (each in its own session, logs in $LOCKSTEP_HOME/runtime/logs/), writes the
+cluster key and the admin token (0600) on first run, builds the embedded model once
+(no --model), deploys it (TP=2 by default), waits for /ready and prints the URL with a
+curl to paste. Ctrl-C / SIGTERM: abort_all, verified teardown of every deployment, then
+SIGTERM → SIGKILL each service; exit 0 only when every process it started (and every
+rank) is proven gone.
+
+Settings: CLI > LOCKSTEP_<NAME> > defaults; ports: --admin-port 7710, --events-port 7711,
+--control-port 7712, --report-port 7713, --reaper-events-port 7714 (0 = any free port).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import zmq
+
+from common.bus import BusTimeout, Channel, SyncRpcClient, new_request_id
+from common.config import ConfigError, default_home, load_settings
+from common.envelope import Key
+from common.keys import KeyFileError, ensure_cluster_key
+from common.messages import ADMIN_OUT, AdminRequest
+from common.procs import identify, is_alive, snapshot_children, terminate_ladder
+from common.state import Paths
+
+
+@dataclass(frozen=True)
+class UpSettings:
+    home: Path = field(default_factory=default_home)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str | None = None
+    tp: int = 2
+    pp: int = 1
+    hosts: Path | None = None
+    backend: str = "auto"
+    admin_port: int = 7710
+    events_port: int = 7711
+    control_port: int = 7712
+    report_port: int = 7713
+    reaper_events_port: int = 7714
+    ready_timeout: float = 600.0
+    stop_timeout: float = 15.0
+
+
+class UpError(Exception):
+    pass
+
+
+class AdminLink:
+    """Blocking admin client to the supervisor we started (found via supervisor.json)."""
+
+    def __init__(self, paths: Paths, key: Key, sup_pid: int) -> None:
+        self.paths, self.key, self.sup_pid = paths, key, sup_pid
+        self.ctx = zmq.Context()
+        self.client: SyncRpcClient | None = None
+
+    def wait_endpoints(self, timeout: float, stop: threading.Event, check) -> tuple[str, str]:
+        """Wait until our supervisor wrote supervisor.json and answers ping."""
+        deadline = time.monotonic() + timeout
+        f = self.paths.runtime / "supervisor.json"
+        while time.monotonic() < deadline and not stop.is_set():
+            check()
+            try:
+                info = json.loads(f.read_text())
+            except (OSError, ValueError):
+                info = {}
+            if info.get("pid") == self.sup_pid:
+                eps = (info.get("admin_endpoint") or info.get("admin"),
+                       info.get("events_endpoint") or info.get("events") or "")
+                ch = Channel("up", "admin", sender="up", send_key=self.key, accept=ADMIN_OUT)
+                self.client = SyncRpcClient(self.ctx, eps[0], ch)
+                try:
+                    self.call("ping", {}, timeout=2.0)
+                    return eps
+                except (UpError, BusTimeout):
+                    self.client.close()
+                    self.client = None
+            stop.wait(0.2)
+        raise UpError("the supervisor did not come up (see its log)" if not stop.is_set()
+                      else "interrupted while starting")
+
+    def call(self, command: str, args: dict, timeout: float = 10.0) -> dict:
+        if self.client is None:
+            raise UpError("no supervisor connection")
+        try:
+            reply = self.client.call(AdminRequest(request_id=new_request_id(), command=command,
+                                                  args=args), timeout).body
+        except BusTimeout:
+            # Lazy Pirate: a timed-out DEALER may get a late reply; start a fresh socket.
+            self.client.close()
+            self.client = SyncRpcClient(self.ctx, self.client.endpoint, self.client.channel)
+            raise
+        if not reply.ok:
+            raise UpError(f"{command}: {reply.code}: {reply.message}")
+        return dict(reply.data)
+
+    def deployment(self, dep_id: str) -> dict | None:
+        try:
+            deps = self.call("deployments", {}, timeout=5.0).get("deployments") or []
+        except (UpError, BusTimeout):
+            return None
+        return next((d for d in deps if d.get("deployment_id") == dep_id), None)
+
+    def abort_and_teardown(self, log, rank_pids: set[int]) -> bool:
+        ok = True
+        try:
+            ev = self.call("abort_all", {"deployment_id": None, "timeout_s": 15.0}, timeout=30.0)
+            log(f"abort_all: epoch {ev.get('epoch')}, zero active: {ev.get('zero_active')}, "
+                f"ranks {ev.get('ranks')}")
+            deps = self.call("deployments", {}, timeout=10.0).get("deployments") or []
+        except (UpError, BusTimeout) as exc:
+            log(f"abort_all failed: {exc}")
+            return False
+        for d in deps:
+            rank_pids |= {r["pid"] for r in d.get("ranks") or [] if r.get("pid")}
+            if d.get("state") in ("stopped",):
+                continue
+            try:
+                out = self.call("stop", {"deployment_id": d["deployment_id"], "force": True},
+                                timeout=180.0).get("outcome") or {}
+                log(f"deployment {d['deployment_id']} torn down "
+                    f"({'/'.join(out.get('path') or []) or 'ok'}, proven {out.get('proven', True)})")
+            except (UpError, BusTimeout) as exc:
+                log(f"teardown of {d['deployment_id']} NOT verified: {exc}")
+                ok = False
+        return ok
+
+
+def wait_http_ready(url: str, timeout: float, stop: threading.Event, progress) -> None:
+    deadline = time.monotonic() + timeout
+    while not stop.is_set():
+        progress()
+        try:
+            if httpx.get(url, timeout=5.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise UpError(f"not ready after {timeout:.0f}s ({url})")
+        stop.wait(0.5)
+
+
+def ensure_admin_token(path: Path) -> str:
+    """The admin bearer token, created (0600) on first run."""
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+    if path.stat().st_mode & 0o077:
+        raise KeyFileError(f"{path} is readable by others; chmod 600 {path}")
+    return path.read_text().strip()
+
+
+class Up:
+    def __init__(self, s: UpSettings) -> None:
+        self.s = s
+        self.paths = Paths(s.home).ensure()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.stop_flag = threading.Event()
+        self.rank_pids: set[int] = set()
+        self.admin: AdminLink | None = None
+        self.teardown_ok = True
+
+    def log(self, msg: str) -> None:
+        print(f"lockstep up: {msg}", flush=True)
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        logf = open(self.paths.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        cmd = [sys.executable, "-m", "services.cli", name, "--home", str(self.paths.home), *argv]
+        p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True, close_fds=True)
+        logf.close()
+        self.procs[name] = p
+        self.log(f"started {name} (pid {p.pid}, log {self.paths.logs / (name + '.log')})")
+        return p
+
+    def check_children(self) -> None:
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                tail = (self.paths.logs / f"{name}.log").read_text(errors="replace")[-1500:]
+                raise UpError(f"{name} exited with status {p.returncode}; its log ends:\n{tail}")
+
+    def model_path(self) -> str:
+        if self.s.model:
+            return str(Path(self.s.model).expanduser().resolve())
+        from common.tinymodel import build_model, is_complete
+
+        target = self.paths.models / "tiny"
+        if not is_complete(target):
+            self.log(f"building the embedded model into {target} (once)")
+        return str(build_model(target, preset="tiny"))
+
+    def hosts(self) -> tuple[list[dict] | None, list[str], str]:
+        backend = self.s.backend
+        if self.s.hosts is None:
+            return None, [], backend
+        obj = json.loads(Path(self.s.hosts).expanduser().read_text())
+        hosts = obj.get("hosts") if isinstance(obj, dict) else obj
+        if not isinstance(hosts, list):
+            raise UpError(f"{self.s.hosts}: expected an mlx.launch hostfile with a 'hosts' list")
+        envs = list(obj.get("envs") or []) if isinstance(obj, dict) else []
+        if backend == "auto" and isinstance(obj, dict) and obj.get("backend"):
+            backend = str(obj["backend"])
+        return hosts, envs, backend
+
+    def run(self) -> int:
+        s = self.s
+        key = ensure_cluster_key(self.paths.cluster_key)
+        ensure_admin_token(self.paths.admin_token)
+        model = self.model_path()
+        hosts, envs, backend = self.hosts()
+        sup = self.spawn("supervisor", ["--admin-port", str(s.admin_port), "--events-port",
+                                        str(s.events_port), "--control-port", str(s.control_port),
+                                        "--report-port", str(s.report_port)])
+        self.admin = AdminLink(self.paths, key, sup.pid)
+        admin_ep, events_ep = self.admin.wait_endpoints(60.0, self.stop_flag, self.check_children)
+        self.spawn("reaper", ["--events-port", str(s.reaper_events_port)])
+        self.spawn("gateway", ["--host", s.host, "--port", str(s.port), "--admin-endpoint",
+                               admin_ep, "--events-endpoint", events_ep])
+        data = self.admin.call("deploy", {"model_path": model, "tp": s.tp, "pp": s.pp,
+                                          "hosts": hosts, "backend": backend, "wait": False,
+                                          "envs": envs}, timeout=120.0)
+        dep_id = data["deployment_id"]
+        self.log(f"deploying {Path(model).name} as {dep_id} (tp={s.tp}, pp={s.pp}, backend={backend})")
+        url = f"http://{'127.0.0.1' if s.host in ('0.0.0.0', '::') else s.host}:{s.port}"
+
+        def progress() -> None:
+            self.check_children()
+            dep = self.admin.deployment(dep_id)
+            if dep is not None:
+                self.rank_pids |= {r["pid"] for r in dep.get("ranks") or [] if r.get("pid")}
+                if dep.get("state") in ("failed", "teardown_failed", "stopped"):
+                    raise UpError(f"deployment {dep_id} is {dep['state']}: {dep.get('error')}")
+
+        wait_http_ready(url + "/ready", s.ready_timeout, self.stop_flag, progress)
+        if self.stop_flag.is_set():
+            return 0
+        self.print_banner(url, Path(model).name, dep_id)
+        while not self.stop_flag.wait(1.0):
+            progress()
+        return 0
+
+    def print_banner(self, url: str, model: str, dep_id: str) -> None:
+        body = json.dumps({"model": model, "max_tokens": 32,
+                           "messages": [{"role": "user", "content": "Hello!"}]})
+        auth = " -H 'Authorization: Bearer $KEY'" if os.environ.get("LOCKSTEP_API_KEYS") else ""
+        print(f"\nlockstep is serving {model} ({dep_id}, tp={self.s.tp}, pp={self.s.pp}) at {url}\n"
+              f"  OpenAI base URL: {url}/v1    ready: {url}/ready    metrics: {url}/metrics\n"
+              f"  admin token:     {self.paths.admin_token}\n\n"
+              f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
+              f"       -d '{body}'\n\nPress Ctrl-C to stop.\n", flush=True)
+
+    def shutdown(self) -> bool:
+        """abort_all → verified teardown → stop services → prove every pid gone."""
+        ok = True
+        if self.admin is not None and self.procs.get("supervisor") and \
+                self.procs["supervisor"].poll() is None:
+            ok = self.admin.abort_and_teardown(self.log, self.rank_pids) and ok
+        idents = []
+        for name in ("gateway", "reaper", "supervisor"):
+            p = self.procs.get(name)
+            if p is None:
+                continue
+            tree = snapshot_children(p.pid) if p.poll() is None else []
+            idents += tree
+            out = terminate_ladder(tree, [p.pid], term_timeout=self.s.stop_timeout, kill_timeout=5.0)
+            try:
+                p.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                ok = False
+            self.log(f"{name} stopped ({'/'.join(out.path) or 'already gone'}, status {p.returncode})")
+        ranks = [i for i in (identify(pid) for pid in self.rank_pids) if i is not None]
+        survivors = [i for i in idents + ranks if is_alive(i)]
+        survivors += [p for p in self.procs.values() if p.poll() is None]
+        for sv in survivors:
+            self.log(f"NOT proven gone: pid {sv.pid}")
+        return ok and not survivors
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="lockstep up", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag, tp in (("--home", Path), ("--host", str), ("--port", int), ("--model", str),
+                     ("--tp", int), ("--pp", int), ("--hosts", Path), ("--backend", str),
+                     ("--admin-port", int), ("--events-port", int), ("--control-port", int),
+                     ("--report-port", int), ("--reaper-events-port", int),
+                     ("--ready-timeout", float), ("--stop-timeout", float)):
+        ap.add_argument(flag, type=tp, default=None)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = vars(_parser().parse_args(sys.argv[1:] if argv is None else argv))
+    try:
+        s = load_settings(UpSettings, args)
+    except (ConfigError, TypeError) as exc:
+        print(f"lockstep up: {exc}", file=sys.stderr)
+        return 2
+    try:
+        up = Up(s)
+    except OSError as exc:
+        print(f"lockstep up: cannot use home {s.home}: {exc}", file=sys.stderr)
+        return 2
+
+    def on_signal(signum, frame) -> None:  # only sets a flag: the main loop does the work
+        up.stop_flag.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    code = 0
+    try:
+        code = up.run()
+    except (UpError, KeyFileError, OSError, ValueError) as exc:
+        print(f"lockstep up: {exc}", file=sys.stderr)
+        code = 1
+    print("lockstep up: stopping: abort_all, verified teardown, services", flush=True)
+    if not up.shutdown():
+        print("lockstep up: shutdown NOT verified (see above)", file=sys.stderr)
+        return 1
+    print("lockstep up: every process stopped", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

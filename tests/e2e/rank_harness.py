@@ -1,0 +1,439 @@
+"""A real driver for rank processes: it plays the supervisor (and the gateway) for tests
+and benchmarks. Nothing here is mocked: ranks are `python -m services.rank` subprocesses
+on the real MLX ring backend over loopback, talking signed ZeroMQ.
+
+    with Deployment(tmp_path, mode="tp") as d:      # mode: single | tp | pp
+        r = d.generate([1, 2, 3], max_tokens=8)     # Result(tokens, finish_reason, ...)
+
+The stub thread owns every harness socket (control PUB, report ROUTER, requests DEALER):
+it publishes LEASE every 0.5 s, collects RANK_READY / TELEMETRY / CANCEL_ACK, re-sends
+cancels until every live rank acked, and routes TOKENS into per-request streams.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+
+from common import messages as m
+from common.bus import Channel, configure
+from common.keys import LaunchKeys, new_launch_secret
+from common.rankspec import SCHEMA_VERSION, RankSettings, RankSpec
+from common.state import Paths, marker_path, read_json
+from services.rank.env import rank_environment
+from services.rank.removals import read_removals, removals_path, token_digest
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_CACHE = Path(os.environ.get("LOCKSTEP_TEST_MODEL_CACHE",
+                                  Path(tempfile.gettempdir()) / "lockstep-models"))
+__all__ = ["Deployment", "Result", "model_dir", "token_digest"]
+
+
+def model_dir(preset: str = "tiny") -> Path:
+    """The embedded model, built once per machine (build_model is idempotent)."""
+    from common.tinymodel import build_model
+
+    return build_model(MODEL_CACHE / f"{preset}-0", preset=preset, seed=0)
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def poll_until(pred, timeout: float, what: str, interval: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Result:
+    request_id: str
+    tokens: list[int]
+    finish_reason: str | None
+    error: str | None = None
+    model_ttft_ms: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    chunks: list[m.Tokens] = field(default_factory=list)
+
+    @property
+    def digest(self) -> str:
+        return token_digest(self.tokens)
+
+
+class _Stub(threading.Thread):
+    def __init__(self, d: Deployment) -> None:
+        super().__init__(name="harness-stub", daemon=True)
+        self.d = d
+        self.ctx = zmq.Context()
+        k = d.keys
+        self.ctl = Channel("harness", "control", sender="supervisor", send_key=k.control)
+        self.rep = Channel("harness", "report", sender="supervisor", send_key=k.report,
+                           accept=m.REPORT)
+        self.req = Channel("harness", "requests", sender="gateway", send_key=k.requests,
+                           accept=m.REQUESTS_OUT)
+        self.pub = configure(self.ctx.socket(zmq.PUB))
+        self.pub.bind(d.control_endpoint)
+        self.router = configure(self.ctx.socket(zmq.ROUTER))
+        self.router.bind(d.report_endpoint)
+        self.dealer = configure(self.ctx.socket(zmq.DEALER))
+        self.dealer.connect(d.requests_endpoint)
+        addr = f"inproc://harness-{id(self)}"
+        self.wake_rx = self.ctx.socket(zmq.PAIR)
+        self.wake_rx.bind(addr)
+        self.wake_tx = self.ctx.socket(zmq.PAIR)
+        self.wake_tx.connect(addr)
+        self.cmds: collections.deque = collections.deque()
+        self.cv = threading.Condition()
+        self.ready: dict[int, m.RankReady] = {}
+        self.telemetry: dict[int, m.Telemetry] = {}
+        self.acks: dict[int, dict[int, m.CancelAck]] = collections.defaultdict(dict)
+        self.streams: dict[str, list[m.Tokens]] = collections.defaultdict(list)
+        self.stats: dict[str, m.Stats] = {}
+        self.resend: dict[int, tuple[m.Cancel, float]] = {}  # epoch → (cancel, until)
+        self.lease_seq = 0
+        self.stopped = False
+
+    def post(self, *cmds: tuple) -> None:
+        with self.cv:
+            self.cmds.extend(cmds)
+            self.wake_tx.send(b"")
+
+    def publish(self, body) -> None:
+        self.pub.send_multipart([self.d.topic, self.ctl.pack(body)])
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        for s in (self.router, self.dealer, self.wake_rx):
+            poller.register(s, zmq.POLLIN)
+        next_lease = next_resend = 0.0
+        while not self.stopped:
+            now = time.monotonic()
+            if now >= next_lease:
+                next_lease = now + 0.5
+                self.lease_seq += 1
+                self.publish(m.Lease(self.d.deployment_id, self.d.job_id, self.lease_seq,
+                                     45.0, self.d.lease_epoch))
+            if now >= next_resend:
+                next_resend = now + 0.25
+                for epoch, (c, until) in list(self.resend.items()):
+                    live = self.d.live_ranks()
+                    if now > until or live <= set(self.acks[epoch]):
+                        del self.resend[epoch]
+                    else:
+                        self.publish(c)
+            ready = dict(poller.poll(100))
+            if self.router in ready:
+                self._drain(self.router, self._on_report)
+            if self.dealer in ready:
+                self._drain(self.dealer, self._on_requests)
+            if self.wake_rx in ready:
+                self._drain(self.wake_rx, lambda _f: None)
+            with self.cv:
+                cmds, self.cmds = list(self.cmds), collections.deque()
+            for cmd in cmds:
+                if cmd[0] == "req":
+                    self.dealer.send(self.req.pack(cmd[1]))
+                elif cmd[0] == "pub":
+                    self.publish(cmd[1])
+                elif cmd[0] == "cancel":
+                    self.resend[cmd[1].epoch] = (cmd[1], time.monotonic() + cmd[2])
+                    self.publish(cmd[1])
+                    next_resend = time.monotonic() + 0.25
+        for s in (self.pub, self.router, self.dealer, self.wake_rx, self.wake_tx):
+            s.close(0)
+
+    def _drain(self, sock, handler) -> None:
+        while True:
+            try:
+                handler(sock.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+
+    def _on_report(self, frames) -> None:
+        got = self.rep.unpack_router(frames)
+        if got is None:
+            return
+        body = got[1].body
+        with self.cv:
+            if isinstance(body, m.RankReady):
+                self.ready[body.rank] = body
+            elif isinstance(body, m.Telemetry):
+                self.telemetry[body.rank] = body
+            elif isinstance(body, m.CancelAck):
+                self.acks[body.epoch][body.rank] = body
+            self.cv.notify_all()
+
+    def _on_requests(self, frames) -> None:
+        msg = self.req.unpack_dealer(frames)
+        if msg is None:
+            return
+        with self.cv:
+            if isinstance(msg.body, m.Tokens):
+                self.streams[msg.body.request_id].append(msg.body)
+            elif isinstance(msg.body, m.Stats):
+                self.stats[msg.body.request_id] = msg.body
+            self.cv.notify_all()
+
+
+class Deployment:
+    def __init__(self, root: Path, *, mode: str = "single", preset: str = "tiny",
+                 settings: dict | None = None, env: dict | None = None,
+                 cancel_epoch_floor: int = 0, lease_epoch: int | None = None,
+                 backend: str = "ring") -> None:
+        self.root = Path(root)
+        self.mode = mode
+        self.world = 1 if mode == "single" else 2
+        self.model = model_dir(preset)
+        self.settings = RankSettings(**{"test_seams": True, **(settings or {})})
+        self.extra_env = dict(env or {})
+        self.deployment_id = "d-" + secrets.token_hex(4)
+        self.job_id = "j-" + secrets.token_hex(4)
+        self.topic = b"ctl:" + self.deployment_id.encode()
+        self.paths = Paths(self.root / "home").ensure()
+        self.secret_path = self.paths.secrets / f"{self.job_id}.key"
+        self.keys = LaunchKeys(new_launch_secret(self.secret_path), self.deployment_id,
+                               self.job_id)
+        ports = free_ports(4 + self.world)
+        ep = [f"tcp://127.0.0.1:{p}" for p in ports[:4]]
+        self.control_endpoint, self.report_endpoint, self.plan_endpoint, \
+            self.requests_endpoint = ep
+        self.hostfile = self.root / "hosts.json"
+        self.hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in ports[4:]]))
+        self.cancel_epoch_floor = cancel_epoch_floor
+        self.lease_epoch = cancel_epoch_floor if lease_epoch is None else lease_epoch
+        self.epoch = self.lease_epoch
+        self.backend = backend if self.world > 1 else "none"
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.stub: _Stub | None = None
+        self.teardown_path: str | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def spec(self, rank: int) -> RankSpec:
+        return RankSpec(
+            schema_version=SCHEMA_VERSION, deployment_id=self.deployment_id,
+            job_id=self.job_id, rank=rank, world_size=self.world,
+            tp=2 if self.mode == "tp" else 1, pp=2 if self.mode == "pp" else 1,
+            host="127.0.0.1", model_path=str(self.model), backend=self.backend,
+            home=str(self.paths.home), secret_path=str(self.secret_path),
+            control_endpoint=self.control_endpoint, report_endpoint=self.report_endpoint,
+            plan_endpoint=self.plan_endpoint, requests_endpoint=self.requests_endpoint,
+            supervisor_pid=os.getpid(), cancel_epoch_floor=self.cancel_epoch_floor,
+            hostfile=str(self.hostfile) if self.world > 1 else "", settings=self.settings)
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        env = rank_environment(self.settings, os.environ)
+        env.update(self.extra_env)
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        if self.world > 1:
+            env.update(MLX_RANK=str(rank), MLX_HOSTFILE=str(self.hostfile))
+        return env
+
+    def start(self, timeout: float = 120.0) -> Deployment:
+        self.stub = _Stub(self)
+        self.stub.start()
+        (self.root / "logs").mkdir(exist_ok=True)
+        for r in range(self.world):
+            spec_file = self.root / f"rank-{r}.spec.json"
+            self.spec(r).save(spec_file)
+            with open(self.log_path(r), "wb") as log:
+                self.procs[r] = subprocess.Popen(
+                    [sys.executable, "-m", "services.rank", "--spec", str(spec_file)],
+                    cwd=REPO, env=self.rank_env(r), stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.wait(lambda: len(self.stub.ready) == self.world, timeout, "RANK_READY")
+            self.stub.post(("pub", m.Serve(self.deployment_id, self.job_id)))
+            self.wait(lambda: all(self.marker(r).get("phase") == "serving"
+                                  for r in range(self.world)), 30, "phase serving")
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __enter__(self) -> Deployment:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+    def live_ranks(self) -> set[int]:
+        return {r for r, p in self.procs.items() if p.poll() is None}
+
+    def shutdown(self, timeout: float = 20.0) -> dict[int, int]:
+        self.stub.post(("pub", m.Shutdown(self.deployment_id, self.job_id, "test")))
+        return self.wait_exit(timeout=timeout)
+
+    def wait_exit(self, ranks=None, timeout: float = 20.0) -> dict[int, int]:
+        ranks = list(self.procs) if ranks is None else list(ranks)
+        poll_until(lambda: all(self.procs[r].poll() is not None for r in ranks), timeout,
+                   f"ranks {ranks} to exit")
+        return {r: self.procs[r].returncode for r in ranks}
+
+    def teardown(self) -> None:
+        """SHUTDOWN → SIGTERM → SIGKILL, each to every rank's process group; then prove
+        every rank is gone. `teardown_path` records the step that ended it."""
+        try:
+            if self.stub is not None and self.live_ranks():
+                self.stub.post(("pub", m.Shutdown(self.deployment_id, self.job_id, "teardown")))
+                self.teardown_path = "shutdown"
+            for sig, wait in ((None, 10.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+                if sig is not None and self.live_ranks():
+                    self.teardown_path = sig.name
+                    for p in self.procs.values():
+                        try:
+                            os.killpg(p.pid, sig)
+                        except ProcessLookupError:
+                            pass
+                deadline = time.monotonic() + wait
+                while self.live_ranks() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            for p in self.procs.values():
+                p.wait(timeout=5)
+                try:
+                    os.killpg(p.pid, 0)  # the group must be empty too
+                    raise AssertionError(f"process group {p.pid} still has members")
+                except ProcessLookupError:
+                    pass
+        finally:
+            if self.stub is not None:
+                self.stub.stopped = True
+                self.stub.join(5)
+
+    # -- observation --------------------------------------------------------------------
+
+    def wait(self, pred, timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        with self.stub.cv:
+            while True:
+                v = pred()
+                if v:
+                    return v
+                dead = {r: p.returncode for r, p in self.procs.items() if p.poll() is not None}
+                left = deadline - time.monotonic()
+                if left <= 0 or (dead and what in ("RANK_READY", "phase serving")):
+                    tails = {r: self.log(r)[-3000:] for r in self.procs}
+                    raise TimeoutError(f"{what}: not reached in {timeout:.0f}s; exited {dead}; "
+                                       f"logs {tails}")
+                self.stub.cv.wait(min(left, 0.1))
+
+    def log_path(self, rank: int) -> Path:
+        return self.root / "logs" / f"rank-{rank}.log"
+
+    def log(self, rank: int) -> str:
+        try:
+            return self.log_path(rank).read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def marker(self, rank: int) -> dict:
+        try:
+            return read_json(marker_path(self.paths, self.deployment_id, rank))
+        except Exception:  # noqa: BLE001 - not written yet
+            return {}
+
+    def removals(self, rank: int) -> list[dict]:
+        return read_removals(removals_path(self.paths, self.deployment_id, rank))
+
+    def telemetry(self, rank: int) -> m.Telemetry | None:
+        with self.stub.cv:
+            return self.stub.telemetry.get(rank)
+
+    def fresh_telemetry(self, rank: int, timeout: float = 5.0) -> m.Telemetry:
+        t0 = time.time()
+        return self.wait(lambda: (t := self.stub.telemetry.get(rank)) and t.at > t0 and t,
+                         timeout, f"telemetry from rank {rank}")
+
+    # -- requests -------------------------------------------------------------------------
+
+    def submit(self, prompt: list[int], max_tokens: int = 16, *, temperature: float = 0.0,
+               top_p: float = 1.0, seed: int | None = None, stop_token_ids=(),
+               request_id: str | None = None) -> str:
+        rid = request_id or "r-" + secrets.token_hex(6)
+        self.stub.post(("req", m.Generate(rid, list(prompt), max_tokens, temperature, top_p,
+                                          seed, list(stop_token_ids), "harness")))
+        return rid
+
+    def chunks(self, rid: str) -> list[m.Tokens]:
+        with self.stub.cv:
+            return list(self.stub.streams.get(rid, ()))
+
+    def wait_tokens(self, rid: str, n: int, timeout: float = 60.0) -> int:
+        return self.wait(lambda: sum(len(c.tokens) for c in self.stub.streams.get(rid, ())) >= n
+                         and n, timeout, f"{n} tokens of {rid}")
+
+    def result(self, rid: str, timeout: float = 60.0) -> Result:
+        self.wait(lambda: any(c.finish_reason for c in self.stub.streams.get(rid, ())), timeout,
+                  f"the end of {rid}")
+        chunks = self.chunks(rid)
+        tokens: list[int] = []
+        for c in chunks:
+            assert c.index == len(tokens), f"{rid}: chunk index {c.index} after {len(tokens)}"
+            tokens.extend(c.tokens)
+        last = chunks[-1]
+        assert last.finish_reason and all(c.finish_reason is None for c in chunks[:-1])
+        return Result(rid, tokens, last.finish_reason, last.error,
+                      next((c.model_ttft_ms for c in chunks if c.model_ttft_ms is not None), None),
+                      [t for c in chunks for t in c.token_times], chunks)
+
+    def generate(self, prompt: list[int], max_tokens: int = 16, timeout: float = 60.0,
+                 **kw) -> Result:
+        return self.result(self.submit(prompt, max_tokens, **kw), timeout)
+
+    def abort(self, rid: str, reason: str = "client") -> None:
+        self.stub.post(("req", m.Abort(rid, reason)))
+
+    def stats(self, timeout: float = 10.0) -> m.Stats:
+        rid = "s-" + secrets.token_hex(6)
+        self.stub.post(("req", m.StatsRequest(rid)))
+        return self.wait(lambda: self.stub.stats.get(rid), timeout, "STATS")
+
+    # -- control ------------------------------------------------------------------------
+
+    def cancel(self, scope: str = "all", request_ids=(), *, epoch: int | None = None,
+               resend_s: float = 15.0) -> int:
+        """Publish a cancel and re-send it until every live rank acked (or resend_s)."""
+        if epoch is None:
+            self.epoch += 1
+            epoch = self.epoch
+        c = m.Cancel(self.deployment_id, epoch, scope, list(request_ids), "test")
+        self.stub.post(("cancel", c, resend_s))
+        return epoch
+
+    def publish_once(self, body) -> None:
+        self.stub.post(("pub", body))
+
+    def acks(self, epoch: int) -> dict[int, m.CancelAck]:
+        with self.stub.cv:
+            return dict(self.stub.acks.get(epoch, {}))
+
+    def wait_acks(self, epoch: int, timeout: float = 20.0) -> dict[int, m.CancelAck]:
+        self.wait(lambda: len(self.stub.acks.get(epoch, {})) == self.world, timeout,
+                  f"acks for epoch {epoch}")
+        return self.acks(epoch)

@@ -1,0 +1,287 @@
+"""The gateway against a live TP=2 deployment: `lockstep up` (real supervisor, reaper,
+gateway and two MLX ranks over the ring backend) in a subprocess on free ports, shared
+by the whole module. Tests run in file order; the last two unload the deployment and
+stop `lockstep up` with SIGINT."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+import zmq
+
+from common.bus import Channel, SyncRpcClient, new_request_id
+from common.envelope import Key
+from common.messages import REQUESTS_OUT, StatsRequest
+from common.procs import snapshot_children
+from tests.gwutil import free_port, poll_until, sse_lines
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_S = 240.0
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    home = tmp_path_factory.mktemp("uphome")
+    port = free_port()
+    log = open(home / "up.out", "wb")  # noqa: SIM115
+    cmd = [sys.executable, "-m", "services.cli", "up", "--home", str(home), "--port", str(port),
+           "--admin-port", "0", "--events-port", "0", "--control-port", "0",
+           "--report-port", "0", "--reaper-events-port", "0"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    st = {"proc": proc, "home": home, "url": url, "out": home / "up.out"}
+    try:
+        def ready():
+            if proc.poll() is not None:
+                raise AssertionError(f"lockstep up exited: {st['out'].read_text()[-3000:]}")
+            return httpx.get(url + "/ready", timeout=5).status_code == 200
+        poll_until(ready, READY_S, "lockstep up to be ready", interval=0.5)
+        poll_until(lambda: "Press Ctrl-C" in st["out"].read_text(), 10, "the banner")
+        st["token"] = (home / "admin.token").read_text().strip()
+        st["hdr"] = {"authorization": f"Bearer {st['token']}"}
+        deps = httpx.get(url + "/admin/api/cluster/deployments", headers=st["hdr"],
+                         timeout=10).json()["deployments"]
+        st["dep"] = next(d for d in deps if d["state"] == "serving")
+        st["model"] = st["dep"]["model"]
+        yield st
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+
+
+def client(live) -> openai.OpenAI:
+    return openai.OpenAI(base_url=live["url"] + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def rank0_stats(live):
+    dep = live["dep"]
+    ch = Channel("test", "requests", sender="test", accept=REQUESTS_OUT,
+                 send_key=Key.from_secret(bytes.fromhex(dep["requests_key"])))
+    ctx = zmq.Context.instance()
+    c = SyncRpcClient(ctx, dep["requests_endpoint"], ch)
+    try:
+        return c.call(StatsRequest(request_id=new_request_id()), 5.0).body
+    finally:
+        c.close()
+
+
+def removals(live, rid: str) -> dict[int, dict]:
+    d = live["home"] / "runtime" / "markers" / live["dep"]["deployment_id"]
+    out = {}
+    for r in range(live["dep"]["world_size"]):
+        p = d / f"rank-{r}.removals.jsonl"
+        if p.exists():
+            for line in p.read_text().splitlines():
+                rec = json.loads(line)
+                if rec["request_id"] == rid:
+                    out[r] = rec
+    return out
+
+
+def gateway_active(live) -> int:
+    st = httpx.get(live["url"] + "/admin/api/cluster/status", headers=live["hdr"], timeout=10)
+    return st.json()["gateway"]["active"]
+
+
+@pytest.mark.timeout(60)
+def test_up_ready_and_completion(live):
+    out = live["out"].read_text()
+    assert live["url"] in out and "curl " in out and f'"model": "{live["model"]}"' in out
+    assert live["dep"]["tp"] == 2 and live["dep"]["world_size"] == 2
+    r = httpx.post(live["url"] + "/v1/completions", timeout=60,
+                   json={"model": live["model"], "prompt": "the cat", "max_tokens": 8})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+    assert (live["home"] / "admin.token").stat().st_mode & 0o777 == 0o600
+    assert (live["home"] / "keys" / "cluster.key").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.timeout(120)
+def test_openai_client_live(live):
+    c, m = client(live), live["model"]
+    assert m in [x.id for x in c.models.list().data]
+    msgs = [{"role": "user", "content": "Tell me about the red train."}]
+    r = c.chat.completions.create(model=m, messages=msgs, temperature=0, max_tokens=24)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 24
+    full = r.choices[0].message.content
+    chunks = list(c.chat.completions.create(model=m, messages=msgs, temperature=0, max_tokens=24,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == full
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+    # stop: cut exactly before a piece of the greedy output
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    cut = full.find(stop)
+    r2 = c.chat.completions.create(model=m, messages=msgs, temperature=0, max_tokens=24, stop=[stop])
+    assert r2.choices[0].message.content == full[:cut] and r2.choices[0].finish_reason == "stop"
+    cr = c.completions.create(model=m, prompt="a robot builds", max_tokens=5, seed=7,
+                              temperature=0.8)
+    assert cr.usage.completion_tokens == 5
+    again = c.completions.create(model=m, prompt="a robot builds", max_tokens=5, seed=7,
+                                 temperature=0.8)
+    assert again.choices[0].text == cr.choices[0].text  # a seed reproduces
+    with pytest.raises(openai.NotFoundError):
+        c.chat.completions.create(model="gpt-4o", messages=msgs)
+    with pytest.raises(openai.BadRequestError, match="n > 1"):
+        c.chat.completions.create(model=m, messages=msgs, n=2)
+
+
+def _stream(live, prompt: str, max_tokens: int, sink: dict, key: str, stop_after: int | None = None,
+            probe=None) -> None:
+    body = {"model": live["model"], "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": 0, "stream": True}
+    text = []
+    with httpx.stream("POST", live["url"] + "/v1/completions", json=body, timeout=120) as resp:
+        sink[key + ".rid"] = resp.headers["x-lockstep-request-id"]
+        for kind, d in sse_lines(resp):
+            if kind != "data" or d == "[DONE]":
+                continue
+            if d["choices"]:
+                text.append(d["choices"][0]["text"])
+                sink[key + ".finish"] = d["choices"][0]["finish_reason"]
+            if stop_after is not None and len(text) >= stop_after:
+                sink[key + ".step_at_close"] = probe()
+                break  # leaving the block closes the connection mid-stream
+    sink[key] = "".join(text)
+
+
+PROMPTS = {"a": "the cat reads", "b": "a farmer builds the map", "c": "our team answers"}
+
+
+def _run_concurrently(live, with_victim: bool) -> dict:
+    sink: dict = {}
+    threads = [threading.Thread(target=_stream, args=(live, p, 48, sink, k)) for k, p in PROMPTS.items()]
+    if with_victim:
+        threads.append(threading.Thread(target=_stream, args=(
+            live, "the river", 400, sink, "victim", 8, lambda: rank0_stats(live).step)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return sink
+
+
+@pytest.mark.timeout(180)
+def test_disconnect_mid_stream_live(live):
+    undisturbed = _run_concurrently(live, with_victim=False)
+    disturbed = _run_concurrently(live, with_victim=True)
+    rid = disturbed["victim.rid"]
+    recs = poll_until(lambda: (lambda r: r if len(r) == 2 else None)(removals(live, rid)), 15,
+                      "every rank's removal record of the disconnected request")
+    print("removal records", recs, "step at close", disturbed["victim.step_at_close"])
+    steps = {r["step"] for r in recs.values()}
+    assert len(steps) == 1, recs  # the same step on every rank
+    assert all(r["reason"] in ("abort", "client_disconnect") for r in recs.values())
+    assert steps.pop() - disturbed["victim.step_at_close"] <= 5  # within a few steps
+    poll_until(lambda: gateway_active(live) == 0, 10, "gateway active back to 0")
+    for k in PROMPTS:
+        assert disturbed[k] == undisturbed[k], k
+        assert disturbed[k + ".finish"] == "length"
+
+
+@pytest.mark.timeout(120)
+def test_abort_all_under_load_live(live):
+    sink: dict = {}
+    threads = [threading.Thread(target=_stream, args=(live, f"each worker {i}", 1500, sink, str(i)))
+               for i in range(8)]
+    for t in threads:
+        t.start()
+    poll_until(lambda: rank0_stats(live).active >= 8, 30, "8 active requests on rank 0")
+    t0 = time.monotonic()
+    r = httpx.post(live["url"] + "/admin/api/cluster/abort-all", headers=live["hdr"],
+                   json={"timeout_s": 15}, timeout=60)
+    elapsed = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    ev = r.json()
+    assert ev["zero_active"] is True and ev["gateway_active"] == 0, ev
+    assert ev["ranks"] and all(v == 0 for v in ev["ranks"].values()) and not ev["missing"]
+    assert elapsed < 15
+    for t in threads:
+        t.join(30)
+    assert all(sink.get(f"{i}.finish") == "abort" for i in range(8)), sink
+    assert rank0_stats(live).active == 0
+
+
+@pytest.mark.timeout(60)
+def test_bad_input_live(live):
+    u, m = live["url"], live["model"]
+
+    def post(path, body, headers=None):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return httpx.post(u + path, content=data, timeout=30,
+                          headers={"content-type": "application/json", **(headers or {})})
+
+    cases = [
+        (post("/v1/chat/completions", b'{"model": "x", "messages": ['), 400),
+        (post("/v1/chat/completions", {"model": m, "messages": [{"role": "user", "content": 5}]}), 400),
+        (post("/v1/completions", {"model": m, "prompt": "x", "max_tokens": -1}), 400),
+        (post("/v1/completions", {"model": m, "prompt": "x", "top_p": "all"}), 400),
+        (post("/v1/completions", {"model": "missing-model", "prompt": "x"}), 404),
+        (post("/v1/completions", {"model": m, "prompt": "y" * (5 * 1024 * 1024)}), 413),
+        (post("/admin/api/cluster/abort-all", {}), 401),
+        (post("/admin/api/cluster/abort-all", {}, {"authorization": "Bearer nope"}), 401),
+    ]
+    for resp, status in cases:
+        assert resp.status_code == status, resp.text
+        assert set(resp.json()["error"]) >= {"message", "type", "param", "code"}
+    r = client(live).completions.create(model=m, prompt="still there?", max_tokens=4)
+    assert r.usage.completion_tokens == 4
+
+
+@pytest.mark.timeout(180)
+def test_unload_refused_then_forced_live(live):
+    dep_id = live["dep"]["deployment_id"]
+    res: dict = {}
+    t = threading.Thread(target=lambda: res.update(r=httpx.post(
+        live["url"] + "/v1/completions", timeout=120,
+        json={"model": live["model"], "prompt": "the library", "max_tokens": 3000})))
+    t.start()
+    poll_until(lambda: rank0_stats(live).active >= 1, 30, "an active request")
+    url = f"{live['url']}/admin/api/cluster/deployments/{dep_id}/unload"
+    r = httpx.post(url, headers=live["hdr"], json={}, timeout=60)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "active_requests"
+    assert rank0_stats(live).active >= 1  # refused: still serving
+    r = httpx.post(url, headers=live["hdr"], json={"force": True}, timeout=180)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["evidence"]["zero_active"] is True
+    assert all(v == 0 for v in body["evidence"]["ranks"].values())
+    assert body["teardown"]["outcome"]["proven"] is True
+    t.join(60)
+    assert res["r"].json()["choices"][0]["finish_reason"] == "abort"
+    for rk in live["dep"]["ranks"]:
+        assert not psutil.pid_exists(rk["pid"]) or psutil.Process(rk["pid"]).status() == "zombie"
+    r = httpx.get(live["url"] + "/ready", timeout=10)
+    assert r.status_code == 503
+
+
+@pytest.mark.timeout(120)
+def test_sigint_stops_everything(live):
+    proc = live["proc"]
+    tree = snapshot_children(proc.pid)
+    assert len(tree) >= 4  # up, supervisor, reaper, gateway
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(90) == 0, live["out"].read_text()[-3000:]
+    def gone(i):
+        try:
+            return psutil.Process(i.pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    poll_until(lambda: all(gone(i) for i in tree), 10, "every process of lockstep up to be gone")
+    assert "every process stopped" in live["out"].read_text()

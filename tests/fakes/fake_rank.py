@@ -1,0 +1,281 @@
+"""A fake rank: the rank's control/report/requests protocol (docs/protocol.md) without
+MLX. Tokens are an echo of the prompt, one per step. Started by the supervisor exactly
+like the real rank (`python -m tests.fakes.fake_rank --spec FILE`).
+
+Misbehaviours, switched on by environment. Each value is "all" or a comma list of ranks
+("1", "0,1"); unset or empty means off:
+
+  LOCKSTEP_FAKE_IGNORE_SIGTERM   ignore SIGTERM and the control `shutdown`
+  LOCKSTEP_FAKE_NEVER_READY      stay `loading` forever
+  LOCKSTEP_FAKE_CRASH_ON_LOAD    write a `failed` marker with an error, exit 3 during load
+  LOCKSTEP_FAKE_EXIT_LATE_S      "SECONDS" or "SECONDS@RANKS": linger that long before
+                                 exiting on SIGTERM/shutdown
+  LOCKSTEP_FAKE_STEP_S           seconds per decode step (default 0.01)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from common.bus import Channel, configure
+from common.keys import LaunchKeys, read_secret_file
+from common.messages import (
+    CONTROL,
+    REPORT,
+    REQUESTS_IN,
+    Abort,
+    Cancel,
+    CancelAck,
+    Generate,
+    Lease,
+    RankReady,
+    Serve,
+    Shutdown,
+    Stats,
+    StatsRequest,
+    Telemetry,
+    Tokens,
+)
+from common.procs import identify
+from common.rankspec import RankSpec
+from common.state import Paths, Phase, RankMarker, write_marker
+
+
+def switched(name: str, rank: int) -> bool:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return False
+    if value == "all":
+        return True
+    return str(rank) in {v.strip() for v in value.split(",")}
+
+
+def exit_late_s(rank: int) -> float:
+    value = os.environ.get("LOCKSTEP_FAKE_EXIT_LATE_S", "").strip()
+    if not value:
+        return 0.0
+    secs, _, ranks = value.partition("@")
+    if ranks and str(rank) not in ranks.split(","):
+        return 0.0
+    return float(secs)
+
+
+@dataclass
+class Request:
+    ident: bytes
+    body: Generate
+    produced: int = 0
+
+
+class FakeRank:
+    def __init__(self, spec: RankSpec) -> None:
+        self.spec = spec
+        self.rank = spec.rank
+        keys = LaunchKeys(read_secret_file(spec.secret_path), spec.deployment_id, spec.job_id)
+        self.paths = Paths(spec.home)
+        me = identify(os.getpid())
+        self.pid, self.start_time = os.getpid(), me.start_time
+        self.ppid = os.getppid()
+        self.ignore_term = switched("LOCKSTEP_FAKE_IGNORE_SIGTERM", self.rank)
+        self.step_s = float(os.environ.get("LOCKSTEP_FAKE_STEP_S", "0.01"))
+        sender = f"rank{self.rank}:{self.pid}"
+        self.control_ch = Channel("fake_rank", "control", sender=sender,
+                                  send_key=keys.control, accept=CONTROL)
+        self.report_ch = Channel("fake_rank", "report", sender=sender, send_key=keys.report,
+                                 accept=REPORT)
+        self.req_ch = Channel("fake_rank", "requests", sender=sender, send_key=keys.requests,
+                              accept=REQUESTS_IN)
+        self.ctx = zmq.Context()
+        self.control = configure(self.ctx.socket(zmq.SUB))
+        self.control.setsockopt(zmq.SUBSCRIBE, b"ctl:" + spec.deployment_id.encode())
+        self.control.connect(spec.control_endpoint)
+        self.report = configure(self.ctx.socket(zmq.DEALER))
+        self.report.connect(spec.report_endpoint)
+        self.requests: zmq.Socket | None = None
+        self.phase = Phase.STARTING
+        self.step = 0
+        self.cancel_epoch = spec.cancel_epoch_floor
+        self.active: dict[str, Request] = {}
+        self.last_lease = 0.0
+        self.stop_flag = False
+        self.error: str | None = None
+        self.next_telemetry = 0.0
+        self.next_step = 0.0
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if self.ignore_term else self._on_term)
+
+    def _on_term(self, *_: object) -> None:
+        self.stop_flag = True  # only a flag: the loop does the work
+
+    # --- reporting -----------------------------------------------------------------
+
+    def marker(self, phase: Phase, error: str | None = None) -> None:
+        self.phase = phase
+        write_marker(self.paths, RankMarker(
+            deployment_id=self.spec.deployment_id, job_id=self.spec.job_id, rank=self.rank,
+            host=self.spec.host, pid=self.pid, start_time=self.start_time, phase=phase,
+            updated_at=time.time(), step=self.step, active=len(self.active),
+            cancel_epoch=self.cancel_epoch, error=error))
+
+    def send_report(self, body: object) -> None:
+        self.report.send(self.report_ch.pack(body), flags=zmq.NOBLOCK)
+
+    def telemetry(self) -> None:
+        self.send_report(Telemetry(
+            deployment_id=self.spec.deployment_id, job_id=self.spec.job_id, rank=self.rank,
+            pid=self.pid, phase=self.phase.value, step=self.step, active=len(self.active),
+            cancel_epoch=self.cancel_epoch, at=time.time(), error=self.error))
+        self.marker(self.phase, self.error)
+
+    # --- control -------------------------------------------------------------------
+
+    def on_control(self) -> None:
+        msg = self.control_ch.unpack_sub(self.control.recv_multipart(),
+                                         b"ctl:" + self.spec.deployment_id.encode())
+        if msg is None:
+            return
+        body = msg.body
+        if isinstance(body, Lease):
+            self.last_lease = time.monotonic()
+        elif isinstance(body, Serve) and self.phase == Phase.READY:
+            self.marker(Phase.SERVING)
+            self.next_telemetry = 0.0
+        elif isinstance(body, Shutdown) and not self.ignore_term:
+            self.stop_flag = True
+        elif isinstance(body, Cancel):
+            self.on_cancel(body)
+
+    def on_cancel(self, c: Cancel) -> None:
+        if c.epoch <= self.spec.cancel_epoch_floor:
+            return  # a watermark: never replayed
+        cancelled: list[str] = []
+        if c.epoch > self.cancel_epoch:
+            ids = list(self.active) if c.scope == "all" else [
+                r for r in c.request_ids if r in self.active]
+            for rid in ids:
+                self.finish(rid, "abort")
+            cancelled = ids
+            self.cancel_epoch = c.epoch
+            self.next_telemetry = 0.0
+        self.send_report(CancelAck(deployment_id=c.deployment_id, epoch=c.epoch,
+                                   rank=self.rank, step_applied=self.step, cancelled=cancelled))
+
+    # --- requests (rank 0) -----------------------------------------------------------
+
+    def on_request(self) -> None:
+        got = self.req_ch.unpack_router(self.requests.recv_multipart())
+        if got is None:
+            return
+        ident, msg = got
+        body = msg.body
+        if isinstance(body, Generate):
+            self.active[body.request_id] = Request(ident, body)
+        elif isinstance(body, Abort):
+            if body.request_id in self.active:
+                self.finish(body.request_id, "abort")
+        elif isinstance(body, StatsRequest):
+            self.reply(ident, Stats(request_id=body.request_id, phase=self.phase.value,
+                                    step=self.step, active=len(self.active),
+                                    active_ids=list(self.active), cancel_epoch=self.cancel_epoch))
+
+    def reply(self, ident: bytes, body: object) -> None:
+        self.requests.send_multipart([ident, self.req_ch.pack(body)], flags=zmq.NOBLOCK)
+
+    def finish(self, rid: str, reason: str) -> None:
+        req = self.active.pop(rid)
+        self.reply(req.ident, Tokens(request_id=rid, tokens=[], index=req.produced,
+                                     finish_reason=reason, step=self.step))
+
+    def decode_step(self) -> None:
+        self.step += 1
+        for rid, req in list(self.active.items()):
+            prompt = req.body.prompt or [0]
+            tok = prompt[req.produced % len(prompt)]
+            req.produced += 1
+            done = req.produced >= req.body.max_tokens
+            self.reply(req.ident, Tokens(
+                request_id=rid, tokens=[tok], index=req.produced - 1,
+                finish_reason="length" if done else None, prompt_tokens=len(prompt),
+                step=self.step, token_times=[time.time()]))
+            if done:
+                del self.active[rid]
+
+    # --- main loop -------------------------------------------------------------------
+
+    def watchdog(self) -> None:
+        if os.getppid() != self.ppid:
+            self.leave(Phase.LAUNCHER_LOST, "launcher (parent) gone", 4)
+        stale = self.spec.settings.lease_stale_s
+        if self.last_lease and time.monotonic() - self.last_lease > stale:
+            self.leave(Phase.LAUNCHER_LOST, f"supervisor lease stale for {stale:.0f}s", 4)
+
+    def leave(self, phase: Phase, error: str | None, code: int) -> None:
+        self.marker(phase, error)
+        late = exit_late_s(self.rank)
+        if late:
+            time.sleep(late)
+        os._exit(code)
+
+    def pump(self, timeout_s: float) -> None:
+        poller = zmq.Poller()
+        poller.register(self.control, zmq.POLLIN)
+        if self.requests is not None:
+            poller.register(self.requests, zmq.POLLIN)
+        events = dict(poller.poll(max(1, int(timeout_s * 1000))))
+        if self.control in events:
+            self.on_control()
+        if self.requests is not None and self.requests in events:
+            self.on_request()
+        if self.stop_flag:
+            self.leave(Phase.EXITING, None, 0)
+        self.watchdog()
+        now = time.monotonic()
+        if now >= self.next_telemetry:
+            self.telemetry()
+            self.next_telemetry = now + self.spec.settings.telemetry_interval_s
+
+    def run(self) -> None:
+        self.marker(Phase.STARTING)
+        while not self.last_lease:  # slow-joiner proof: one lease seen before loading
+            self.pump(0.05)
+        self.marker(Phase.LOADING)
+        if switched("LOCKSTEP_FAKE_CRASH_ON_LOAD", self.rank):
+            self.error = "fake crash during load (LOCKSTEP_FAKE_CRASH_ON_LOAD)"
+            self.marker(Phase.FAILED, self.error)
+            print(self.error, file=sys.stderr, flush=True)
+            os._exit(3)
+        while switched("LOCKSTEP_FAKE_NEVER_READY", self.rank):
+            self.pump(0.05)
+        if self.rank == 0:
+            self.requests = configure(self.ctx.socket(zmq.ROUTER))
+            self.requests.bind(self.spec.requests_endpoint)
+        self.marker(Phase.READY)
+        self.send_report(RankReady(
+            deployment_id=self.spec.deployment_id, job_id=self.spec.job_id, rank=self.rank,
+            host=self.spec.host, pid=self.pid, start_time=self.start_time,
+            boot_id=self.report_ch.signer.boot,
+            endpoints={"requests": self.spec.requests_endpoint} if self.rank == 0 else {}))
+        while True:
+            now = time.monotonic()
+            if self.active and now >= self.next_step:
+                self.decode_step()
+                self.next_step = now + self.step_s
+            self.pump(self.step_s if self.active else 0.05)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="fake_rank")
+    ap.add_argument("--spec", required=True)
+    args = ap.parse_args(argv)
+    FakeRank(RankSpec.load(args.spec)).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

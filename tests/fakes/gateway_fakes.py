@@ -1,0 +1,255 @@
+"""In-process fakes for gateway tests: a rank 0 (real signed ROUTER streaming TOKENS)
+and a supervisor (real signed admin ROUTER + events PUB) that lists it as serving.
+
+FakeRank0 answers GENERATE with one TOKENS message per "step" (`step_s`), ABORT with a
+final `abort` chunk at the next step, STATS with its active ids. What it generates is
+`script(gen) -> list[int]` (default: the prompt echoed). Switches: `prefill_s` (delay
+before the first token), `ignore_abort`, `drop_final` (never send the final chunk of an
+aborted request), `silent` (accept requests, never answer).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import zmq
+
+from common.bus import Channel, configure
+from common.envelope import Key
+from common.messages import (
+    ADMIN_IN,
+    REQUESTS_IN,
+    Abort,
+    AdminReply,
+    AdminRequest,
+    Event,
+    Generate,
+    Stats,
+    StatsRequest,
+    Tokens,
+)
+
+
+@dataclass
+class _Req:
+    ident: bytes
+    gen: Generate
+    out: list[int]
+    sent: int = 0
+    next_at: float = 0.0
+    received_at: float = 0.0
+    aborted: str | None = None
+
+
+@dataclass
+class FakeRank0:
+    key: Key
+    step_s: float = 0.01
+    prefill_s: float = 0.0
+    script: Callable[[Generate], list[int]] | None = None
+    ignore_abort: bool = False
+    drop_final: bool = False
+    silent: bool = False
+    endpoint: str = ""
+    generates: list[Generate] = field(default_factory=list)
+    aborts: list[tuple[str, str, float]] = field(default_factory=list)  # (rid, reason, at)
+    finished: dict[str, str] = field(default_factory=dict)
+    step: int = 0
+
+    def start(self) -> FakeRank0:
+        self._ctx = zmq.Context()
+        self._sock = configure(self._ctx.socket(zmq.ROUTER))
+        port = self._sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self._ch = Channel("fake-rank", "requests", sender="rank0", send_key=self.key,
+                           accept=REQUESTS_IN)
+        self._reqs: dict[str, _Req] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="fake-rank0")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close(0)
+        self._ctx.term()
+
+    @property
+    def active_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._reqs)
+
+    def abort_all(self, reason: str = "cancel") -> None:
+        with self._lock:
+            for r in self._reqs.values():
+                r.aborted = r.aborted or reason
+
+    def _send(self, ident: bytes, body) -> None:
+        self._sock.send_multipart([ident, self._ch.pack(body)])
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            with self._lock:
+                due = [r.next_at for r in self._reqs.values()]
+            wait = max(0.0, min(due) - now) if due else 0.05
+            if self._sock.poll(int(min(wait, 0.05) * 1000) + 1):
+                got = self._ch.unpack_router(self._sock.recv_multipart())
+                if got is not None:
+                    self._on(*got)
+            self._tick()
+
+    def _on(self, ident: bytes, msg) -> None:
+        b = msg.body
+        now = time.monotonic()
+        if isinstance(b, Generate):
+            self.generates.append(b)
+            if self.silent:
+                return
+            out = (self.script or (lambda g: list(g.prompt)))(b)[: b.max_tokens]
+            with self._lock:
+                self._reqs[b.request_id] = _Req(ident, b, out, next_at=now + self.prefill_s + self.step_s,
+                                                received_at=now)
+        elif isinstance(b, Abort):
+            self.aborts.append((b.request_id, b.reason, time.time()))
+            with self._lock:
+                r = self._reqs.get(b.request_id)
+                if r is not None and not self.ignore_abort:
+                    r.aborted = r.aborted or b.reason
+        elif isinstance(b, StatsRequest):
+            with self._lock:
+                ids = list(self._reqs)
+            self._send(ident, Stats(request_id=b.request_id, phase="serving", step=self.step,
+                                    active=len(ids), active_ids=ids, cancel_epoch=0))
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            due = [r for r in self._reqs.values() if r.next_at <= now]
+        if not due:
+            return
+        self.step += 1
+        for r in due:
+            rid = r.gen.request_id
+            if r.aborted:
+                with self._lock:
+                    self._reqs.pop(rid, None)
+                self.finished[rid] = "abort"
+                if not self.drop_final:
+                    self._send(r.ident, Tokens(request_id=rid, tokens=[], index=r.sent,
+                                               finish_reason="abort", step=self.step))
+                continue
+            tok = r.out[r.sent] if r.sent < len(r.out) else None
+            finish = None
+            if r.sent + 1 >= len(r.out):
+                finish = "length" if len(r.out) >= r.gen.max_tokens else "stop"
+            ttft = (now - r.received_at) * 1000 if r.sent == 0 else None
+            toks = [tok] if tok is not None else []
+            self._send(r.ident, Tokens(request_id=rid, tokens=toks, index=r.sent,
+                                       finish_reason=finish, prompt_tokens=len(r.gen.prompt),
+                                       model_ttft_ms=ttft, step=self.step,
+                                       token_times=[time.time()] * len(toks)))
+            r.sent += 1
+            r.next_at = now + self.step_s
+            if finish:
+                with self._lock:
+                    self._reqs.pop(rid, None)
+                self.finished[rid] = finish
+
+
+@dataclass
+class FakeSupervisor:
+    """Admin ROUTER + events PUB; one deployment, served by `rank`."""
+
+    key: Key
+    rank: FakeRank0
+    model_path: str
+    deployment_id: str = "dep-fake"
+    state: str = "serving"
+    canary_at: float | None = field(default_factory=time.time)
+    commands: list[AdminRequest] = field(default_factory=list)
+    replies: dict[str, AdminReply] = field(default_factory=dict)  # command → canned reply
+
+    def start(self) -> FakeSupervisor:
+        self._ctx = zmq.Context()
+        self._admin = configure(self._ctx.socket(zmq.ROUTER))
+        self.admin_endpoint = f"tcp://127.0.0.1:{self._admin.bind_to_random_port('tcp://127.0.0.1')}"
+        self._pub = configure(self._ctx.socket(zmq.PUB))
+        self.events_endpoint = f"tcp://127.0.0.1:{self._pub.bind_to_random_port('tcp://127.0.0.1')}"
+        self._ch = Channel("fake-supervisor", "admin", sender="supervisor", send_key=self.key,
+                           accept=ADMIN_IN)
+        self._ev = Channel("fake-supervisor", "events", sender="supervisor", send_key=self.key)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="fake-supervisor")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._admin.close(0)
+        self._pub.close(0)
+        self._ctx.term()
+
+    def info(self) -> dict:
+        return {"deployment_id": self.deployment_id, "job_id": "job-1", "state": self.state,
+                "model": self.model_path.rstrip("/").rsplit("/", 1)[-1],
+                "model_path": self.model_path, "tp": 1, "pp": 1, "backend": "none",
+                "world_size": 1, "requests_endpoint": self.rank.endpoint,
+                "requests_key": self.key.secret.hex(), "canary_at": self.canary_at, "error": None,
+                "ranks": [{"rank": 0, "host": "127.0.0.1", "pid": 1, "phase": "serving",
+                           "step": self.rank.step, "active": len(self.rank.active_ids),
+                           "cancel_epoch": 0, "acked_epoch": 0, "mem_active": 0,
+                           "last_seen": time.time()}]}
+
+    def publish(self, name: str = "state") -> None:
+        ev = Event(topic="events", name=name, deployment_id=self.deployment_id, state=self.state,
+                   at=time.time())
+        self._pub.send_multipart([b"events", self._ev.pack(ev)])
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._admin.poll(50):
+                continue
+            got = self._ch.unpack_router(self._admin.recv_multipart())
+            if got is None:
+                continue
+            ident, msg = got
+            req: AdminRequest = msg.body
+            self.commands.append(req)
+            reply = self._answer(req)
+            self._admin.send_multipart([ident, self._ch.pack(reply)])
+
+    def _answer(self, req: AdminRequest) -> AdminReply:
+        ok = lambda data: AdminReply(request_id=req.request_id, ok=True, code="ok", data=data)  # noqa: E731
+        canned = self.replies.get(req.command)
+        if canned is not None:
+            return AdminReply(request_id=req.request_id, ok=canned.ok, code=canned.code,
+                              message=canned.message, data=canned.data)
+        deps = [self.info()] if self.state != "gone" else []
+        if req.command == "status":
+            return ok({"supervisor": {"pid": 1}, "deployments": deps, "cancel_epoch": 3,
+                       "rejections": [], "reaper": None})
+        if req.command == "deployments":
+            return ok({"deployments": deps})
+        if req.command == "abort_all":
+            self.rank.abort_all("cancel")
+            deadline = time.monotonic() + 5
+            while self.rank.active_ids and time.monotonic() < deadline:
+                time.sleep(0.01)
+            left = len(self.rank.active_ids)
+            return ok({"epoch": 4, "zero_active": left == 0, "ranks": {"0": left},
+                       "acked": {"0": {"step_applied": self.rank.step}}, "missing": []})
+        if req.command == "stop":
+            self.state = "gone"
+            return ok({"deployment_id": req.args.get("deployment_id"),
+                       "outcome": {"proven": True, "path": ["graceful"], "survivors": []}})
+        if req.command == "ping":
+            return ok({"pong": True})
+        return AdminReply(request_id=req.request_id, ok=False, code="unknown_command",
+                          message=f"fake supervisor: {req.command}")

@@ -1,0 +1,79 @@
+"""Helpers shared by the gateway tests: free ports, polling with deadlines, an in-process
+gateway on a real uvicorn server, SSE reading."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def poll_until(fn: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Call fn until it returns something truthy; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = fn()
+        except Exception as exc:  # noqa: BLE001 - keep polling, report the last error
+            last = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what} (last: {last!r})")
+        time.sleep(interval)
+
+
+class GatewayThread:
+    """The real gateway app on a real uvicorn server in a thread, on a free port."""
+
+    def __init__(self, settings, key) -> None:
+        import uvicorn
+
+        from services.gateway.app import create_app
+
+        self.app = create_app(settings, key)
+        self.port = settings.port
+        self.url = f"http://127.0.0.1:{self.port}"
+        cfg = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                             access_log=False, timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(target=self.server.run, daemon=True, name="gateway")
+
+    @property
+    def gw(self):
+        return self.app.state.gw
+
+    def start(self) -> GatewayThread:
+        self.thread.start()
+        poll_until(lambda: self.server.started, 20, "the gateway to start")
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        assert not self.thread.is_alive(), "gateway thread did not stop"
+
+
+def sse_lines(resp: httpx.Response):
+    """Yield ('data', obj | '[DONE]') and ('comment', text) from an SSE response."""
+    for line in resp.iter_lines():
+        if not line:
+            continue
+        if line.startswith(":"):
+            yield "comment", line[1:].strip()
+        elif line.startswith("data: "):
+            data = line[6:]
+            yield "data", data if data == "[DONE]" else json.loads(data)

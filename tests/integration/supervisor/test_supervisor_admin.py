@@ -1,0 +1,134 @@
+"""The admin socket: forged, replayed and wrong-key messages are rejected (never answered)
+and counted, while real clients keep being served; bad arguments and unknown commands get
+stable codes; backend selection and replan signatures over the wire."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+
+import pytest
+import zmq
+
+from common.bus import configure, new_request_id
+from common.envelope import Key, Signer
+from common.messages import AdminRequest
+from tests.support.supervisor import poll_for
+
+
+def _admin_rejections(rs) -> dict[str, int]:
+    rows = rs.ok("status")["rejections"]
+    return {r["reason"]: r["count"] for r in rows
+            if r["service"] == "supervisor" and r["socket"] == "admin"}
+
+
+@pytest.mark.timeout(60)
+def test_forged_replayed_and_wrong_key_are_rejected_while_serving(start_supervisor):
+    rs = start_supervisor()
+    before = _admin_rejections(rs)
+    ctx = zmq.Context()
+    raw = configure(ctx.socket(zmq.DEALER))
+    raw.connect(rs.sup.sockets.admin_endpoint)
+    good = Signer(rs.key, "attacker")
+    wrong = Signer(Key.from_secret(secrets.token_bytes(32)), "attacker")
+    pings_ok: list[bool] = []
+    stop = threading.Event()
+
+    def real_client() -> None:  # a real client, served throughout the attack
+        from services.admin_cli import AdminClient
+
+        c = AdminClient(rs.sup.sockets.admin_endpoint, rs.key)
+        try:
+            while not stop.is_set():
+                pings_ok.append(c.call("ping", 5.0).ok)
+        finally:
+            c.close()
+
+    t = threading.Thread(target=real_client)
+    t.start()
+    try:
+        n = 50
+        for _ in range(n):
+            frame = good.encode(AdminRequest(request_id=new_request_id(), command="ping"))
+            raw.send(frame[:-1] + bytes([frame[-1] ^ 1]))  # forged: MAC does not match
+            raw.send(wrong.encode(AdminRequest(request_id=new_request_id(), command="ping")))
+            raw.send(b"garbage")
+        replay = good.encode(AdminRequest(request_id="replayed", command="ping"))
+        raw.send(replay)
+        assert raw.poll(5000), "the first, genuine copy is answered"
+        raw.recv_multipart()
+        for _ in range(n):
+            raw.send(replay)  # replayed: same sender, boot and sequence
+
+        def counted():
+            now = _admin_rejections(rs)
+            delta = {k: now.get(k, 0) - before.get(k, 0) for k in now}
+            return delta if (delta.get("bad_mac", 0) >= n and delta.get("unknown_key", 0) >= n
+                             and delta.get("replay", 0) >= n
+                             and delta.get("too_short", 0) >= n) else None
+
+        delta = poll_for(counted, 10, "rejections to be counted")
+        assert delta["replay"] == n
+        assert not raw.poll(200), "rejected messages are never answered"
+    finally:
+        stop.set()
+        t.join(10)
+        raw.close(0)
+        ctx.term()
+    assert len(pings_ok) >= 5 and all(pings_ok)
+
+
+@pytest.mark.timeout(30)
+def test_bad_arguments_and_unknown_commands_have_stable_codes(start_supervisor):
+    rs = start_supervisor()
+    r = rs.call("deploy", tp="two")
+    assert (r.ok, r.code) == (False, "bad_request") and "args.tp" in r.message
+    r = rs.call("deploy", nonsense=1)
+    assert r.code == "bad_request" and "args.nonsense" in r.message
+    r = rs.call("stop")
+    assert r.code == "bad_request" and "args.deployment_id" in r.message
+    assert rs.call("fly").code == "unknown_command"
+    assert rs.call("stop", deployment_id="nope").code == "not_found"
+    r = rs.call("deploy", model_path="/nonexistent", tp=2, pp=2)
+    assert r.code == "bad_request" and "not supported yet" in r.message
+    ping = rs.ok("ping")
+    assert ping["pid"] == rs.sup.me.pid and ping["boot_id"] and ping["version"]
+
+
+@pytest.mark.timeout(30)
+def test_backend_selection_over_the_wire(start_supervisor):
+    rs = start_supervisor()
+    ready = {"ssh": "localhost", "rdma_ctl": True, "rdma_devices": ["rdma_en3"]}
+    sel = rs.ok("backend_selection", hosts=[ready, dict(ready, ssh="127.0.0.1")])
+    assert sel["backend"] == "jaccl" and sel["blockers"] == []
+    sel = rs.ok("backend_selection", hosts=[ready, dict(ready, rdma_ctl=False, name="b")])
+    assert sel["backend"] == "ring"
+    assert sel["blockers"] == [{"member": "b", "reason": "RDMA control is not enabled "
+                                                        "(rdma_ctl false)"}]
+    sel = rs.ok("backend_selection", hosts=[ready])
+    assert sel["backend"] == "none"
+    r = rs.call("backend_selection", hosts=[{"ssh": "a", "bogus": 1}])
+    assert r.code == "bad_request" and "bogus" in r.message
+
+
+@pytest.mark.timeout(60)
+def test_replan_preview_signature_and_apply(start_supervisor, model_dir):
+    rs = start_supervisor()
+    first = rs.ok("deploy", model_path=str(model_dir), tp=2, deployment_id="rp")
+    preview = rs.ok("replan", deployment_id="rp", backend="auto")
+    assert preview["preview"] and preview["plan"]["backend"] == "ring"
+    bad = rs.call("replan", deployment_id="rp", backend="auto", signature="0" * 64)
+    assert bad.code == "signature_mismatch"
+    # A signature made for another backend's plan does not apply to this one.
+    ring = rs.ok("replan", deployment_id="rp", backend="ring")["signature"]
+    assert ring != preview["signature"]
+    other = rs.call("replan", deployment_id="rp", backend="auto", signature=ring)
+    assert other.code == "signature_mismatch"
+    applied = rs.ok("replan", deployment_id="rp", backend="auto",
+                    signature=preview["signature"])
+    assert not applied["preview"] and applied["state"] == "serving"
+    assert applied["job_id"] != first["job_id"]
+    # The old preview named the old launch: it no longer applies.
+    stale = rs.call("replan", deployment_id="rp", backend="auto",
+                    signature=preview["signature"])
+    assert stale.code == "signature_mismatch"

@@ -1,0 +1,72 @@
+"""Cancel broadcasts and abort_all against fake ranks: epochs acked by every rank and
+persisted across a supervisor restart; abort_all's zero-active evidence; unloading with
+active requests is refused unless forced (then abort_all evidence, then teardown)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.state import Paths
+from tests.support.requests import RequestsClient
+from tests.support.supervisor import pid_gone, poll_for
+
+
+def _dep(rs, dep_id):
+    return next(d for d in rs.ok("deployments")["deployments"] if d["deployment_id"] == dep_id)
+
+
+@pytest.mark.timeout(60)
+def test_cancel_epochs_persist_across_supervisor_restart(start_supervisor, home, model_dir):
+    rs = start_supervisor()
+    rs.ok("deploy", model_path=str(model_dir), tp=2, deployment_id="c1")
+    first = rs.ok("cancel", deployment_id="c1", scope="all", reason="test")
+    second = rs.ok("cancel", deployment_id="c1", scope="requests", request_ids=["nope"])
+    assert (first["epoch"], second["epoch"]) == (1, 2)
+    assert sorted(second["acked"]) == ["0", "1"] and second["missing"] == []
+    assert {r["acked_epoch"] for r in _dep(rs, "c1")["ranks"]} == {2}
+    state = json.loads((Paths(home).state / "cancel_epoch.json").read_text())
+    assert state["epoch"] == 2
+    rs.ok("stop", deployment_id="c1")
+    rs.close()
+
+    rs2 = start_supervisor()  # same home: a restarted supervisor
+    assert rs2.ok("status")["cancel_epoch"] == 2
+    rs2.ok("deploy", model_path=str(model_dir), tp=2, deployment_id="c2")
+    third = rs2.ok("cancel", deployment_id="c2", scope="all")
+    assert third["epoch"] == 3 and sorted(third["acked"]) == ["0", "1"]
+    status = rs2.ok("status")
+    assert status["cancel_epoch"] == 3
+    assert [r["acked_epoch"] for r in status["deployments"][0]["ranks"]] == [3, 3]
+
+
+@pytest.mark.timeout(60)
+def test_abort_all_evidence_and_forced_unload(start_supervisor, model_dir):
+    rs = start_supervisor()
+    rs.ok("deploy", model_path=str(model_dir), tp=2, deployment_id="busy")
+    client = RequestsClient(_dep(rs, "busy"))
+    try:
+        rids = [client.generate([5, 6, 7], 1_000_000) for _ in range(3)]
+        poll_for(lambda: (client.pump(), _dep(rs, "busy")["ranks"][0]["active"] == 3)[1], 10,
+                 "rank 0 telemetry showing 3 active requests")
+        refused = rs.call("stop", deployment_id="busy")
+        assert refused.code == "active_requests" and refused.data["active"] == 3
+        ev = rs.ok("abort_all", deployment_id="busy", timeout_s=10.0)
+        assert ev["zero_active"] is True and ev["ranks"] == {"0": 0, "1": 0}, ev
+        assert sorted(ev["acked"]) == ["0", "1"] and ev["missing"] == []
+        assert sorted(ev["acked"]["0"]["cancelled"]) == sorted(rids)
+        assert set(client.wait_finished(rids, 5).values()) == {"abort"}
+
+        # Unload with active requests, forced: abort_all evidence first, then teardown.
+        more = [client.generate([1], 1_000_000) for _ in range(2)]
+        poll_for(lambda: (client.pump(), _dep(rs, "busy")["ranks"][0]["active"] == 2)[1], 10,
+                 "two new active requests")
+        pids = [r["pid"] for r in _dep(rs, "busy")["ranks"]]
+        stop = rs.ok("stop", deployment_id="busy", force=True)
+        assert stop["abort"]["zero_active"] and stop["abort"]["epoch"] > ev["epoch"]
+        assert stop["outcome"]["proven"]
+        assert set(client.wait_finished(more, 5).values()) == {"abort"}
+        assert all(pid_gone(p) for p in pids)
+    finally:
+        client.close()

@@ -1,0 +1,56 @@
+"""A minimal gateway stand-in: a DEALER on rank 0's requests socket with the launch's
+requests key (taken from the authenticated `deployments` admin reply)."""
+
+from __future__ import annotations
+
+import time
+
+import zmq
+
+from common.bus import Channel, configure, new_request_id
+from common.envelope import Key
+from common.messages import REQUESTS_OUT, Generate, Tokens
+
+
+class RequestsClient:
+    def __init__(self, dep_info: dict) -> None:
+        self.ctx = zmq.Context()
+        key = Key.from_secret(bytes.fromhex(dep_info["requests_key"]))
+        self.channel = Channel("test", "requests", sender=f"test:{new_request_id()}",
+                               send_key=key, accept=REQUESTS_OUT)
+        self.sock = configure(self.ctx.socket(zmq.DEALER))
+        self.sock.connect(dep_info["requests_endpoint"])
+        self.streams: dict[str, list[Tokens]] = {}
+
+    def generate(self, prompt: list[int], max_tokens: int) -> str:
+        rid = new_request_id()
+        self.streams[rid] = []
+        self.sock.send(self.channel.pack(Generate(request_id=rid, prompt=prompt,
+                                                  max_tokens=max_tokens, temperature=0.0)))
+        return rid
+
+    def pump(self, timeout: float = 0.05) -> None:
+        while self.sock.poll(int(timeout * 1000)):
+            msg = self.channel.unpack_dealer(self.sock.recv_multipart())
+            if msg is not None and isinstance(msg.body, Tokens):
+                self.streams.setdefault(msg.body.request_id, []).append(msg.body)
+            timeout = 0
+
+    def finish_reason(self, rid: str) -> str | None:
+        chunks = self.streams.get(rid) or []
+        return chunks[-1].finish_reason if chunks else None
+
+    def wait_finished(self, rids: list[str], timeout: float) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.pump(0.05)
+            if all(self.finish_reason(r) for r in rids):
+                break
+        return {r: self.finish_reason(r) for r in rids}
+
+    def tokens(self, rid: str) -> list[int]:
+        return [t for c in self.streams.get(rid, []) for t in c.tokens]
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()

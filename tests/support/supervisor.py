@@ -1,0 +1,106 @@
+"""Test helpers: a real supervisor on port-0 sockets, run in a background thread's event
+loop (so tests can inject seams), a real admin client, and deadline polling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from common.keys import generate_key_file, load_cluster_key
+from services.admin_cli import AdminClient
+from services.supervisor.settings import SupervisorSettings
+
+FAKE_RANK = f"{sys.executable} -m tests.fakes.fake_rank"
+
+
+def poll_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def fake_settings(home: Path, **kw: Any) -> SupervisorSettings:
+    base = SupervisorSettings(
+        home=home, admin_port=0, events_port=0, control_port=0, report_port=0,
+        load_timeout=20.0, graceful_timeout=2.0, stop_timeout=2.0, kill_timeout=2.0,
+        lease_interval=0.2, lease_ttl=10.0, canary_runs=3, canary_window_s=0.2,
+        canary_timeout_s=10.0, abort_all_timeout=5.0, cancel_timeout=5.0,
+        rank_command=FAKE_RANK, rank_telemetry_interval_s=0.1)
+    return replace(base, **kw)
+
+
+def ensure_key(home: Path) -> None:
+    key = home / "keys" / "cluster.key"
+    if not key.exists():
+        generate_key_file(key)
+
+
+class RunningSupervisor:
+    """A Supervisor in its own thread + loop; `client` talks to it over the real socket."""
+
+    def __init__(self, settings: SupervisorSettings, **kwargs: Any) -> None:
+        from services.supervisor.service import Supervisor
+
+        ensure_key(settings.home)
+        self.loop = asyncio.new_event_loop()
+        self.sup = Supervisor(settings, **kwargs)
+        started = threading.Event()
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            try:
+                self.loop.run_until_complete(self.sup.start())
+            except BaseException as exc:  # noqa: BLE001
+                self.error = exc
+                started.set()
+                return
+            started.set()
+            self.loop.run_until_complete(self.sup.wait_closed())
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        started.wait(30)
+        if self.error:
+            raise self.error
+        self.key = load_cluster_key(settings.home / "keys" / "cluster.key")
+        self.client = AdminClient(self.sup.sockets.admin_endpoint, self.key)
+
+    def call(self, command: str, timeout: float = 60.0, **args: Any):
+        return self.client.call(command, timeout, **args)
+
+    def ok(self, command: str, timeout: float = 60.0, **args: Any) -> dict:
+        reply = self.call(command, timeout, **args)
+        assert reply.ok, f"{command} failed: {reply.code} {reply.message}"
+        return reply.data
+
+    def close(self, teardown: bool = True) -> None:
+        with contextlib.suppress(Exception):
+            self.client.close()
+        if self.thread.is_alive():
+            fut = asyncio.run_coroutine_threadsafe(self.sup.close(teardown=teardown), self.loop)
+            with contextlib.suppress(Exception):
+                fut.result(60)
+            self.thread.join(30)
+        self.loop.close()

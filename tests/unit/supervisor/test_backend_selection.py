@@ -1,0 +1,100 @@
+"""Backend selection (DESIGN.md 5.1): jaccl only when every member has RDMA control and a
+device (and a link to every other host when a matrix is given); each blocker named;
+fewer than two members is a single rank with no distributed init."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.supervisor.errors import AdminError
+from services.supervisor.hosts import (
+    HostsError,
+    members_from_host_records,
+    read_hosts_file,
+    select_backend,
+)
+from services.supervisor.plan import make_plan, selection_for, signature
+
+READY = {"ssh": "localhost", "rdma_ctl": True, "rdma_devices": ["rdma_en3"]}
+
+
+def _members(*hosts, slots=None):
+    return members_from_host_records([dict(h) for h in hosts], slots=slots)
+
+
+def test_all_rdma_ready_gives_jaccl():
+    sel = select_backend(_members(dict(READY, name="a"), dict(READY, name="b")))
+    assert sel.backend == "jaccl" and sel.blockers == []
+
+
+def test_one_blocker_is_named_with_its_reason():
+    sel = select_backend(_members(dict(READY, name="a"),
+                                  dict(READY, name="b", rdma_devices=[])))
+    assert sel.backend == "ring"
+    assert sel.blockers == [{"member": "b", "reason": "no RDMA device"}]
+
+
+def test_every_blocker_is_listed():
+    sel = select_backend(_members({"ssh": "h1", "name": "a"}, dict(READY, name="b")))
+    assert sel.backend == "ring"
+    assert [(b["member"], b["reason"]) for b in sel.blockers] == [
+        ("a", "RDMA control is not enabled (rdma_ctl false)"), ("a", "no RDMA device")]
+
+
+def test_rdma_connectivity_matrix():
+    a = {"ssh": "localhost", "name": "a", "rdma_ctl": True, "rdma": [None, "rdma_en5"]}
+    b = {"ssh": "127.0.0.1", "name": "b", "rdma_ctl": True, "rdma": ["rdma_en4", None]}
+    assert select_backend(_members(a, b)).backend == "jaccl"
+    cut = dict(b, rdma=[None, None])
+    sel = select_backend(_members(a, cut))
+    assert sel.backend == "ring"
+    assert {"member": "b", "reason": "no RDMA link to host 0"} in sel.blockers
+
+
+def test_fewer_than_two_members_is_single_rank():
+    sel = select_backend(_members(READY))
+    assert sel.backend == "none" and "fewer than two" in sel.blockers[0]["reason"]
+    assert selection_for(None, "auto", 1).backend == "none"
+    assert selection_for(None, "auto", 2).backend == "ring"  # two ranks on this machine
+
+
+def test_placement_ranks_per_host_and_too_few_slots():
+    ms = _members(dict(READY, name="a", ranks_per_host=2), dict(READY, name="b"), slots=3)
+    assert [(m.index, m.host) for m in ms] == [(0, "a"), (1, "a"), (2, "b")]
+    with pytest.raises(HostsError, match="2 rank slot"):
+        _members(READY, READY, slots=3)
+
+
+def test_mlx_launch_hostfile_is_read_as_is(tmp_path):
+    f = tmp_path / "hosts.json"
+    f.write_text(json.dumps({"backend": "ring", "envs": ["A=1"],
+                             "hosts": [{"ssh": "localhost", "ips": ["127.0.0.1"]},
+                                       {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}]}))
+    doc = read_hosts_file(f)
+    assert doc["backend"] == "ring" and doc["envs"] == ["A=1"] and len(doc["hosts"]) == 2
+    f.write_text(json.dumps({"hosts": [{"ssh": "x", "colour": "red"}]}))
+    with pytest.raises(HostsError, match="colour"):
+        read_hosts_file(f)
+
+
+def test_plan_rules_and_signature(tmp_path):
+    with pytest.raises(AdminError, match="not supported yet"):
+        make_plan(str(tmp_path), 2, 2, None, "auto")
+    with pytest.raises(AdminError, match="jaccl is blocked"):
+        make_plan(str(tmp_path), 2, 1, None, "jaccl")
+    with pytest.raises(AdminError, match="safetensors.index"):
+        make_plan(str(tmp_path), 1, 2, None, "auto")
+    with pytest.raises(AdminError, match="remote hosts"):
+        make_plan(str(tmp_path), 2, 1, [READY, {"ssh": "user@far"}], "ring")
+    with pytest.raises(AdminError, match="mpirun"):
+        make_plan(str(tmp_path), 2, 1, None, "mpi")
+    plan = make_plan(str(tmp_path), 2, 1, None, "auto")
+    assert plan.backend == "ring" and plan.world_size == 2
+    single = make_plan(str(tmp_path), 1, 1, None, "ring")
+    assert single.backend == "none"
+    key = b"k" * 32
+    s1 = signature(key, "d", "j1", plan)
+    assert s1 == signature(key, "d", "j1", plan)
+    assert s1 != signature(key, "d", "j2", plan) != signature(key, "d", "j1", single)

@@ -1,0 +1,140 @@
+"""Gateway text pipeline: incremental detokenizer, stop strings, tool-call envelopes,
+request validation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.tinymodel import build_model
+from services.gateway.detok import load_tokenizer
+from services.gateway.errors import ApiError
+from services.gateway.openai_api import ChatRequest, CompletionRequest, validate
+from services.gateway.stops import StopMatcher
+from services.gateway.toolcalls import ToolCallParser
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return load_tokenizer(build_model(tmp_path_factory.mktemp("m") / "tiny", preset="tiny"))
+
+
+TEXTS = ["plain ascii text", "naïve café — 東京 🚀 ok", "emoji 👩‍👩‍👧 and ünïcödé", "a\nb\tc  d"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("text", TEXTS)
+def test_detokenizer_token_by_token_never_splits_utf8(tok, text):
+    ids = tok.encode(text)
+    d = tok.detokenizer()
+    pieces = [d.add([i]) for i in ids] + [d.flush()]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == text
+
+
+@pytest.mark.timeout(60)
+def test_detokenizer_chunks_and_invalid_bytes(tok):
+    text = "東京 and 🚀 again"
+    ids = tok.encode(text)
+    d = tok.detokenizer()
+    out = d.add(ids[:3]) + d.add(ids[3:7]) + d.add(ids[7:]) + d.flush()
+    assert out == text
+    # bytes that never form a character are emitted as U+FFFD, not held forever
+    lone = [t for t in range(len(tok.hf)) if tok.decode([t]) == "\ufffd"][:1]
+    assert lone, "a byte-level BPE vocabulary has lone non-ASCII byte tokens"
+    d = tok.detokenizer()
+    got = "".join(d.add(lone) for _ in range(8)) + d.flush()
+    assert got == "\ufffd" * 8
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(alphabet="abc XYZ", max_size=40), stops=st.lists(
+    st.text(alphabet="abc XYZ", min_size=1, max_size=4), min_size=1, max_size=3),
+    cuts=st.lists(st.integers(1, 6), max_size=30))
+def test_stop_matcher_equals_whole_string_cut(text, stops, cuts):
+    m = StopMatcher(stops)
+    out, i = [], 0
+    for c in cuts + [len(text)]:
+        out.append(m.feed(text[i:i + c]))
+        i += c
+        if i >= len(text):
+            break
+    out.append(m.flush())
+    hits = [text.find(s) for s in stops if s in text]
+    expected = text[:min(hits)] if hits else text
+    assert "".join(out) == expected
+    assert m.stopped == bool(hits)
+
+
+def test_tool_parser_streams_in_order():
+    p = ToolCallParser({"get_weather", "add"})
+    src = ('Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+           '<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call> done')
+    events = []
+    for i in range(0, len(src), 3):  # split everywhere, including inside the tags
+        events += p.feed(src[i:i + 3])
+    events += p.flush()
+    kinds = [k for k, _ in events]
+    assert kinds[0] == "content" and kinds.count("tool_call") == 2
+    calls = [v for k, v in events if k == "tool_call"]
+    assert [c.name for c in calls] == ["get_weather", "add"]
+    assert json.loads(calls[1].arguments) == {"a": 1}
+    content = "".join(v for k, v in events if k == "content")
+    assert content == "Sure.  done"  # whitespace-only runs between envelopes dropped
+
+
+@pytest.mark.parametrize("src", [
+    '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>',  # not an offered tool
+    '<tool_call>{"name": "add", "arguments": [1]}</tool_call>',  # arguments not an object
+    "<tool_call>not json</tool_call>",
+    '<tool_call>{"name": "add", "arguments": {}}',  # never closed
+])
+def test_invalid_envelopes_stay_text(src):
+    p = ToolCallParser({"add"})
+    events = p.feed(src) + p.flush()
+    assert all(k == "content" for k, _ in events)
+    assert "".join(v for _, v in events) == src
+
+
+def _err(cls, body) -> ApiError:
+    with pytest.raises(ApiError) as ei:
+        validate(cls, json.dumps(body).encode() if not isinstance(body, bytes) else body)
+    return ei.value
+
+
+def test_validation_errors_name_the_parameter():
+    msgs = [{"role": "user", "content": "hi"}]
+    assert _err(ChatRequest, b"{").code == "invalid_json"
+    assert _err(ChatRequest, [1]).code == "invalid_json"
+    assert _err(ChatRequest, {"model": "m"}).param == "messages"
+    assert _err(ChatRequest, {"model": "m", "messages": msgs, "max_tokens": 0}).param == "max_tokens"
+    assert _err(ChatRequest, {"model": "m", "messages": msgs, "temperature": 3}).param == "temperature"
+    assert _err(ChatRequest, {"model": "m", "messages": msgs, "stream": "yes"}).param == "stream"
+    assert _err(ChatRequest, {"model": "m", "messages": msgs, "n": 3}).param == "n"
+    assert _err(ChatRequest, {"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "image_url"}]}]}).code == "unsupported_value"
+    assert _err(CompletionRequest, {"model": "m", "prompt": ["a", "b"]}).param == "prompt"
+    r = validate(ChatRequest, json.dumps({"model": "m", "messages": msgs, "max_completion_tokens": 5,
+                                          "max_tokens": 9, "stop": "x", "unknown": 1}).encode())
+    assert r.limit() == 5 and r.stops() == ["x"]
+    c = validate(CompletionRequest, b'{"model": "m", "prompt": [1, 2, 3], "seed": -4}')
+    assert c.prompt == [1, 2, 3] and c.seed == -4
+
+
+def test_incomplete_utf8_tail_is_exact(tok):
+    from services.gateway.detok import incomplete_utf8_tail
+
+    assert incomplete_utf8_tail("東".encode()[:2]) and incomplete_utf8_tail(b"ab\xf0\x9f\x9a")
+    assert not incomplete_utf8_tail("東".encode()) and not incomplete_utf8_tail(b"abc")
+    assert not incomplete_utf8_tail(b"\x80") and not incomplete_utf8_tail(b"\xe6a")
+    table = tok.token_bytes()
+    assert table is not None  # the embedded tokenizer is byte-level BPE
+    cont = table.index(b"\x80")  # a lone continuation byte can never complete: no wait
+    lead = table.index(b"\xe6")  # a lead byte may: held until the character is whole
+    d = tok.detokenizer()
+    assert d.add([cont]) == "\ufffd"
+    assert d.add([lead]) == ""
+    assert d.add([table.index(b"\x9d"), table.index(b"\xb1")]) == "東"
