@@ -56,7 +56,8 @@ def bare_child(model: str, batch: int, tokens: int) -> dict[str, Any]:
                          **generator_kwargs(RankSettings()))
 
     def once(ps: list[list[int]], n: int) -> tuple[float, list[list[int]]]:
-        t0 = time.perf_counter()
+        nonlocal cpu
+        t0, c0 = time.perf_counter(), time.process_time()
         uids = gen.insert(ps, max_tokens=[n] * len(ps))
         out: dict[int, list[int]] = {u: [] for u in uids}
         left = set(uids)
@@ -65,11 +66,13 @@ def bare_child(model: str, batch: int, tokens: int) -> dict[str, Any]:
                 out[r.uid].append(int(r.token))
                 if r.finish_reason is not None:
                     left.discard(r.uid)
+        cpu = time.process_time() - c0
         return time.perf_counter() - t0, [out[u] for u in uids]
 
+    cpu = 0.0
     once([[5, 6, 7, 8]], 4)  # warm-up, as the served path gets
     dt, toks = once(prompts(batch), tokens)
-    return {"seconds": dt, "tokens": sum(len(t) for t in toks), "outputs": toks}
+    return {"seconds": dt, "cpu_s": cpu, "tokens": sum(len(t) for t in toks), "outputs": toks}
 
 
 def bare(model: Path, batch: int, tokens: int, settings: RankSettings) -> dict[str, Any]:
@@ -85,12 +88,16 @@ def bare(model: Path, batch: int, tokens: int, settings: RankSettings) -> dict[s
 
 def served(d: Deployment, batch: int, tokens: int) -> dict[str, Any]:
     d.generate([5, 6, 7, 8], 4, timeout=300)  # warm-up
+    rank0 = psutil.Process(d.procs[0].pid)
+    c0 = rank0.cpu_times()
     t0 = time.perf_counter()
     rids = [d.submit(p, tokens) for p in prompts(batch)]
     res = [d.result(r, timeout=900) for r in rids]
     dt = time.perf_counter() - t0
+    c1 = rank0.cpu_times()
     n = sum(len(r.tokens) for r in res)
-    return {"seconds": dt, "tokens": n, "tps": n / dt, "outputs": [r.tokens for r in res]}
+    return {"seconds": dt, "cpu_s": (c1.user + c1.system) - (c0.user + c0.system), "tokens": n,
+            "tps": n / dt, "outputs": [r.tokens for r in res]}
 
 
 # -- sections ------------------------------------------------------------------------------
@@ -101,7 +108,7 @@ def loop_overhead(root: Path, trials: int, tokens: int) -> dict[str, Any]:
     out: dict[str, Any] = {"preset": "tiny", "tokens_per_request": tokens, "trials": trials}
     with Deployment(root / "overhead", mode="single") as d:
         for batch in (1, 8):
-            b_tps, s_tps = [], []
+            b_tps, s_tps, b_cpu, s_cpu = [], [], [], []
             same = True
             for t in range(trials):
                 order = ("bare", "served") if t % 2 == 0 else ("served", "bare")
@@ -109,6 +116,7 @@ def loop_overhead(root: Path, trials: int, tokens: int) -> dict[str, Any]:
                     r = bare(model, batch, tokens, d.settings) if which == "bare" \
                         else served(d, batch, tokens)
                     (b_tps if which == "bare" else s_tps).append(r["tps"])
+                    (b_cpu if which == "bare" else s_cpu).append(r["cpu_s"] / r["tokens"])
                     if which == "bare":
                         ref = r["outputs"]
                     else:
@@ -120,6 +128,11 @@ def loop_overhead(root: Path, trials: int, tokens: int) -> dict[str, Any]:
                 "bare_trials": [round(x, 1) for x in b_tps],
                 "served_trials": [round(x, 1) for x in s_tps],
                 "ratio": round(ratio, 3), "meets_target": ratio >= TARGET_RATIO,
+                # CPU seconds per token (all threads of the process): insensitive to
+                # other load on the machine, unlike wall-clock tokens/s.
+                "bare_cpu_ms_per_token": round(1000 * min(b_cpu), 3),
+                "served_cpu_ms_per_token": round(1000 * min(s_cpu), 3),
+                "cpu_ratio": round(min(b_cpu) / min(s_cpu), 3),
                 "same_tokens": same}
     return out
 
@@ -194,14 +207,15 @@ def run(out_dir: Path | str | None = None, *, quick: bool = False) -> dict[str, 
     model_dir("tiny")
     model_dir("bench")
     result: dict[str, Any] = {"name": NAME, "host": {"cpus": os.cpu_count()}}
-    result["loop_overhead"] = loop_overhead(root, trials=2 if quick else 4,
+    result["loop_overhead"] = loop_overhead(root, trials=2 if quick else 6,
                                             tokens=64 if quick else 128)
     result["idle"] = idle_cpu(root, 3.0 if quick else 10.0)
     result["sharding"] = sharding(root, tokens=16 if quick else 48)
     result["openblas"] = openblas(root, tokens=16 if quick else 48)
     lo, sh, ob = result["loop_overhead"], result["sharding"], result["openblas"]
     result["summary"] = (
-        f"loop/bare b1={lo['batch1']['ratio']} b8={lo['batch8']['ratio']}; "
+        f"loop/bare b1={lo['batch1']['ratio']} b8={lo['batch8']['ratio']} "
+        f"(cpu b1={lo['batch1']['cpu_ratio']} b8={lo['batch8']['cpu_ratio']}); "
         f"TP2 b1={sh['tp']['batch1_ratio_vs_single']}x b8={sh['tp']['batch8_ratio_vs_single']}x; "
         f"PP2 b1={sh['pp']['batch1_ratio_vs_single']}x b8={sh['pp']['batch8_ratio_vs_single']}x; "
         f"idle%={result['idle']['cpu_pct_of_core']}; "

@@ -298,8 +298,9 @@ class Up:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lockstep up", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=("auto", "ring", "jaccl", "mpi"), default=None)
     for flag, tp in (("--home", Path), ("--host", str), ("--port", int), ("--model", str),
-                     ("--tp", int), ("--pp", int), ("--hosts", Path), ("--backend", str),
+                     ("--tp", int), ("--pp", int), ("--hosts", Path),
                      ("--admin-port", int), ("--events-port", int), ("--control-port", int),
                      ("--report-port", int), ("--reaper-events-port", int),
                      ("--ready-timeout", float), ("--stop-timeout", float)):

@@ -146,13 +146,8 @@ def run(spec: RankSpec) -> None:
         if rt.leader:
             from services.rank.leader import Leader
 
-            L = Leader(rt, io, engine, removals, stash, vocab_size=vocab, context=max_context)
-            if os.environ.get("PROF_OUT"):
-                import cProfile
-                pr = cProfile.Profile()
-                rt.on_exit(lambda _r: (pr.disable(), pr.dump_stats(os.environ["PROF_OUT"])))
-                pr.enable()
-            L.run()
+            Leader(rt, io, engine, removals, stash, vocab_size=vocab,
+                   context=max_context).run()
         else:
             from services.rank.follower import Follower
 

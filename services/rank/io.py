@@ -2,11 +2,10 @@
 
     control  SUB     ← supervisor   LEASE, SERVE, SHUTDOWN, CANCEL (topic b"ctl:<dep>")
     report   DEALER  → supervisor   RANK_READY (re-sent until SERVE), TELEMETRY, CANCEL_ACK
-    plan     ROUTER  (rank 0)       HELLO→WELCOME, PLAN fan-out, FETCH→BATCH, PONG
-             DEALER  (followers)    HELLO (until welcomed), PLAN/BATCH in order, PING→PONG
+    plan     ROUTER (rank 0) / DEALER (followers): services.rank.session
     requests ROUTER  (rank 0)       GENERATE, ABORT → main; STATS answered here; TOKENS out
 
-Main → I/O: `post(cmd)` appends to a deque and wakes the poller through an inproc PAIR.
+Main → I/O: `post(cmd)` appends to a deque and wakes the poller (services.rank.waker).
 I/O → main: `inbox` (a queue.Queue of services.rank.events). MLX releases the GIL during
 compute, so this thread answers FETCH, PING and STATS while the main thread is inside a
 step. Signals reach it through `signal.set_wakeup_fd` and become a SignalEv.
@@ -28,12 +27,11 @@ from common.bus import Channel, configure
 from common.keys import LaunchKeys
 from common.rankspec import RankSpec
 from services.rank import events as ev
-from services.rank.planwire import PlanOrder, ReplayBuffer
 from services.rank.runtime import RankRuntime
+from services.rank.session import RESEND_S, FollowerSession, LeaderSession, Wire
+from services.rank.waker import Waker
 
 log = logging.getLogger("lockstep.rank.io")
-RESEND_S = 1.0
-IDLE_FETCH_S = 1.0
 BURST = 256  # messages read from one socket per poll round
 
 
@@ -42,6 +40,7 @@ class RankIO:
         self.spec, self.rt, self.leader = spec, rt, spec.rank == 0
         self.inbox: queue.Queue = queue.Queue()
         self.drops: collections.Counter[str] = collections.Counter()
+        self.wire = Wire(self.drops)
         self._out: collections.deque = collections.deque()
         self.ctx = zmq.Context()
         sender = f"{spec.deployment_id}/rank-{spec.rank}"
@@ -67,32 +66,20 @@ class RankIO:
             self.requests = configure(self.ctx.socket(zmq.ROUTER))
             self.requests.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.requests.bind(spec.requests_endpoint)
+            self.session = LeaderSession(spec, rt, self.plan, self.pln, self.wire, self.inbox)
         else:
             self.plan = configure(self.ctx.socket(zmq.DEALER))
             self.plan.setsockopt(zmq.IDENTITY, f"rank-{spec.rank}".encode())
             self.plan.connect(spec.plan_endpoint)
-        addr = f"inproc://rank-wake-{id(self)}"
-        self._wake_rx = self.ctx.socket(zmq.PAIR)
-        self._wake_rx.bind(addr)
-        self._wake_tx = self.ctx.socket(zmq.PAIR)  # main thread only
-        self._wake_tx.connect(addr)
+            self.session = FollowerSession(spec, rt, self.plan, self.pln, self.wire, self.inbox)
+        self._waker = Waker()
         self._sig_r, self._sig_w = socket.socketpair()
         self._sig_r.setblocking(False)
         self._sig_w.setblocking(False)
-        # leader state
-        self.replay = ReplayBuffer(spec.settings.replay_buffer)
-        self.followers: dict[int, bytes] = {}
-        self.last_pong: dict[int, m.Pong] = {}
-        self._announced = False
-        # follower state
-        self.order = PlanOrder()
-        self._joined = False
-        self._last_plan_at = time.monotonic()
-        self._last_fetch_at = 0.0
-        # both
         self._ready_msg: m.RankReady | None = None
         self._served = False
-        self._timers = {"telemetry": 0.0, "hello": 0.0, "ready": 0.0}
+        self._telemetry_at = 0.0
+        self._ready_at = 0.0
         self._thread = threading.Thread(target=self._main, name=f"rank{spec.rank}-io", daemon=True)
         self.failed: str | None = None
         rt.post_event = self.inbox.put
@@ -108,11 +95,10 @@ class RankIO:
         self._thread.start()
 
     def post(self, *cmds: tuple) -> None:
+        """("plan", Plan) | ("req", ident, body) | ("report", body) | ("ready", RankReady)
+        | ("served",) | ("stop",)"""
         self._out.extend(cmds)
-        try:
-            self._wake_tx.send(b"", zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # the poller is already woken many times over
+        self._waker.wake()
 
     def stop(self, timeout: float = 3.0) -> None:
         """Flush what was posted, close every socket, and wait (bounded) until libzmq has
@@ -120,7 +106,6 @@ class RankIO:
         if self._thread.is_alive():
             self.post(("stop",))
             self._thread.join(timeout)
-        self._wake_tx.close(0)
         term = threading.Thread(target=self.ctx.term, name="zmq-term", daemon=True)
         term.start()
         term.join(timeout)
@@ -145,16 +130,14 @@ class RankIO:
 
     def _loop(self) -> None:
         poller = zmq.Poller()
-        socks = [self.control, self.report, self.plan, self._wake_rx]
-        if self.requests is not None:
-            socks.append(self.requests)
-        for s in socks:
-            poller.register(s, zmq.POLLIN)
-        poller.register(self._sig_r.fileno(), zmq.POLLIN)
-        handlers = {self.control: self._on_control, self.plan: self._on_plan,
+        handlers = {self.control: self._on_control, self.plan: self.session.on_frames,
                     self.report: self._on_report}
         if self.requests is not None:
             handlers[self.requests] = self._on_requests
+        for s in handlers:
+            poller.register(s, zmq.POLLIN)
+        poller.register(self._sig_r.fileno(), zmq.POLLIN)
+        poller.register(self._waker.rfd, zmq.POLLIN)
         while True:
             timeout_ms = self._run_timers()
             ready = dict(poller.poll(timeout_ms))
@@ -168,12 +151,8 @@ class RankIO:
                         except zmq.Again:
                             break
                         handler(frames)
-            if self._wake_rx in ready:
-                while True:
-                    try:
-                        self._wake_rx.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+            if self._waker.rfd in ready:
+                self._waker.clear()
             if self._drain_outbox():
                 return
 
@@ -182,73 +161,39 @@ class RankIO:
             cmd = self._out.popleft()
             kind = cmd[0]
             if kind == "plan":
-                self._fan_out(cmd[1])
+                self.session.publish(cmd[1])
             elif kind == "req":
-                self._send_router(self.requests, self.req, cmd[1], cmd[2])
+                self.wire.send_to(self.requests, self.req, cmd[1], cmd[2])
             elif kind == "report":
-                self._send(self.report, self.rep, cmd[1])
+                self.wire.send(self.report, self.rep, cmd[1])
             elif kind == "ready":
                 self._ready_msg = cmd[1]
-                self._send(self.report, self.rep, cmd[1])
-                self._timers["ready"] = time.monotonic() + RESEND_S
+                self._ready_at = 0.0  # now, then every RESEND_S until SERVE
             elif kind == "served":
                 self._served = True
             elif kind == "stop":
-                self._send(self.report, self.rep, self.rt.telemetry())
-                for s in (self.control, self.report, self.plan, self.requests, self._wake_rx):
+                self.wire.send(self.report, self.rep, self.rt.telemetry())
+                for s in (self.control, self.report, self.plan, self.requests):
                     if s is not None:
                         s.close(linger=1000)
                 self._sig_r.close()
+                self._waker.close()
                 return True
         return False
 
     def _run_timers(self) -> int:
         now = time.monotonic()
-        t = self._timers
-        if now >= t["telemetry"]:
-            t["telemetry"] = now + self.spec.settings.telemetry_interval_s
-            self._send(self.report, self.rep, self.rt.telemetry())
+        if now >= self._telemetry_at:
+            self._telemetry_at = now + self.spec.settings.telemetry_interval_s
+            self.wire.send(self.report, self.rep, self.rt.telemetry())
             self.rt.write_marker()
-        if self._ready_msg is not None and not self._served and now >= t["ready"]:
-            t["ready"] = now + RESEND_S
-            self._send(self.report, self.rep, self._ready_msg)
-        if not self.leader:
-            if not self._joined and now >= t["hello"]:
-                t["hello"] = now + RESEND_S
-                self._send(self.plan, self.pln, m.PlanHello(rank=self.spec.rank))
-            if self._joined:
-                self._maybe_fetch(now)
-        deadline = min(t["telemetry"], t["ready"] if self._ready_msg and not self._served
-                       else float("inf"), t["hello"] if not self.leader and not self._joined
-                       else float("inf"))
-        if not self.leader and self._joined:
-            deadline = min(deadline, self._next_fetch_at())
+        deadline = min(self._telemetry_at, self.session.timers(now))
+        if self._ready_msg is not None and not self._served:
+            if now >= self._ready_at:
+                self._ready_at = now + RESEND_S
+                self.wire.send(self.report, self.rep, self._ready_msg)
+            deadline = min(deadline, self._ready_at)
         return max(0, int((deadline - time.monotonic()) * 1000) + 1)
-
-    # -- sending ---------------------------------------------------------------------------
-
-    def _send(self, sock, chan: Channel, body) -> None:
-        try:
-            sock.send(chan.pack(body), zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            self.drops[f"{chan.socket_name}.send_{exc.errno}"] += 1
-
-    def _send_router(self, sock, chan: Channel, ident: bytes, body, data: bytes | None = None) -> None:
-        try:
-            sock.send_multipart([ident, data or chan.pack(body)], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:  # EHOSTUNREACH: that peer is gone
-            self.drops[f"{chan.socket_name}.send_{exc.errno}"] += 1
-
-    def _fan_out(self, plan: m.Plan) -> None:
-        if self.rt.seams.drop_plan_seq == plan.seq:
-            log.warning("test seam: plan %d neither sent nor kept for replay", plan.seq)
-            self.replay.record(plan, keep=False)
-            return
-        self.replay.record(plan)
-        if self.followers:
-            data = self.pln.pack(plan)
-            for ident in self.followers.values():
-                self._send_router(self.plan, self.pln, ident, None, data)
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -261,11 +206,11 @@ class RankIO:
             self.rt.arm_escape_hatch(f"signal {signum}")
             self.inbox.put(ev.SignalEv(signum))
 
-    def _ours(self, chan: Channel, body) -> bool:
+    def _ours(self, body) -> bool:
         ok = getattr(body, "deployment_id", self.spec.deployment_id) == self.spec.deployment_id \
             and getattr(body, "job_id", self.spec.job_id) == self.spec.job_id
         if not ok:
-            self.drops[f"{chan.socket_name}.wrong_deployment"] += 1
+            self.drops["control.wrong_deployment"] += 1
         return ok
 
     def _on_report(self, frames: list[bytes]) -> None:
@@ -273,7 +218,7 @@ class RankIO:
 
     def _on_control(self, frames: list[bytes]) -> None:
         msg = self.ctl.unpack_sub(frames, self.topic)
-        if msg is None or not self._ours(self.ctl, msg.body):
+        if msg is None or not self._ours(msg.body):
             return
         body = msg.body
         if isinstance(body, m.Lease):
@@ -305,78 +250,4 @@ class RankIO:
             stats = m.Stats(request_id=body.request_id, phase=rt.phase.value, step=rt.step,
                             active=rt.active, active_ids=list(rt.active_ids),
                             cancel_epoch=rt.cancel_epoch)
-            self._send_router(self.requests, self.req, ident, stats)
-
-    def _on_plan(self, frames: list[bytes]) -> None:
-        if self.leader:
-            got = self.pln.unpack_router(frames)
-            if got is not None:
-                self._leader_plan_msg(*got)
-        else:
-            msg = self.pln.unpack_dealer(frames)
-            if msg is not None:
-                self._follower_plan_msg(msg.body)
-
-    def _leader_plan_msg(self, ident: bytes, msg) -> None:
-        body = msg.body
-        if isinstance(body, m.PlanHello):
-            if not 1 <= body.rank < self.spec.world_size:
-                self.drops["plan.bad_rank"] += 1
-                return
-            self.followers[body.rank] = ident
-            welcome = m.PlanWelcome(rank=body.rank, next_seq=self.replay.last_seq + 1)
-            self._send_router(self.plan, self.pln, ident, welcome)
-            if not self._announced and len(self.followers) == self.spec.world_size - 1:
-                self._announced = True
-                self.inbox.put(ev.Joined(0))
-        elif isinstance(body, m.PlanFetch):
-            self._send_router(self.plan, self.pln, ident, self.replay.fetch(body.from_seq))
-        elif isinstance(body, m.Pong):
-            self.last_pong[body.rank] = body  # peer watchdog (issue 4) reads this
-
-    def _follower_plan_msg(self, body) -> None:
-        if isinstance(body, m.PlanWelcome):
-            if body.rank != self.spec.rank:
-                self.drops["plan.wrong_rank"] += 1
-            elif not self._joined:
-                self._joined = True
-                self.order.start(body.next_seq)
-                self._last_plan_at = time.monotonic()
-                self.inbox.put(ev.Joined(body.next_seq))
-        elif isinstance(body, m.Plan):
-            self._deliver([body])
-        elif isinstance(body, m.PlanBatch):
-            if body.missing:
-                self.inbox.put(ev.PlanMissingEv(
-                    self.order.expected or 0,
-                    f"plan {self.order.expected} is not in rank 0's replay buffer"))
-            else:
-                self._deliver(body.plans)
-        elif isinstance(body, m.Ping):
-            pong = m.Pong(nonce=body.nonce, rank=self.spec.rank, step=self.rt.step,
-                          phase=self.rt.phase.value)
-            self._send(self.plan, self.pln, pong)
-
-    def _deliver(self, plans: list[m.Plan]) -> None:
-        self._last_plan_at = time.monotonic()
-        for plan in plans:
-            for p in self.order.offer(plan):
-                self.inbox.put(ev.PlanEv(p))
-        if self.order.gap:
-            self._fetch(time.monotonic())
-
-    def _next_fetch_at(self) -> float:
-        if self.order.gap:
-            return self._last_fetch_at + self.spec.settings.plan_fetch_after_s
-        silence = self.spec.settings.plan_fetch_after_s if self.rt.active_ids else IDLE_FETCH_S
-        return max(self._last_plan_at, self._last_fetch_at) + silence
-
-    def _maybe_fetch(self, now: float) -> None:
-        if now >= self._next_fetch_at():
-            self._fetch(now)
-
-    def _fetch(self, now: float) -> None:
-        if now - self._last_fetch_at < 0.02:
-            return  # one fetch per burst of out-of-order plans
-        self._last_fetch_at = now
-        self._send(self.plan, self.pln, m.PlanFetch(from_seq=self.order.expected or 0))
+            self.wire.send_to(self.requests, self.req, ident, stats)

@@ -51,6 +51,7 @@ class Leader(RankLoop):
         self.removes: dict[str, str] = {}  # request id → reason, for the next plan
         self.cancels: dict[int, object] = {}  # epoch → Cancel, not yet folded
         self.seq = 0
+        self.out: list[tuple] = []  # for the I/O thread, handed over once per iteration
         self.rt.on_exit(self._end_all_streams)
 
     # -- the loop ---------------------------------------------------------------------
@@ -61,6 +62,8 @@ class Leader(RankLoop):
         self.stash.clear()
         while True:
             busy = self.engine.has_work() or self.pending or self.removes or self.cancels
+            if not busy:
+                self.flush()
             self.drain(block=not busy)
             if self.engine.has_work() or self.pending or self.removes or self.cancels:
                 self.plan_and_step()
@@ -84,8 +87,8 @@ class Leader(RankLoop):
         if problem is None and self.rt.phase != Phase.SERVING:
             problem = f"not serving (phase {self.rt.phase.value})"
         if problem is not None:
-            self.io.post(("req", e.ident, Tokens(request_id=g.request_id, tokens=[], index=0,
-                                                  finish_reason="error", error=problem)))
+            self.send(("req", e.ident, Tokens(request_id=g.request_id, tokens=[], index=0,
+                                               finish_reason="error", error=problem)))
             return
         seed = g.seed if g.seed is not None else secrets.randbits(63)
         max_tokens = g.max_tokens if g.max_tokens > 0 else self.settings.default_max_tokens
@@ -166,7 +169,7 @@ class Leader(RankLoop):
         plan = Plan(seq=self.seq, step=self.engine.step, advance=self.engine.has_work(),
                     inserts=inserts, removes=plan_removes, cancel_epoch=epoch)
         self.seq += 1
-        self.io.post(("plan", plan))
+        self.send(("plan", plan))
         for f in removed:
             self.record(f)
             self.finish(f.active.request_id, "abort", error=None, step=f.step)
@@ -174,6 +177,9 @@ class Leader(RankLoop):
             self.consume_cancel(plan)
         self.publish_counts()
         if plan.advance:
+            # One hand-over per step, just before next(): the I/O thread then signs and
+            # sends while this thread is inside MLX (GIL released), not in its way.
+            self.flush()
             self.step()
 
     def step(self) -> None:
@@ -211,14 +217,13 @@ class Leader(RankLoop):
             req.sent += len(toks)
             if e.finish_reason is not None:
                 del self.reqs[rid]
-        if out:
-            self.io.post(*out)
+        self.out.extend(out)
 
     def finish(self, rid: str, reason: str, *, error: str | None, step: int | None = None) -> None:
         req = self.reqs.pop(rid, None)
         if req is None:
             return
-        self.io.post(("req", req.ident, Tokens(
+        self.send(("req", req.ident, Tokens(
             request_id=rid, tokens=[], index=req.sent, finish_reason=reason, error=error,
             prompt_tokens=len(req.insert.prompt),
             step=self.engine.step if step is None else step)))
@@ -226,6 +231,14 @@ class Leader(RankLoop):
     def publish_counts(self) -> None:
         self.rt.active_ids = self.engine.active_ids()
         self.rt.pending = len(self.pending)
+
+    def send(self, *cmds: tuple) -> None:
+        self.out.extend(cmds)
+
+    def flush(self) -> None:
+        if self.out:
+            cmds, self.out = self.out, []
+            self.io.post(*cmds)
 
     # -- leaving ---------------------------------------------------------------------------
 
@@ -237,7 +250,7 @@ class Leader(RankLoop):
             except queue.Empty:
                 break
             if isinstance(e, ev.GenerateEv):
-                self.io.post(("req", e.ident, Tokens(
+                self.send(("req", e.ident, Tokens(
                     request_id=e.body.request_id, tokens=[], index=0, finish_reason="error",
                     error=f"rank 0 stopped: {reason}")))
         for rid in list(self.reqs):
@@ -245,6 +258,7 @@ class Leader(RankLoop):
                 self.finish(rid, "abort", error=None)
             else:
                 self.finish(rid, "error", error=f"rank 0 stopped: {reason}")
+        self.flush()
 
     def shutdown(self, reason: str) -> None:
         """Graceful: every follower gets a final plan that empties the batch, so all
@@ -259,7 +273,7 @@ class Leader(RankLoop):
         plan = Plan(seq=self.seq, step=self.engine.step, advance=False, removes=removes,
                     shutdown=True)
         self.seq += 1
-        self.io.post(("plan", plan))
+        self.send(("plan", plan))
         for f in removed:
             self.record(f)
-        self.leave(0, Phase.EXITING, None)
+        self.leave(0, Phase.EXITING, None)  # the exit hook flushes

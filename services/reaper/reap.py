@@ -6,7 +6,9 @@ For each launch manifest under `runtime/manifests/`:
   - otherwise its ranks are reaped: a rank pid is signalled only while pid + start time
     + command line prove it is that rank, a process group only while a recorded rank
     still lives in it (a reused pgid is never signalled); SIGTERM → wait → SIGKILL →
-    wait → SIGKILL → prove exit. Proven: manifest, launch secret and (when no live
+    wait → SIGKILL → prove exit. A pid now held by a process with another start time is
+    an exited rank; one with the same start time but another command line is ambiguous
+    and is neither signalled nor called gone. Proven: manifest, launch secret and (when no live
     owner remains) the deployment's markers are removed. Not proven: the manifest is
     kept with the failure appended to `teardown_failures`, and the pass is *blocking*.
 A manifest that cannot be read is reported with its path and error and blocks launches;
@@ -43,19 +45,15 @@ from common.state import (
     LaunchManifest,
     Paths,
     RankRecord,
-    StateFileError,
-    read_json,
     read_manifests,
-    read_markers,
     remove_manifest,
-    retire_markers,
     write_manifest,
 )
+from services.reaper.markers import protected_deployments, sweep_markers
 
 log = logging.getLogger("lockstep.reaper")
 
 MAX_FAILURE_RECORDS = 20  # per manifest: retried every pass, so keep only the latest
-EMPTY_MARKER_DIR_GRACE_S = 60.0  # a fresh, empty marker dir may be a launch in progress
 REMOTE_UNAVAILABLE = "remote reap not available yet"
 
 
@@ -80,6 +78,7 @@ class ReapReport:
     active: list[str] = field(default_factory=list)  # job ids of live supervisors
     failures: list[dict[str, Any]] = field(default_factory=list)  # {job_id, reason, survivors}
     unreadable: list[dict[str, str]] = field(default_factory=list)  # {path, error}
+    steps: dict[str, list[str]] = field(default_factory=dict)  # job id -> ladder steps taken
     retired_markers: list[str] = field(default_factory=list)  # deployment ids
     unreadable_markers: list[dict[str, str]] = field(default_factory=list)  # informative
     started_at: float = 0.0
@@ -109,12 +108,6 @@ class ReapReport:
 
 
 # --- liveness -----------------------------------------------------------------------
-
-
-def _owner_alive(pid: int, start_time: float) -> bool:
-    """pid + start time name a running, non-zombie process (no command line recorded)."""
-    current = identify(pid)
-    return current is not None and abs(current.start_time - start_time) <= START_TIME_TOLERANCE
 
 
 def supervisor_state(manifest: LaunchManifest) -> tuple[bool, str]:
@@ -223,48 +216,12 @@ def _remove_secret(paths: Paths, manifest: LaunchManifest) -> None:
         log.warning("job %s: secret %s is outside %s; left in place",
                     manifest.job_id, secret, paths.secrets)
         return
-    with contextlib.suppress(FileNotFoundError):
-        secret.unlink()
-
-
-# --- markers --------------------------------------------------------------------------
-
-
-def _sweep_markers(paths: Paths, protected: set[str], report: ReapReport) -> None:
-    """Retire marker directories whose every owner is dead and that no manifest names."""
-    scan = read_markers(paths)
-    report.unreadable_markers += [{"path": str(p), "error": e} for p, e in scan.unreadable]
-    unsure = {p.parent.name for p, _ in scan.unreadable}
-    live = {m.deployment_id for _, m in scan.markers if _owner_alive(m.pid, m.start_time)}
-    has_markers = {m.deployment_id for _, m in scan.markers}
     try:
-        entries = sorted(os.scandir(paths.markers), key=lambda e: e.name)
+        secret.unlink()
     except FileNotFoundError:
-        return
-    now = time.time()
-    for entry in entries:
-        dep = entry.name
-        if (dep.startswith(".") or not entry.is_dir(follow_symlinks=False)
-                or dep in protected or dep in live or dep in unsure):
-            continue
-        if dep not in has_markers:
-            with contextlib.suppress(OSError):
-                if now - entry.stat(follow_symlinks=False).st_mtime < EMPTY_MARKER_DIR_GRACE_S:
-                    continue
-        try:
-            if retire_markers(paths, dep):
-                report.retired_markers.append(dep)
-        except (ValueError, OSError) as exc:  # a name that is no deployment id: leave it
-            report.unreadable_markers.append({"path": entry.path, "error": str(exc)})
-
-
-def _protected_deployments(paths: Paths) -> set[str] | None:
-    """Deployments of every manifest on disk now (re-read: a supervisor may have
-    launched since the pass began). None if a manifest cannot be read."""
-    scan = read_manifests(paths)
-    if scan.unreadable:
-        return None
-    return {m.deployment_id for _, m in scan.manifests}
+        pass
+    except OSError as exc:  # the launch is reaped; a leftover key opens nothing running
+        log.error("job %s: could not remove its secret %s: %s", manifest.job_id, secret, exc)
 
 
 # --- the pass -------------------------------------------------------------------------
@@ -305,17 +262,19 @@ def reap_orphans(paths: Paths, *, term_timeout: float = 5.0, kill_timeout: float
                  lock_timeout: float | None = None) -> ReapReport:
     """One reap pass over `paths`; see the module docstring. Never raises for what it
     finds on disk: everything lands in the report (`.blocking` gates launches)."""
-    paths.ensure()
     report = ReapReport(started_at=time.time())
     t0 = time.monotonic()
     if lock_timeout is None:
         lock_timeout = 2 * (term_timeout + 2 * kill_timeout) + 30.0
     try:
+        paths.ensure()
         with _pass_lock(paths, lock_timeout):
             _reap_all(paths, report, term_timeout=term_timeout, kill_timeout=kill_timeout,
                       kill=kill, remote=remote, publish=publish)
-    except ReapLockTimeout as exc:
-        report.failures.append({"job_id": "", "reason": str(exc), "survivors": []})
+    except (ReapLockTimeout, OSError) as exc:  # no pass: that blocks launches too
+        report.failures.append({"job_id": "", "reason": f"reap pass failed: {exc}",
+                                "survivors": []})
+        log.error("reap pass failed: %s", exc)
     report.duration_s = time.monotonic() - t0
     _emit(publish, Event(topic="reap", name="pass", deployment_id="",
                          state="blocked" if report.blocking else "ok",
@@ -333,45 +292,53 @@ def _reap_all(paths: Paths, report: ReapReport, *, term_timeout: float, kill_tim
                              state="blocked", reason=f"{path}: {error}", at=time.time(),
                              data={"path": str(path), "error": error}))
     for path, manifest in scan.manifests:
-        alive, why = supervisor_state(manifest)
-        if alive:
-            report.active.append(manifest.job_id)
-            continue
-        # Re-read right before acting: the owner may have removed or rewritten it.
         try:
-            if LaunchManifest.from_dict(read_json(path), path=path) != manifest:
-                continue
-        except StateFileError:
-            continue
-        log.warning("job %s (deployment %s): %s; reaping %d rank(s)", manifest.job_id,
-                    manifest.deployment_id, why, len(manifest.ranks))
-        out = _reap_job(manifest, term_timeout=term_timeout, kill_timeout=kill_timeout,
-                        kill=kill, remote=remote)
-        if out.reasons:
-            reason = f"{why}; " + "; ".join(out.reasons)
-            report.failures.append({"job_id": manifest.job_id, "reason": reason,
-                                    "survivors": out.survivors})
-            log.error("job %s not reaped: %s", manifest.job_id, reason)
-            try:
-                _record_failure(paths, manifest, reason)
-            except (OSError, ValueError) as exc:
-                log.error("job %s: could not record the failure in %s: %s",
-                          manifest.job_id, path, exc)
-            _emit(publish, Event(topic="reap", name="reap_failed",
-                                 deployment_id=manifest.deployment_id, state="failed",
-                                 reason=reason, at=time.time(),
-                                 data={"job_id": manifest.job_id, "survivors": out.survivors}))
-            continue
-        remove_manifest(paths, manifest.job_id)
-        _remove_secret(paths, manifest)
-        report.reaped.append(manifest.job_id)
-        log.warning("job %s reaped: %d rank(s), steps %s", manifest.job_id,
-                    len(manifest.ranks), out.path or ["none alive"])
-        _emit(publish, Event(topic="reap", name="reaped", deployment_id=manifest.deployment_id,
-                             state="reaped", reason=why, at=time.time(),
-                             data={"job_id": manifest.job_id, "ranks": len(manifest.ranks),
-                                   "path": out.path}))
-    protected = _protected_deployments(paths)
+            _reap_one(paths, path, manifest, report, term_timeout=term_timeout,
+                      kill_timeout=kill_timeout, kill=kill, remote=remote, publish=publish)
+        except OSError as exc:  # e.g. the manifest cannot be removed: not resolved
+            report.failures.append({"job_id": manifest.job_id, "survivors": [],
+                                    "reason": f"{path}: {exc}"})
+            log.error("job %s: %s: %s", manifest.job_id, path, exc)
+    protected = protected_deployments(paths)
     if protected is None:
         return  # a manifest we cannot read may name any deployment: retire nothing
-    _sweep_markers(paths, protected, report)
+    sweep_markers(paths, protected, report)
+
+
+def _reap_one(paths: Paths, path: Path, manifest: LaunchManifest, report: ReapReport, *,
+              term_timeout: float, kill_timeout: float, kill: Kill | None,
+              remote: RemoteReaper | None, publish: Publish | None) -> None:
+    alive, why = supervisor_state(manifest)
+    if alive:
+        report.active.append(manifest.job_id)
+        return
+    log.warning("job %s (deployment %s): %s; reaping %d rank(s)", manifest.job_id,
+                manifest.deployment_id, why, len(manifest.ranks))
+    out = _reap_job(manifest, term_timeout=term_timeout, kill_timeout=kill_timeout,
+                    kill=kill, remote=remote)
+    if out.reasons:
+        reason = f"{why}; " + "; ".join(out.reasons)
+        report.failures.append({"job_id": manifest.job_id, "reason": reason,
+                                "survivors": out.survivors})
+        report.steps[manifest.job_id] = out.path
+        log.error("job %s not reaped: %s", manifest.job_id, reason)
+        try:
+            _record_failure(paths, manifest, reason)
+        except (OSError, ValueError) as exc:
+            log.error("job %s: could not record the failure in %s: %s",
+                      manifest.job_id, path, exc)
+        _emit(publish, Event(topic="reap", name="reap_failed",
+                             deployment_id=manifest.deployment_id, state="failed",
+                             reason=reason, at=time.time(),
+                             data={"job_id": manifest.job_id, "survivors": out.survivors}))
+        return
+    remove_manifest(paths, manifest.job_id)
+    _remove_secret(paths, manifest)
+    report.reaped.append(manifest.job_id)
+    report.steps[manifest.job_id] = out.path
+    log.warning("job %s reaped: %d rank(s), steps %s", manifest.job_id,
+                len(manifest.ranks), out.path or ["none alive"])
+    _emit(publish, Event(topic="reap", name="reaped", deployment_id=manifest.deployment_id,
+                         state="reaped", reason=why, at=time.time(),
+                         data={"job_id": manifest.job_id, "ranks": len(manifest.ranks),
+                               "path": out.path}))

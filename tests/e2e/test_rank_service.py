@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 
 import psutil
 import pytest
@@ -107,6 +108,15 @@ def test_single_rank_matches_mlx_lm_greedy(single, reference):
         assert r.model_ttft_ms is not None and r.model_ttft_ms > 0
         assert len(r.token_times) == n and r.token_times == sorted(r.token_times)
     assert run_concurrently(single) == reference
+    # A client stop token ends the request at its first occurrence, and is not emitted.
+    stop = reference[3][5]
+    r = single.generate(*PROMPTS[3], stop_token_ids=[stop])
+    assert (r.tokens, r.finish_reason) == (reference[3][: reference[3].index(stop)], "stop")
+    # Bad requests are answered with an error, not dropped, and change nothing.
+    for bad in ([], [10**6], [-1]):
+        e = single.generate(bad, 4)
+        assert e.finish_reason == "error" and e.error and e.tokens == []
+    assert single.generate(*PROMPTS[0]).tokens == reference[0]
 
 
 @pytest.mark.timeout(120)
@@ -221,7 +231,7 @@ def test_cancel_broadcast_applied_and_acked_once(deployment, reference):
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("mode", ["single", "tp"])
-def test_restarted_rank_treats_existing_epoch_as_watermark(tmp_path, mode, reference):
+def test_restarted_rank_treats_existing_epoch_as_watermark(tmp_path, mode):
     # single: the epoch comes in the spec (cancel_epoch_floor); tp: in the first LEASE.
     kw = {"cancel_epoch_floor": 7} if mode == "single" else {"lease_epoch": 7}
     slow = {"LOCKSTEP_TEST_STEP_DELAY_S": "0.01"}  # ≥ 4 s for a LONG request
@@ -331,3 +341,18 @@ def test_idle_ranks_wait_on_the_bus(tp):
     for b, a in zip(before, after, strict=True):
         used = (a.user + a.system) - (b.user + b.system)
         assert used / 2.0 < 0.05, f"an idle rank used {used / 2.0:.1%} of a core"
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_to_every_rank_exits_cleanly_at_one_step(tmp_path):
+    """What a verified teardown does first: SIGTERM to each rank's process group."""
+    with Deployment(tmp_path, mode="tp", env={"LOCKSTEP_TEST_STEP_DELAY_S": "0.01"}) as d:
+        r = d.submit([1, 2, 3], LONG)
+        d.wait_tokens(r, 3)
+        for p in d.procs.values():
+            os.killpg(p.pid, signal.SIGTERM)
+        assert d.wait_exit(timeout=20) == {0: 0, 1: 0}
+        assert d.result(r, timeout=5).finish_reason == "abort"
+        assert all(d.marker(k)["phase"] == "exiting" for k in range(2))
+        recs = [removal(d, k, r) for k in range(2)]
+        assert {(x["reason"], x["step"]) for x in recs} == {("shutdown", recs[0]["step"])}

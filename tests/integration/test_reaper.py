@@ -144,6 +144,7 @@ def test_reaper_service_reaps_within_interval(paths: Paths, fakes, tmp_path: Pat
                  interval + 5)
         took = time.monotonic() - t0
         assert took < interval + 2, f"reaped after {took:.1f}s"
+        poll_file(log, "reaped=['job-svc']", 10)  # the pass (marker sweep included) ended
         assert _ranks_gone(f) and not marker_dir(paths, "dep-job-svc").exists()
         # The pass was published, signed with the cluster key.
         verifier = Verifier([load_cluster_key(paths.cluster_key)], EVENTS,

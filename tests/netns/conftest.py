@@ -20,6 +20,12 @@ def skip_unless_possible() -> None:
         pytest.skip("network-namespace hosts unavailable: " + "; ".join(missing))
 
 
+@pytest.fixture
+def netns_required() -> None:
+    """For tests that build their own NetnsCluster."""
+    skip_unless_possible()
+
+
 @pytest.fixture(scope="session")
 def netns_cluster():
     """The default topology: the root namespace as control host + DEFAULT_TOPOLOGY

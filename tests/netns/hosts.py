@@ -53,6 +53,7 @@ from typing import Any
 
 import psutil
 
+from common import procs
 from common import ssh as sshmod
 from common.ssh import SshTarget
 from services.hostagent import agent_argv
@@ -83,6 +84,15 @@ def host_name(i: int) -> str:
     if not 0 <= i < MAX_HOSTS:
         raise ValueError(f"host index {i} out of range 0..{MAX_HOSTS - 1}")
     return f"rank-{chr(ord('a') + i)}"
+
+
+def address_plan(subnet: str, n_hosts: int) -> tuple[str, list[str]]:
+    """(control address, rank host addresses) in a /24: control .1, rank host i .(2+i).
+    docker-compose.test.yml uses the same plan (its network gateway moved to .254)."""
+    hosts = list(ipaddress.ip_network(subnet).hosts())
+    if n_hosts > len(hosts) - 2:
+        raise ValueError(f"{subnet} has no room for {n_hosts} hosts")
+    return str(hosts[0]), [str(hosts[1 + i]) for i in range(n_hosts)]
 
 
 def missing_requirements() -> list[str]:
@@ -141,13 +151,16 @@ def _pick_subnet(rng: random.Random) -> ipaddress.IPv4Network:
     raise NetnsError(f"no free /24 left in {SUBNET_PREFIX}.0.0/16")
 
 
-_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in a forked child
+# Resolved here, not in a forked child; Linux only (this module is imported on macOS too,
+# for its topology constants).
+_prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
 
 
 def _die_with_parent() -> None:
     # In the child before exec: if the harness is killed outright (no atexit), its
     # sshds get SIGTERM instead of running on. Survives the exec of `ip` and of sshd.
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def _netns_pids(ns: str) -> list[int]:
@@ -157,7 +170,7 @@ def _netns_pids(ns: str) -> list[int]:
 
 def _proc_desc(pid: int) -> str:
     try:
-        return f"{pid} {' '.join(psutil.Process(pid).cmdline())[:160]}"
+        return f"{pid} {' '.join(psutil.Process(pid).cmdline()).strip()[:160]}"
     except psutil.Error:
         return str(pid)
 
@@ -187,12 +200,25 @@ class TeardownReport:
 
 
 def _teardown(made: _Made) -> TeardownReport:
+    """Remove what `made` records. Never raises (it also runs at interpreter exit):
+    every failure is in the report."""
     report = TeardownReport()
     if made.closed:
         return report
     made.closed = True
     start = time.monotonic()
-    # 1. sshd: polite first (it closes its listener), then for sure.
+    for step in (_stop_sshds, _kill_namespace_processes, _delete_links_and_namespaces,
+                 _prove_gone):
+        try:
+            step(made, report)
+        except Exception as e:  # keep going: the next step may still remove something
+            report.errors.append(f"{step.__name__}: {type(e).__name__}: {e}")
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def _stop_sshds(made: _Made, report: TeardownReport) -> None:
+    # Polite first (sshd closes its listener), then for sure.
     for proc in made.sshds:
         with contextlib.suppress(ProcessLookupError):
             proc.terminate()
@@ -201,37 +227,43 @@ def _teardown(made: _Made) -> TeardownReport:
             proc.wait(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(timeout=STOP_GRACE_S)
-    # 2. Anything still running in a namespace: sshd sessions, what tests left behind.
-    #    Only processes inside our namespaces are touched; zombies are not listed.
-    leftovers: list[psutil.Process] = []
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                report.errors.append(f"sshd {proc.pid} survived SIGKILL")
+
+
+def _kill_namespace_processes(made: _Made, report: TeardownReport) -> None:
+    # Whatever still runs in one of our namespaces: sshd sessions, what a test left
+    # behind. Only processes inside our namespaces are touched (zombies are not listed).
+    killed: list[procs.ProcessIdentity] = []
     for ns in made.namespaces:
         for pid in _netns_pids(ns):
-            report.killed.append(f"{ns}: {_proc_desc(pid)}")
-            with contextlib.suppress(psutil.Error):
-                p = psutil.Process(pid)
-                p.kill()
-                leftovers.append(p)
-    _gone, alive = psutil.wait_procs(leftovers, timeout=STOP_GRACE_S)
-    for p in alive:
-        if p.status() != psutil.STATUS_ZOMBIE:  # a zombie has exited; PID 1 may not reap
-            report.errors.append(f"process {_proc_desc(p.pid)} survived SIGKILL")
-    # 3. Links and namespaces. Deleting a veth removes both ends.
-    for veth in made.veths:
-        cp = _ip("link", "del", veth, check=False)
-        if cp.returncode != 0 and "Cannot find device" not in cp.stderr:
-            report.errors.append(f"ip link del {veth}: {cp.stderr.strip()}")
-    for ns in made.namespaces:
-        cp = _ip("netns", "del", ns, check=False)
-        if cp.returncode != 0 and "No such file" not in cp.stderr:
-            report.errors.append(f"ip netns del {ns}: {cp.stderr.strip()}")
-    if made.bridge:
-        cp = _ip("link", "del", made.bridge, check=False)
-        if cp.returncode != 0 and "Cannot find device" not in cp.stderr:
-            report.errors.append(f"ip link del {made.bridge}: {cp.stderr.strip()}")
+            ident = procs.identify(pid)
+            if ident is not None and procs.signal_identity(ident, signal.SIGKILL):
+                report.killed.append(f"{ns}: {pid} {' '.join(ident.cmdline).strip()[:160]}")
+                killed.append(ident)
+    # A killed orphan may stay a zombie (PID 1 here does not reap): that is exited.
+    for ident in procs.wait_exit(killed, STOP_GRACE_S):
+        report.errors.append(f"process {_proc_desc(ident.pid)} survived SIGKILL")
+
+
+def _delete_links_and_namespaces(made: _Made, report: TeardownReport) -> None:
+    # Deleting a veth removes both ends; then the namespaces, the bridge, the files.
+    gone_markers = ("Cannot find device", "No such file")
+    commands = ([("link", "del", v) for v in made.veths]
+                + [("netns", "del", ns) for ns in made.namespaces]
+                + ([("link", "del", made.bridge)] if made.bridge else []))
+    for cmd in commands:
+        cp = _ip(*cmd, check=False)
+        if cp.returncode != 0 and not any(m in cp.stderr for m in gone_markers):
+            report.errors.append(f"ip {' '.join(cmd)}: {cp.stderr.strip()}")
     if made.run_dir is not None:
         shutil.rmtree(made.run_dir, ignore_errors=True)
-    # 4. Proof: the kernel removes a namespace's devices asynchronously.
+
+
+def _prove_gone(made: _Made, report: TeardownReport) -> None:
+    # The kernel removes a namespace and its devices asynchronously: poll.
     deadline = time.monotonic() + GONE_DEADLINE_S
     while True:
         left = leftovers_of(made.bridge, made.veths, made.namespaces, made.run_dir)
@@ -239,8 +271,6 @@ def _teardown(made: _Made) -> TeardownReport:
             break
         time.sleep(0.05)
     report.errors += [f"still present: {what}" for what in left]
-    report.seconds = time.monotonic() - start
-    return report
 
 
 def leftovers_of(bridge: str | None, veths: list[str], namespaces: list[str],
@@ -305,9 +335,8 @@ class NetnsCluster:
         made.run_dir = Path(tempfile.mkdtemp(prefix=f"lockstep-netns-{self.token}-"))
         self.run_dir = made.run_dir
         self.subnet = _pick_subnet(random.Random(secrets.randbits(32)))
-        hosts = list(self.subnet.hosts())
-        self.control_address = str(hosts[0])  # .1, the bridge in the root namespace
-        self.addresses = [str(hosts[1 + i]) for i in range(self.n_hosts)]
+        # .1 is the bridge in the root namespace (the control host), .2+i host i.
+        self.control_address, self.addresses = address_plan(str(self.subnet), self.n_hosts)
         plen = self.subnet.prefixlen
 
         self.client_key = self.run_dir / "client_ed25519"

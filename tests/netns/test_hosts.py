@@ -17,8 +17,7 @@ import pytest
 
 from common import ssh as sshmod
 from common.ssh import SshTarget
-from tests.netns.conftest import skip_unless_possible
-from tests.netns.hosts import PYTHON, REPO_ROOT, NetnsCluster
+from tests.netns.hosts import PYTHON, REPO_ROOT, NetnsCluster, leftovers_of
 
 pytestmark = pytest.mark.netns
 
@@ -62,8 +61,10 @@ def test_hosts_answer_over_ssh_in_batch_mode(netns_cluster, tmp_path):
     stranger = tmp_path / "stranger_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)],
                    check=True, timeout=30)
-    unknown_key = SshTarget(c.ssh_target(B).target, config_file=str(c.ssh_config),
-                            options=(f"IdentityFile={stranger}",))
+    # IdentityFile adds to the config's list rather than replacing it: no config here.
+    unknown_key = SshTarget(c.ssh_target(B).target, config_file=os.devnull,
+                            options=(f"IdentityFile={stranger}", "IdentitiesOnly=yes",
+                                     "IdentityAgent=none", f"UserKnownHostsFile={c.known_hosts}"))
     cp = sshmod.run(unknown_key, ["true"], timeout=20)
     assert cp.returncode == sshmod.SSH_ERROR_STATUS
     assert b"Permission denied" in cp.stderr
@@ -195,8 +196,7 @@ def test_mlx_ring_all_sum_across_two_hosts(netns_cluster, remote_procs):
 
 
 @pytest.mark.timeout(120)
-def test_close_removes_everything_it_made():
-    skip_unless_possible()
+def test_close_removes_everything_it_made(netns_required):
     t0 = time.monotonic()
     cluster = NetnsCluster(1, prefix="lt")
     setup = time.monotonic() - t0
@@ -231,3 +231,21 @@ def test_close_removes_everything_it_made():
     assert (stray_proc is None or stray_proc.status() == psutil.STATUS_ZOMBIE
             or abs(stray_proc.create_time() - stray["start_time"]) > 0.01)
     assert cluster.close().killed == []  # idempotent
+
+
+@pytest.mark.timeout(120)
+def test_interpreter_exit_without_close_still_tears_down(netns_required):
+    code = ("import json; from tests.netns.hosts import NetnsCluster; "
+            "c = NetnsCluster(1, prefix='lx'); "
+            "print(json.dumps({'bridge': c.bridge, 'veths': c.veths, "
+            "'namespaces': c.namespaces, 'run_dir': str(c.run_dir), "
+            "'sshd': c.sshd_pids()}), flush=True)")
+    cp = subprocess.run([PYTHON, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                        timeout=90)
+    assert cp.returncode == 0, cp.stderr
+    made = json.loads(cp.stdout.splitlines()[-1])
+    # The finalizer ran at exit: nothing of that run is left.
+    assert leftovers_of(made["bridge"], made["veths"], made["namespaces"],
+                        Path(made["run_dir"])) == []
+    for pid in made["sshd"]:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -29,7 +29,7 @@ from common.state import (
     write_marker,
 )
 from services.reaper.reap import REMOTE_UNAVAILABLE, reap_orphans, supervisor_state
-from tests.fakes.procwatch import process_gone, process_running
+from tests.fakes.procwatch import poll_for, process_gone, process_running
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,8 +44,13 @@ def spawn():
     procs: list[subprocess.Popen] = []
 
     def start(*args: str) -> subprocess.Popen:
-        p = subprocess.Popen(list(args or ("sleep", "600")), start_new_session=True)
+        argv = list(args or ("sleep", "600"))
+        p = subprocess.Popen(argv, start_new_session=True)
         procs.append(p)
+        # Popen returns before /proc shows the new argv: wait for it, as a launcher must.
+        poll_for(f"pid {p.pid} to show its argv",
+                 lambda: getattr(identify(p.pid), "cmdline", None) == tuple(argv), 10,
+                 interval=0.002)
         return p
 
     yield start
@@ -152,18 +157,29 @@ def test_reused_supervisor_pid_is_dead(paths: Paths, spawn) -> None:
     assert process_running(other.pid)  # the pid's new owner is never signalled
 
 
-@pytest.mark.parametrize("what", ["start_time", "cmdline"])
-def test_reused_rank_pid_is_not_signalled(paths: Paths, spawn, what: str) -> None:
-    stranger = spawn()
-    rec = (_rank(paths, stranger.pid, start_shift=-30) if what == "start_time"
-           else _rank(paths, stranger.pid, cmdline=["python", "-m", "services.rank"]))
-    _manifest(paths, "stale", ranks=[rec])
+def test_reused_rank_pid_is_not_signalled(paths: Paths, spawn) -> None:
+    stranger = spawn()  # holds the recorded pid, started at another time
+    _manifest(paths, "stale", ranks=[_rank(paths, stranger.pid, start_shift=-30)])
     kill = Recorder()
     report = reap_orphans(paths, kill=kill, term_timeout=0.2, kill_timeout=0.2)
     assert kill.calls == []  # neither the pid nor its group
     assert report.reaped == ["stale"]  # the recorded rank is gone: cleared as stale
     assert process_running(stranger.pid)
     assert not manifest_path(paths, "stale").exists()
+
+
+@pytest.mark.parametrize("recorded", [[], ["python", "-m", "services.rank"]])
+def test_ambiguous_identity_is_neither_signalled_nor_cleared(paths: Paths, spawn,
+                                                             recorded: list[str]) -> None:
+    """pid and start time match, the command line does not (e.g. read mid-exec, when
+    /proc shows it empty): not proven to be the rank, not proven gone either."""
+    proc = spawn()
+    _manifest(paths, "amb", ranks=[_rank(paths, proc.pid, cmdline=recorded)])
+    kill = Recorder()
+    report = reap_orphans(paths, kill=kill, term_timeout=0.2, kill_timeout=0.2)
+    assert kill.calls == [] and process_running(proc.pid)
+    assert report.blocking and "identity ambiguous" in report.failures[0]["reason"]
+    assert manifest_path(paths, "amb").exists()
 
 
 def test_reused_pgid_is_never_signalled(paths: Paths, spawn) -> None:
@@ -318,3 +334,20 @@ def test_report_dict_shape(paths: Paths) -> None:
     assert {"reaped", "active", "failures", "unreadable", "blocking"} <= set(d)
     assert d["blocking"] is False
     assert process_gone(_dead_pid())
+
+
+def test_disk_errors_are_failures_not_exceptions(paths: Paths, spawn, monkeypatch) -> None:
+    import services.reaper.reap as reap_mod
+
+    def cannot(*a, **kw):
+        raise PermissionError(13, "Permission denied")
+
+    rank = spawn()
+    _manifest(paths, "j", ranks=[_rank(paths, rank.pid)])
+    monkeypatch.setattr(reap_mod, "remove_manifest", cannot)
+    report = reap_orphans(paths, term_timeout=2, kill_timeout=2)
+    assert report.blocking and "Permission denied" in report.failures[0]["reason"]
+    assert rank.wait(timeout=5) == -15  # the ranks were still reaped
+    monkeypatch.setattr(reap_mod, "_pass_lock", cannot)
+    report = reap_orphans(paths)
+    assert report.blocking and "reap pass failed" in report.failures[0]["reason"]
