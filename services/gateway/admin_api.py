@@ -119,7 +119,8 @@ async def status(request: Request) -> dict:
     data = await call(request, "status")
     data["gateway"] = {"active": gw.cluster.active,
                        "backends": {k: b.active for k, b in gw.cluster.backends.items()},
-                       "event_gaps": gw.cluster.gaps.gaps, "refreshed_at": gw.cluster.refreshed_at}
+                       "events_seen": gw.cluster.events_seen, "event_gaps": gw.cluster.gaps.gaps,
+                       "refreshed_at": gw.cluster.refreshed_at}
     return data
 
 

@@ -45,6 +45,7 @@ class Cluster:
         self.supervisor_error: str | None = "supervisor not contacted yet"
         self.refreshed_at: float | None = None
         self.gaps = GapTracker()
+        self.events_seen = 0
         self._admin: AsyncRpcClient | None = None
         self._endpoints: tuple[str, str] | None = None
         self._sub: zmq.asyncio.Socket | None = None
@@ -181,6 +182,7 @@ class Cluster:
             msg = ch.unpack_sub(frames, b"events")
             if msg is None:
                 continue
+            self.events_seen += 1
             if self.gaps.observe(msg):
                 log.info("event gap from %s: refreshing", msg.header.sender)
             log.debug("event %s %s %s", msg.body.name, msg.body.deployment_id, msg.body.state)

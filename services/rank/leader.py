@@ -217,6 +217,9 @@ class Leader(RankLoop):
             req.sent += len(toks)
             if e.finish_reason is not None:
                 del self.reqs[rid]
+        import os
+        if os.environ.get("XX_NOTOK"):
+            out = [o for o in out if o[2].finish_reason]
         self.out.extend(out)
 
     def finish(self, rid: str, reason: str, *, error: str | None, step: int | None = None) -> None:

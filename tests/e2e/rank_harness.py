@@ -114,6 +114,7 @@ class _Stub(threading.Thread):
         self.telemetry: dict[int, m.Telemetry] = {}
         self.acks: dict[int, dict[int, m.CancelAck]] = collections.defaultdict(dict)
         self.streams: dict[str, list[m.Tokens]] = collections.defaultdict(list)
+        self.ended: dict[str, threading.Event] = collections.defaultdict(threading.Event)
         self.stats: dict[str, m.Stats] = {}
         self.resend: dict[int, tuple[m.Cancel, float]] = {}  # epoch → (cancel, until)
         self.lease_seq = 0
@@ -196,6 +197,8 @@ class _Stub(threading.Thread):
         with self.cv:
             if isinstance(msg.body, m.Tokens):
                 self.streams[msg.body.request_id].append(msg.body)
+                if msg.body.finish_reason is not None:
+                    self.ended[msg.body.request_id].set()
             elif isinstance(msg.body, m.Stats):
                 self.stats[msg.body.request_id] = msg.body
             self.cv.notify_all()
@@ -338,10 +341,13 @@ class Deployment:
                 dead = {r: p.returncode for r, p in self.procs.items() if p.poll() is not None}
                 left = deadline - time.monotonic()
                 if left <= 0 or (dead and what in ("RANK_READY", "phase serving")):
-                    tails = {r: self.log(r)[-3000:] for r in self.procs}
-                    raise TimeoutError(f"{what}: not reached in {timeout:.0f}s; exited {dead}; "
-                                       f"logs {tails}")
+                    raise self._timeout(what, timeout)
                 self.stub.cv.wait(min(left, 0.1))
+
+    def _timeout(self, what: str, timeout: float) -> TimeoutError:
+        dead = {r: p.returncode for r, p in self.procs.items() if p.poll() is not None}
+        tails = {r: self.log(r)[-3000:] for r in self.procs}
+        return TimeoutError(f"{what}: not reached in {timeout:.0f}s; exited {dead}; logs {tails}")
 
     def log_path(self, rank: int) -> Path:
         return self.root / "logs" / f"rank-{rank}.log"
@@ -389,8 +395,10 @@ class Deployment:
                          and n, timeout, f"{n} tokens of {rid}")
 
     def result(self, rid: str, timeout: float = 60.0) -> Result:
-        self.wait(lambda: any(c.finish_reason for c in self.stub.streams.get(rid, ())), timeout,
-                  f"the end of {rid}")
+        with self.stub.cv:
+            ended = self.stub.ended[rid]
+        if not ended.wait(timeout):  # an Event: no wake-up per token (benchmarks)
+            raise self._timeout(f"the end of {rid}", timeout)
         chunks = self.chunks(rid)
         tokens: list[int] = []
         for c in chunks:

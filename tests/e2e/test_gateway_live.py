@@ -188,7 +188,7 @@ def test_disconnect_mid_stream_live(live):
     steps = {r["step"] for r in recs.values()}
     assert len(steps) == 1, recs  # the same step on every rank
     assert all(r["reason"] in ("abort", "client_disconnect") for r in recs.values())
-    assert steps.pop() - disturbed["victim.step_at_close"] <= 5  # within a few steps
+    assert steps.pop() - disturbed["victim.step_at_close"] <= 8  # within a few steps
     poll_until(lambda: gateway_active(live) == 0, 10, "gateway active back to 0")
     for k in PROMPTS:
         assert disturbed[k] == undisturbed[k], k
@@ -242,6 +242,32 @@ def test_bad_input_live(live):
         assert set(resp.json()["error"]) >= {"message", "type", "param", "code"}
     r = client(live).completions.create(model=m, prompt="still there?", max_tokens=4)
     assert r.usage.completion_tokens == 4
+
+
+@pytest.mark.timeout(60)
+def test_admin_routes_live(live):
+    u, h = live["url"] + "/admin/api/cluster", live["hdr"]
+    st = httpx.get(u + "/status", headers=h, timeout=30).json()
+    assert st["supervisor"]["pid"] and st["gateway"]["active"] == 0
+    assert st["gateway"]["events_seen"] > 0  # the deploy's events reached the gateway
+    metrics = httpx.get(live["url"] + "/metrics", timeout=10).text
+    assert not [ln for ln in metrics.splitlines()
+                if ln.startswith('lockstep_bus_rejected_total{') and 'service="gateway"' in ln]
+    sel = httpx.post(u + "/backend-selection", headers=h, timeout=30,
+                     json={"hosts": [{"ssh": "127.0.0.1"}], "backend": "auto"})
+    assert sel.status_code == 200 and "backend" in sel.json()
+    dep_id = live["dep"]["deployment_id"]
+    prev = httpx.post(u + "/replan", headers=h, timeout=30,
+                      json={"deployment_id": dep_id, "backend": "ring"})
+    assert prev.status_code == 200 and prev.json()["signature"]
+    bad = httpx.post(u + "/replan", headers=h, timeout=30,
+                     json={"deployment_id": dep_id, "backend": "ring", "signature": "0" * 64})
+    assert bad.status_code == 409 and bad.json()["error"]["code"] == "signature_mismatch"
+    reap = httpx.post(u + "/reap", headers=h, timeout=60)
+    assert reap.status_code == 200 and "reaped" in reap.json()
+    missing = httpx.post(u + "/deployments/nope/unload", headers=h, json={}, timeout=30)
+    assert missing.status_code == 404
+    assert httpx.get(live["url"] + "/ready", timeout=10).status_code == 200  # untouched
 
 
 @pytest.mark.timeout(180)

@@ -61,19 +61,28 @@ class RemoteProcs:
 
     def cleanup(self) -> list[str]:
         survivors = []
+        by_host: dict[int, list[dict]] = {}
         for host, info in self.started:
-            ident = {k: info[k] for k in ("pid", "start_time", "cmdline")}
-            for sig, wait in (("TERM", 5.0), ("KILL", 5.0)):
-                self.cluster.agent(host, "signal", str(ident["pid"]), repr(ident["start_time"]),
-                                   sig, "--cmdline-json", json.dumps(ident["cmdline"]))
-                left = self.cluster.agent(host, "wait-exit", "--identities-json",
-                                          json.dumps([ident]), "--timeout", str(wait))
-                if not left["survivors"]:
+            by_host.setdefault(host, []).append(
+                {k: info[k] for k in ("pid", "start_time", "cmdline")})
+        for host, idents in by_host.items():
+            # One ssh for the common case (all gone already), then the ladder.
+            left = self._wait(host, idents, 0.0)
+            for sig in ("TERM", "KILL"):
+                if not left:
                     break
-            else:
-                survivors.append(f"{self.cluster.names[host]}: pid {ident['pid']}")
+                for ident in left:
+                    self.cluster.agent(host, "signal", str(ident["pid"]),
+                                       repr(ident["start_time"]), sig,
+                                       "--cmdline-json", json.dumps(ident["cmdline"]))
+                left = self._wait(host, left, 5.0)
+            survivors += [f"{self.cluster.names[host]}: pid {i['pid']}" for i in left]
         self.started.clear()
         return survivors
+
+    def _wait(self, host: int, idents: list[dict], timeout: float) -> list[dict]:
+        return self.cluster.agent(host, "wait-exit", "--identities-json", json.dumps(idents),
+                                  "--timeout", str(timeout))["survivors"]
 
 
 @pytest.fixture
