@@ -292,9 +292,16 @@ class RankRecord(_Record):
     marker_dir: str
     remote: bool
     ssh: str | None = None
+    # Remote ranks: how to reach the host agent there (interpreter, ssh client config)
+    # and that host's $LOCKSTEP_HOME, so a reaper can stop them with no other state.
+    python: str | None = None
+    ssh_config: str | None = None
+    home: str | None = None
 
     _SPEC = {"rank": _NAT, "host": _STR, "pid": _PID, "pgid": _PID, "start_time": _FLOAT,
-             "cmdline": _STR_LIST, "marker_dir": _STR, "remote": _BOOL, "ssh": _OPT_STR}
+             "cmdline": _STR_LIST, "marker_dir": _STR, "remote": _BOOL, "ssh": _OPT_STR,
+             "python": _OPT_STR, "ssh_config": _OPT_STR, "home": _OPT_STR}
+    _OPTIONAL = ("python", "ssh_config", "home")
 
 
 @dataclass(frozen=True, kw_only=True)

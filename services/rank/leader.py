@@ -18,7 +18,7 @@ import queue
 import secrets
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from common.messages import Generate, Plan, PlanInsert, PlanRemove, Tokens
 from common.state import Phase
@@ -38,7 +38,6 @@ class Req:
     received_at: float
     sent: int = 0
     first_at: float | None = None
-    tokens: list[int] = field(default_factory=list)
 
 
 class Leader(RankLoop):
@@ -217,9 +216,6 @@ class Leader(RankLoop):
             req.sent += len(toks)
             if e.finish_reason is not None:
                 del self.reqs[rid]
-        import os
-        if os.environ.get("XX_NOTOK"):
-            out = [o for o in out if o[2].finish_reason]
         self.out.extend(out)
 
     def finish(self, rid: str, reason: str, *, error: str | None, step: int | None = None) -> None:

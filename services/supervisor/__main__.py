@@ -15,6 +15,7 @@ import json
 import logging
 import signal
 import sys
+import types
 import typing
 from pathlib import Path
 
@@ -29,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     hints = typing.get_type_hints(SupervisorSettings)
     for f in dataclasses.fields(SupervisorSettings):
         tp = hints[f.name]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):  # Optional[X] → X
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
         flag = "--" + f.name.replace("_", "-")
         if tp is bool:
             ap.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None)

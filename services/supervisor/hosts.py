@@ -2,10 +2,14 @@
 
 A hosts file is an `mlx.launch` hostfile as it is:
     {"backend": "ring", "envs": ["K=V"], "hosts": [{"ssh": "user@host", "ips": ["10.0.0.2"]}]}
-plus optional per-host fields `name`, `python`, `home`, `rdma_ctl` (bool),
-`rdma_devices` (list), `rdma` (this host's row of the RDMA connectivity matrix: entry j
-is the device that reaches host j, null for itself or no link, as mlx.launch writes it
-for jaccl) and `ranks_per_host`. Ranks are placed in host order.
+plus optional per-host fields `name`, `python` (interpreter on that host; default the
+supervisor's), `home` (its $LOCKSTEP_HOME; default the supervisor's), `cwd` (directory
+ranks start in; default the supervisor's source tree), `ssh_config` (an ssh client
+config file, `ssh -F`), `rdma_ctl` (bool), `rdma_devices` (list), `rdma` (this host's row
+of the RDMA connectivity matrix: entry j is the device that reaches host j, null for
+itself or no link, as mlx.launch writes it for jaccl) and `ranks_per_host`. Ranks are
+placed in host order. A host whose ssh target is 127.0.0.1, localhost or ::1 (or empty)
+is this machine (`common.ssh.is_local`): launched without ssh.
 
 Selection rule: fewer than two members → "none" (single rank, no distributed init);
 `jaccl` only if every member has RDMA control enabled and at least one RDMA device (and,
@@ -22,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from common.schema import SchemaError, decode_into
+from common.ssh import SshTarget, is_local
 
 BACKENDS = ("auto", "ring", "jaccl", "mpi")
-LOCAL_NAMES = frozenset({"", "127.0.0.1", "localhost", "::1"})
 
 
 @dataclass
@@ -34,6 +38,8 @@ class HostRecord:
     name: str = ""
     python: str = ""
     home: str = ""
+    cwd: str = ""
+    ssh_config: str = ""
     rdma_ctl: bool = False
     rdma_devices: list[str] = field(default_factory=list)
     rdma: list[str | None] = field(default_factory=list)
@@ -54,11 +60,17 @@ class Member:
     rdma_ctl: bool
     rdma_devices: tuple[str, ...]
     rdma_row: tuple[str | None, ...]
+    python: str = ""  # "" = the supervisor's interpreter
+    home: str = ""  # "" = the supervisor's $LOCKSTEP_HOME
+    cwd: str = ""  # "" = the supervisor's source tree
+    ssh_config: str = ""  # "" = the supervisor's ssh_config setting
 
     def to_wire(self) -> dict[str, Any]:
         return {"index": self.index, "host": self.host, "ssh": self.ssh, "ip": self.ip,
                 "local": self.local, "rdma_ctl": self.rdma_ctl,
-                "rdma_devices": list(self.rdma_devices), "rdma": list(self.rdma_row)}
+                "rdma_devices": list(self.rdma_devices), "rdma": list(self.rdma_row),
+                "python": self.python, "home": self.home, "cwd": self.cwd,
+                "ssh_config": self.ssh_config}
 
 
 @dataclass
@@ -91,6 +103,15 @@ def decode_hosts(raw: Any) -> list[HostRecord]:
             raise HostsError(f"{exc.reason}: {exc.detail}") from None
         if out[-1].ranks_per_host < 1:
             raise HostsError(f"hosts[{i}].ranks_per_host: must be >= 1")
+        if out[-1].ssh:
+            try:
+                SshTarget(out[-1].ssh)
+            except ValueError as exc:
+                raise HostsError(f"hosts[{i}].ssh: {exc}") from None
+        for name in ("python", "home", "cwd"):
+            value = getattr(out[-1], name)
+            if value and not value.startswith("/"):
+                raise HostsError(f"hosts[{i}].{name}: {value!r} must be an absolute path")
     return out
 
 
@@ -117,11 +138,6 @@ def read_hosts_file(path: Path) -> dict[str, Any]:
     return {"hosts": hosts, "backend": doc.get("backend"), "envs": list(doc.get("envs") or [])}
 
 
-def _is_local(rec: HostRecord) -> bool:
-    target = rec.ssh.rsplit("@", 1)[-1]
-    return target in LOCAL_NAMES
-
-
 def members_from_host_records(records: list[HostRecord] | list[dict], *,
                               slots: int | None = None) -> list[Member]:
     """One Member per rank slot, in host order. `slots` (the world size) truncates the
@@ -129,12 +145,13 @@ def members_from_host_records(records: list[HostRecord] | list[dict], *,
     recs = decode_hosts(records) if records and isinstance(records[0], dict) else list(records)
     members: list[Member] = []
     for h, rec in enumerate(recs):
-        local = _is_local(rec)
-        ip = rec.ips[0] if rec.ips else ("127.0.0.1" if local else rec.ssh.rsplit("@", 1)[-1])
+        local = not rec.ssh or is_local(rec.ssh)
+        ip = rec.ips[0] if rec.ips else ("127.0.0.1" if local else SshTarget(rec.ssh).host)
         name = rec.name or rec.ssh or ip
         for _ in range(rec.ranks_per_host):
             members.append(Member(len(members), h, name, rec.ssh, ip, local, rec.rdma_ctl,
-                                  tuple(rec.rdma_devices), tuple(rec.rdma)))
+                                  tuple(rec.rdma_devices), tuple(rec.rdma), rec.python,
+                                  rec.home, rec.cwd, rec.ssh_config))
     if slots is not None:
         if len(members) < slots:
             raise HostsError(f"the hosts provide {len(members)} rank slot(s) but the plan needs "

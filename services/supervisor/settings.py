@@ -18,6 +18,16 @@
 | rank_command | (empty) | command that starts one rank, `--spec FILE` appended; empty = `python -m services.rank` |
 | rank_telemetry_interval_s | 1.0 | telemetry period written into each rank's spec |
 | rank_test_seams | false | lets ranks honour LOCKSTEP_TEST_* fault switches (tests only) |
+| hosts | (none) | hosts file (mlx.launch format) for deploys that name no hosts (`--hosts FILE`) |
+| ssh_config | (empty) | ssh client config (`ssh -F`) for remote hosts that set none of their own |
+| ssh_connect_timeout | 5 | ssh ConnectTimeout, seconds |
+| ssh_command_timeout | 30 | deadline of one remote host-agent command (its own waits come on top) |
+| remote_poll_s | 0.5 / x10 | pause between marker/liveness polls of remote hosts while loading (serving: x10) |
+
+With remote hosts, control and report must be reachable from them: when `rank_host` is
+a loopback address, the supervisor also binds both on its own address towards each
+remote host (the source address its routing table picks) and gives ranks there those
+endpoints; otherwise every rank gets `rank_host`.
 """
 
 from __future__ import annotations
@@ -54,6 +64,11 @@ class SupervisorSettings:
     rank_command: str = ""
     rank_telemetry_interval_s: float = 1.0
     rank_test_seams: bool = False
+    hosts: Path | None = None
+    ssh_config: str = ""
+    ssh_connect_timeout: float = 5.0
+    ssh_command_timeout: float = 30.0
+    remote_poll_s: float = 0.5
 
     def rank_argv(self, spec_path: Path) -> list[str]:
         base = shlex.split(self.rank_command) or [sys.executable, "-m", "services.rank"]

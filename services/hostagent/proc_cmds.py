@@ -1,0 +1,166 @@
+"""Process commands of the host agent: identify, signal, signal-group, wait-exit, probe,
+spawn. Every check (identity before a signal, proof of exit) runs here, on the host that
+owns the process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from common import procs
+from common.procs import START_TIME_TOLERANCE, ProcessIdentity
+from common.state import Paths, read_markers
+from services.hostagent.base import (
+    AgentError,
+    identities_arg,
+    identity_from_dict,
+    identity_to_dict,
+    json_arg,
+    parse_signal,
+    read_stdin,
+)
+
+# Popen returns once exec is past its point of no return, which can be before the new
+# command line is visible in /proc (it reads empty for a moment): wait for it.
+SPAWN_SETTLE_S = 2.0
+MAX_WAIT_S = 3600.0
+
+
+def cmd_identify(args: argparse.Namespace) -> Any:
+    ident = procs.identify(args.pid)
+    return None if ident is None else identity_to_dict(ident)
+
+
+def cmd_signal(args: argparse.Namespace) -> Any:
+    cmdline = json_arg(args.cmdline_json, "--cmdline-json")
+    ident = identity_from_dict({"pid": args.pid, "start_time": args.start_time,
+                                "cmdline": cmdline}, "process")
+    return {"sent": procs.signal_identity(ident, parse_signal(args.signal))}
+
+
+def cmd_signal_group(args: argparse.Namespace) -> Any:
+    members = identities_arg(args.members_json, "--members-json")
+    sig = parse_signal(args.signal)
+    return {"sent": procs.signal_group(args.pgid, sig, members=members)}
+
+
+def cmd_wait_exit(args: argparse.Namespace) -> Any:
+    if not 0 <= args.timeout <= MAX_WAIT_S:
+        raise AgentError(f"--timeout must be within 0..{MAX_WAIT_S:g} seconds")
+    idents = identities_arg(args.identities_json, "--identities-json")
+    survivors = procs.wait_exit(idents, args.timeout)
+    return {"survivors": [identity_to_dict(s) for s in survivors]}
+
+
+def process_state(ident: ProcessIdentity) -> tuple[str, ProcessIdentity | None]:
+    """alive: that process (an empty command line is one on its way out); gone: exited
+    or a zombie; reused: the pid belongs to a process with another start time;
+    ambiguous: same start time, another command line (neither provably it nor not)."""
+    current = procs.identify(ident.pid)
+    if current is None:
+        return "gone", None
+    if abs(current.start_time - ident.start_time) > START_TIME_TOLERANCE:
+        return "reused", current
+    if not current.cmdline or current.cmdline == ident.cmdline:
+        return "alive", current
+    return "ambiguous", current
+
+
+def cmd_probe(args: argparse.Namespace) -> Any:
+    out: dict[str, Any] = {"processes": []}
+    for ident in identities_arg(args.identities_json, "--identities-json"):
+        state, current = process_state(ident)
+        out["processes"].append({"pid": ident.pid, "state": state, "current": (
+            identity_to_dict(current) if current is not None else None)})
+    if args.home is not None:
+        try:
+            scan = read_markers(Paths(home=Path(args.home)), args.deployment)
+        except ValueError as e:  # an invalid deployment id
+            raise AgentError(str(e)) from None
+        out["markers"] = [{"path": str(p), "marker": m.to_dict()} for p, m in scan.markers]
+        out["unreadable"] = [{"path": str(p), "reason": r} for p, r in scan.unreadable]
+    return out
+
+
+def _child_env(args: argparse.Namespace) -> dict[str, str] | None:
+    if not args.env_json_stdin:
+        if args.env_replace:
+            raise AgentError("--env-replace needs --env-json-stdin")
+        return None  # inherit
+    raw = read_stdin()
+    try:
+        obj = json.loads(raw.decode("utf-8")) if raw.strip() else None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise AgentError(f"stdin: not a JSON object: {e}") from None
+    if type(obj) is not dict:
+        raise AgentError("stdin: expected a JSON object of environment variables")
+    env = {} if args.env_replace else dict(os.environ)
+    for key, value in obj.items():
+        if not key or "=" in key or "\0" in key:
+            raise AgentError(f"stdin: invalid environment variable name {key!r}")
+        if value is None:
+            env.pop(key, None)
+        elif type(value) is str and "\0" not in value:
+            env[key] = value
+        else:
+            raise AgentError(f"stdin: environment variable {key}: expected a string or null")
+    return env
+
+
+def _rank_env(env: dict[str, str] | None) -> dict[str, str]:
+    """The rank service's own environment rules, applied on this host: DESIGN 5.3
+    defaults yielding to what is set, OpenBLAS preload if this host has it, no TEMP."""
+    from common.rankspec import RankSettings
+    from services.rank.env import rank_environment
+
+    return dict(rank_environment(RankSettings(), os.environ if env is None else env))
+
+
+def _settled_identity(child: subprocess.Popen[bytes], argv: list[str]) -> ProcessIdentity | None:
+    deadline = time.monotonic() + SPAWN_SETTLE_S
+    while True:
+        ident = procs.identify(child.pid)
+        if ident is not None and ident.cmdline == tuple(argv):
+            return ident
+        if child.poll() is not None:
+            return None
+        if time.monotonic() >= deadline:  # a program that rewrites its own argv
+            return ident if ident is not None and ident.cmdline else None
+        time.sleep(0.002)
+
+
+def cmd_spawn(args: argparse.Namespace) -> Any:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise AgentError("spawn: no command given after --")
+    if not os.path.isdir(args.cwd):
+        raise AgentError(f"spawn: --cwd {args.cwd}: no such directory on this host")
+    env = _child_env(args)
+    if args.rank_env:
+        env = _rank_env(env)
+    log = Path(args.log)
+    log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        # The child must hold none of our stdio: an ssh session ends only when every
+        # copy of its stdout/stderr is closed, so an inherited one would keep it open.
+        child = subprocess.Popen(argv, cwd=args.cwd, env=env, stdin=subprocess.DEVNULL,
+                                 stdout=fd, stderr=subprocess.STDOUT, close_fds=True,
+                                 start_new_session=True)
+    except OSError as e:
+        raise AgentError(f"spawn: cannot start {argv[0]!r}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    ident = _settled_identity(child, argv)
+    if ident is None:
+        code = child.wait()
+        raise AgentError(f"spawn: {argv[0]!r} exited at once with status {code}; see {log}")
+    # Not waited for: when this agent exits, the child is re-parented and keeps running.
+    return {**identity_to_dict(ident), "pgid": child.pid}
