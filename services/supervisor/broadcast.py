@@ -29,6 +29,8 @@ def live_ranks(dep: Deployment) -> list[RankState]:
     for rs in dep.ranks.values():
         if rs.popen is not None and rs.popen.poll() is not None:
             continue
+        if rs.remote is not None and rs.exited:  # observed over ssh
+            continue
         out.append(rs)
     return out
 

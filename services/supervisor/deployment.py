@@ -10,7 +10,7 @@ from typing import Any
 
 from common.bus import Channel
 from common.keys import LaunchKeys
-from common.procs import ProcessIdentity
+from common.procs import ProcessIdentity, is_alive
 from common.state import LaunchManifest
 from services.supervisor.plan import DeployPlan
 
@@ -37,14 +37,29 @@ class RankState:
     telemetry_rx: float = 0.0  # monotonic receive time of the last telemetry
     ready: Any = None  # the identity-checked RankReady body
     error: str | None = None
-    log_path: Path | None = None
+    log_path: Path | None = None  # on the rank's host
+    remote: Any = None  # remote.RemoteHost for a rank on another host
+    remote_state: str = "unknown"  # last probe there: alive | gone | reused | ambiguous
+    remote_marker: Any = None  # its marker as last read there (identity-checked)
+    remote_error: str | None = None  # the last probe's ssh failure, if any
+
+    @property
+    def exited(self) -> bool:
+        """Observed gone: our child has exited, or the process (here, or over ssh on
+        its host) is gone. An unreachable remote host proves nothing."""
+        if self.popen is not None and self.popen.poll() is not None:
+            return True
+        if self.remote is not None:
+            return self.remote_state in ("gone", "reused")
+        return self.identity is not None and not is_alive(self.identity)
 
     @property
     def pid(self) -> int:
         return self.identity.pid if self.identity else 0
 
     def to_wire(self) -> dict[str, Any]:
-        return {"rank": self.rank, "host": self.host, "pid": self.pid, "phase": self.phase,
+        return {"rank": self.rank, "host": self.host, "remote": self.remote is not None,
+                "pid": self.pid, "phase": self.phase,
                 "step": self.step, "active": self.active, "cancel_epoch": self.cancel_epoch,
                 "acked_epoch": self.acked_epoch, "mem_active": self.mem_active,
                 "last_seen": self.last_seen}
@@ -74,6 +89,10 @@ class Deployment:
     launch_task: Any = None  # asyncio.Task of the launch while it runs
     abort_reason: str | None = None  # set by stop to end a launch in progress
     launch_error: Any = None  # the LaunchError of a failed launch
+    remote_hosts: dict[int, Any] = field(default_factory=dict)  # host index -> RemoteHost
+    rank_endpoints: dict[int, tuple[str, str]] = field(default_factory=dict)  # (ctl, report)
+    jaccl_coordinator: str = ""
+    remote_watch: Any = None  # asyncio.Task polling remote markers and liveness
 
     @property
     def world_size(self) -> int:

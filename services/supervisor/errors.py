@@ -23,12 +23,20 @@ class AdminError(Exception):
         self.data = data or {}
 
 
+def survivor_text(s: dict[str, Any]) -> str:
+    """'rank 1 pid 4242', plus where and why for a rank on a remote host."""
+    text = f"rank {s.get('rank', '?')} pid {s.get('pid')}"
+    if s.get("ssh"):
+        text += f" on {s.get('host') or s['ssh']} ({s.get('reason') or 'not proven'})"
+    return text
+
+
 class TeardownError(Exception):
     """Exit of some rank processes could not be proven; names each survivor."""
 
     def __init__(self, deployment_id: str, survivors: list[dict[str, Any]],
                  outcome: dict[str, Any]) -> None:
-        names = ", ".join(f"rank {s.get('rank', '?')} pid {s['pid']}" for s in survivors)
+        names = ", ".join(survivor_text(s) for s in survivors)
         super().__init__(f"teardown of {deployment_id} not proven: still alive: {names}")
         self.deployment_id = deployment_id
         self.survivors = survivors

@@ -1,13 +1,20 @@
 """Launch files and processes (DESIGN.md 5.3, docs/protocol.md "Rank lifecycle" step 1):
 launch secret (0600, one per launch) → manifest (before the first rank starts) → MLX
 hostfile → one RankSpec per rank → start each rank in its own session, recording its
-pid, pgid, start time and command line in the manifest as soon as it runs."""
+pid, pgid, start time and command line in the manifest as soon as it runs.
+
+A rank on a remote host gets the same files at the same paths under that host's
+$LOCKSTEP_HOME (written over ssh by `remote.SshLauncher`, 0600) and is started there by
+the host agent; its record says `remote` with the ssh target, the interpreter and the
+home needed to reach it again (supervisor teardown or, after a crash, the reaper).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +27,15 @@ from common.rankspec import RankSettings, RankSpec
 from common.state import LaunchManifest, Paths, RankRecord, write_manifest
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.errors import LaunchError
-from services.supervisor.launcher import Launcher, LaunchFailed, free_ports, rank_env
+from services.supervisor.hosts import Member
+from services.supervisor.launcher import Launcher, LaunchFailed, Started, free_ports, rank_env
+from services.supervisor.remote import (
+    RemoteHost,
+    SshLauncher,
+    parallel,
+    remote_env,
+    remote_rank_argv,
+)
 from services.supervisor.settings import SupervisorSettings
 
 
@@ -50,8 +65,42 @@ def rank_settings(settings: SupervisorSettings) -> RankSettings:
                         test_seams=settings.rank_test_seams)
 
 
-def prepare(dep: Deployment, paths: Paths, me: SupervisorIdentity) -> None:
-    """Secret, channels, endpoints, hostfile, manifest (with no ranks yet)."""
+def _where(dep: Deployment, m: Member) -> RemoteHost | None:
+    return None if m.local else dep.remote_hosts[m.host_index]
+
+
+def _probe_ports(dep: Deployment, launcher: SshLauncher | None) -> dict[int, list[int]]:
+    """Free ports on each rank's host, probed there: member index → its ports. Rank 0
+    gets plan and requests first (and the jaccl coordinator), then its ring port; one
+    probe per (host, address), since ports from separate probes may repeat."""
+    members, backend = dep.plan.members, dep.plan.backend
+    groups: dict[tuple[str, str], list[Member]] = {}
+    for m in members:
+        groups.setdefault(("" if m.local else m.ssh, m.ip), []).append(m)
+
+    def need(m: Member) -> int:
+        extra = (2 + (backend == "jaccl")) if m.index == 0 else 0
+        return extra + (backend == "ring")
+
+    def probe(key: tuple[str, str]) -> list[int]:
+        ms = groups[key]
+        n, host = sum(need(m) for m in ms), _where(dep, ms[0])
+        if n == 0:
+            return []
+        return free_ports(n, key[1]) if host is None else launcher.free_ports(host, n, key[1])
+
+    keys = list(groups)
+    out: dict[int, list[int]] = {}
+    for key, ports in zip(keys, parallel(probe, keys), strict=True):
+        for m in groups[key]:
+            out[m.index], ports = ports[:need(m)], ports[need(m):]
+    return out
+
+
+def prepare(dep: Deployment, paths: Paths, me: SupervisorIdentity,
+            launcher: SshLauncher | None = None) -> None:
+    """Secret, channels, rank 0's endpoints, hostfile, manifest (with no ranks yet).
+    `dep.remote_hosts` and `dep.rank_endpoints` are set by the caller for remote ranks."""
     jd = job_dir(paths, dep.job_id)
     jd.mkdir(parents=True, exist_ok=False, mode=0o700)
     dep.job_dir = jd
@@ -62,18 +111,16 @@ def prepare(dep: Deployment, paths: Paths, me: SupervisorIdentity) -> None:
     dep.report = Channel("supervisor", "report", sender=me.sender, send_key=dep.keys.report,
                          accept=REPORT)
     members = dep.plan.members
+    ports = _probe_ports(dep, launcher)
     host0 = members[0].ip
-    # One call: ports from separate calls could repeat (each call closes its sockets).
-    ports = free_ports(2 + (len(members) if dep.plan.backend == "ring" else 0), host0)
-    dep.plan_endpoint = f"tcp://{host0}:{ports[0]}"
-    dep.requests_endpoint = f"tcp://{host0}:{ports[1]}"
-    ports = ports[2:]
+    dep.plan_endpoint = f"tcp://{host0}:{ports[0][0]}"
+    dep.requests_endpoint = f"tcp://{host0}:{ports[0][1]}"
     if dep.plan.backend == "ring":
-        hosts = [[f"{m.ip}:{p}"] for m, p in zip(members, ports, strict=True)]
+        hosts = [[f"{m.ip}:{ports[m.index][-1]}"] for m in members]
         _write_private(jd / "hostfile.json", json.dumps(hosts))
     elif dep.plan.backend == "jaccl":
-        rows = [list(m.rdma_row) for m in members]
-        _write_private(jd / "hostfile.json", json.dumps(rows))
+        dep.jaccl_coordinator = f"{host0}:{ports[0][2]}"
+        _write_private(jd / "hostfile.json", json.dumps([list(m.rdma_row) for m in members]))
     dep.manifest = LaunchManifest(
         job_id=dep.job_id, deployment_id=dep.deployment_id, supervisor_pid=me.pid,
         supervisor_start_time=me.start_time, supervisor_boot_id=me.boot_id,
@@ -81,16 +128,24 @@ def prepare(dep: Deployment, paths: Paths, me: SupervisorIdentity) -> None:
     write_manifest(paths, dep.manifest)
 
 
+def _home_of(dep: Deployment, m: Member, paths: Paths) -> Paths:
+    host = _where(dep, m)
+    return paths if host is None else host.paths
+
+
 def _spec(dep: Deployment, rank: int, paths: Paths, me: SupervisorIdentity,
           settings: SupervisorSettings, floor: int) -> RankSpec:
     m = dep.plan.members[rank]
-    hostfile = dep.job_dir / "hostfile.json" if dep.plan.backend in ("ring", "jaccl") else None
+    where = _home_of(dep, m, paths)  # the same layout under that host's home
+    hostfile = (where.runtime / "jobs" / dep.job_id / "hostfile.json"
+                if dep.plan.backend in ("ring", "jaccl") else None)
+    control, report = dep.rank_endpoints.get(rank, (me.control_endpoint, me.report_endpoint))
     return RankSpec(
         schema_version=SPEC_VERSION, deployment_id=dep.deployment_id, job_id=dep.job_id,
         rank=rank, world_size=dep.world_size, tp=dep.plan.tp, pp=dep.plan.pp, host=m.host,
-        model_path=dep.plan.model_path, backend=dep.plan.backend, home=str(paths.home),
-        secret_path=str(dep.secret_path), control_endpoint=me.control_endpoint,
-        report_endpoint=me.report_endpoint, plan_endpoint=dep.plan_endpoint,
+        model_path=dep.plan.model_path, backend=dep.plan.backend, home=str(where.home),
+        secret_path=str(where.secrets / f"{dep.job_id}.key"), control_endpoint=control,
+        report_endpoint=report, plan_endpoint=dep.plan_endpoint,
         requests_endpoint=dep.requests_endpoint, supervisor_pid=me.pid,
         cancel_epoch_floor=floor, hostfile=str(hostfile) if hostfile else "",
         settings=rank_settings(settings))
@@ -111,43 +166,102 @@ def _env(dep: Deployment, rank: int, paths: Paths, settings: SupervisorSettings,
         env["MLX_HOSTFILE"] = str(dep.job_dir / "hostfile.json")
     elif dep.plan.backend == "jaccl":
         env["MLX_IBV_DEVICES"] = str(dep.job_dir / "hostfile.json")
-        env["MLX_JACCL_COORDINATOR"] = f"{dep.plan.members[0].ip}:{free_ports(1)[0]}"
+        env["MLX_JACCL_COORDINATOR"] = dep.jaccl_coordinator
     else:
         env.pop("MLX_HOSTFILE", None)
     return env
 
 
+class _Recorder:
+    """Records each started rank in the deployment and rewrites the manifest, so it
+    always names every rank that may be running (ranks on several hosts start in
+    parallel threads)."""
+
+    def __init__(self, dep: Deployment, paths: Paths) -> None:
+        self.dep, self.paths = dep, paths
+        self.records: list[RankRecord] = []
+        self.lock = threading.Lock()
+
+    def started(self, rs: RankState, m: Member, s: Started, host: RemoteHost | None) -> None:
+        rs.identity, rs.pgid, rs.popen, rs.remote = s.identity, s.pgid, s.popen, host
+        where = _home_of(self.dep, m, self.paths)
+        rec = RankRecord(
+            rank=rs.rank, host=m.host, pid=s.identity.pid, pgid=s.pgid,
+            start_time=s.identity.start_time, cmdline=list(s.identity.cmdline),
+            marker_dir=str(where.markers / self.dep.deployment_id), remote=s.remote,
+            ssh=s.ssh, python=host.python if host else None,
+            ssh_config=host.target.config_file if host else None,
+            home=host.home if host else None)
+        with self.lock:
+            self.records = sorted([*self.records, rec], key=lambda r: r.rank)
+            self.dep.manifest = dataclasses.replace(self.dep.manifest, ranks=list(self.records))
+            write_manifest(self.paths, self.dep.manifest)
+
+
 def start_ranks(dep: Deployment, paths: Paths, me: SupervisorIdentity,
                 settings: SupervisorSettings, launcher: Launcher, *, floor: int,
-                extra_env: dict[str, str] | None = None) -> None:
-    """Start every rank; the manifest is rewritten after each start so it always names
-    every rank that may be running."""
-    records: list[RankRecord] = []
-    jaccl_env: dict[str, str] = {}
-    for rank, member in enumerate(dep.plan.members):
-        spec_path = dep.job_dir / f"rank-{rank}.spec.json"
-        _spec(dep, rank, paths, me, settings, floor).save(spec_path)
-        argv = settings.rank_argv(spec_path)
-        env = _env(dep, rank, paths, settings, dict(extra_env or {}))
-        if "MLX_JACCL_COORDINATOR" in env:  # one coordinator for all ranks
-            env["MLX_JACCL_COORDINATOR"] = jaccl_env.setdefault("c", env["MLX_JACCL_COORDINATOR"])
-        log_path = paths.logs / f"{dep.job_id}-rank{rank}.log"
-        rs = RankState(rank=rank, host=member.host, log_path=log_path)
-        dep.ranks[rank] = rs
+                extra_env: dict[str, str] | None = None,
+                remote: SshLauncher | None = None) -> None:
+    """Start every rank: local ones here, one after another; each remote host's in a
+    thread of its own (files first, then its ranks)."""
+    rec = _Recorder(dep, paths)
+    local: list[Member] = []
+    by_host: dict[int, list[Member]] = {}
+    for m in dep.plan.members:
+        dep.ranks[m.index] = RankState(rank=m.index, host=m.host)
+        (local.append(m) if m.local else by_host.setdefault(m.host_index, []).append(m))
+    for m in local:
+        rs = dep.ranks[m.index]
+        spec_path = dep.job_dir / f"rank-{m.index}.spec.json"
+        _spec(dep, m.index, paths, me, settings, floor).save(spec_path)
+        env = _env(dep, m.index, paths, settings, dict(extra_env or {}))
+        rs.log_path = paths.logs / f"{dep.job_id}-rank{m.index}.log"
         try:
-            started = launcher.start(argv, env, log_path, rank=rank, host_ssh=member.ssh)
+            started = launcher.start(settings.rank_argv(spec_path), env, rs.log_path,
+                                     rank=m.index, host_ssh=m.ssh)
         except LaunchFailed as exc:
-            raise LaunchError(str(exc), rank=rank) from None
-        rs.identity, rs.pgid, rs.popen = started.identity, started.pgid, started.popen
-        records.append(RankRecord(
-            rank=rank, host=member.host, pid=started.identity.pid, pgid=started.pgid,
-            start_time=started.identity.start_time, cmdline=list(started.identity.cmdline),
-            marker_dir=str(paths.markers / dep.deployment_id), remote=started.remote,
-            ssh=started.ssh))
-        dep.manifest = dataclasses.replace(dep.manifest, ranks=list(records))
-        write_manifest(paths, dep.manifest)
+            raise LaunchError(str(exc), rank=m.index) from None
+        rec.started(rs, m, started, None)
+
+    def host_ranks(members: list[Member]) -> None:
+        _start_on_host(dep, members, paths, me, settings, floor, dict(extra_env or {}),
+                       remote, rec)
+
+    if by_host:
+        parallel(host_ranks, list(by_host.values()))
+
+
+def _start_on_host(dep: Deployment, members: list[Member], paths: Paths,
+                   me: SupervisorIdentity, settings: SupervisorSettings, floor: int,
+                   extra: dict[str, str], launcher: SshLauncher, rec: _Recorder) -> None:
+    host = dep.remote_hosts[members[0].host_index]
+    there = host.paths
+    jd = there.runtime / "jobs" / dep.job_id
+    files = [(str(there.secrets / f"{dep.job_id}.key"), dep.secret_path.read_bytes())]
+    if (dep.job_dir / "hostfile.json").exists():
+        files.append((str(jd / "hostfile.json"), (dep.job_dir / "hostfile.json").read_bytes()))
+    for m in members:
+        spec = _spec(dep, m.index, paths, me, settings, floor)
+        spec.save(dep.job_dir / f"rank-{m.index}.spec.json")  # the supervisor's copy
+        files.append((str(jd / f"rank-{m.index}.spec.json"),
+                      (dep.job_dir / f"rank-{m.index}.spec.json").read_bytes()))
+    try:
+        parallel(lambda f: launcher.write_file(host, f[0], f[1]), files)
+        for m in members:
+            rs = dep.ranks[m.index]
+            log_path = str(there.logs / f"{dep.job_id}-rank{m.index}.log")
+            rs.log_path = Path(log_path)  # on that host
+            argv = remote_rank_argv(settings.rank_command, host.python,
+                                    str(jd / f"rank-{m.index}.spec.json"))
+            env = remote_env(plan_envs=dep.plan.envs, extra=extra, rank=m.index,
+                             home=host.home, job_id=dep.job_id, backend=dep.plan.backend,
+                             hostfile=str(jd / "hostfile.json"),
+                             coordinator=dep.jaccl_coordinator)
+            rec.started(rs, m, launcher.spawn(host, argv, env, log_path, rank=m.index), host)
+    except LaunchFailed as exc:
+        raise LaunchError(str(exc), rank=members[0].index) from None
 
 
 def describe_ranks(dep: Deployment) -> list[dict[str, Any]]:
-    return [{"rank": r.rank, "pid": r.pid, "pgid": r.pgid, "host": r.host}
-            for r in dep.ranks.values()]
+    return [{"rank": r.rank, "pid": r.pid, "pgid": r.pgid, "host": r.host,
+             "remote": r.remote is not None} for r in dep.ranks.values()]

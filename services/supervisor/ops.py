@@ -17,14 +17,19 @@ import shutil
 import time
 from typing import Any
 
+import zmq
+
 from common.bus import AsyncRpcClient, BusTimeout, Channel, new_request_id
 from common.messages import REQUESTS_OUT, Shutdown, Stats, StatsRequest
+from common.ssh import SshError
 from common.state import remove_manifest, retire_markers, write_manifest
-from services.supervisor import launch, readiness
+from services.supervisor import launch, readiness, remote_watch
 from services.supervisor.canary import run_canary
 from services.supervisor.deployment import LIVE, Deployment
-from services.supervisor.errors import AdminError, LaunchError, TeardownError
+from services.supervisor.errors import AdminError, LaunchError, TeardownError, survivor_text
+from services.supervisor.launcher import LaunchFailed
 from services.supervisor.plan import DeployPlan, make_plan, signature
+from services.supervisor.remote import hosts_of
 from services.supervisor.teardown import TeardownOutcome, verified_teardown
 
 log = logging.getLogger("lockstep.supervisor")
@@ -65,6 +70,11 @@ async def deploy(sup, *, model_path: str | None, tp: int, pp: int, hosts, backen
         raise AdminError("conflict", f"deployment {dep_id} exists ({old.state}); stop it first")
     if model_path is None:
         model_path = await default_model(sup)
+    if hosts is None and sup.default_hosts is not None:  # `lockstep supervisor --hosts FILE`
+        hosts = sup.default_hosts["hosts"]
+        envs = [*sup.default_hosts["envs"], *envs]
+        if backend == "auto" and sup.default_hosts["backend"]:
+            backend = str(sup.default_hosts["backend"])
     plan = make_plan(model_path, tp, pp, hosts, backend, envs)
     return await start(sup, dep_id, plan, wait=wait)
 
@@ -92,10 +102,13 @@ async def _launch(sup, dep: Deployment) -> None:
 
     try:
         try:
-            launch.prepare(dep, sup.paths, sup.me)
-            sup.sockets.add_report_route(dep.keys.report, dep.report, dep)
-            launch.start_ranks(dep, sup.paths, sup.me, s, sup.launcher,
-                               floor=sup.epochs.current, extra_env=sup.rank_env)
+            if any(not m.local for m in dep.plan.members):
+                await _launch_remote(sup, dep)
+            else:
+                launch.prepare(dep, sup.paths, sup.me)
+                sup.sockets.add_report_route(dep.keys.report, dep.report, dep)
+                launch.start_ranks(dep, sup.paths, sup.me, s, sup.launcher,
+                                   floor=sup.epochs.current, extra_env=sup.rank_env)
             sup.set_state(dep, "loading", f"{dep.world_size} rank(s) started")
             await readiness.wait_ready(dep, sup.paths, s.load_timeout, aborted)
             await readiness.release_serve(dep, sup.paths, lambda b: sup._publish_dep(dep, b),
@@ -121,10 +134,39 @@ async def _launch(sup, dep: Deployment) -> None:
         dep.busy = False
 
 
+async def _launch_remote(sup, dep: Deployment) -> None:
+    """Some ranks on other hosts: control/report endpoints they can reach (bound here,
+    in the loop's thread), then files and processes over ssh in worker threads (the
+    loop keeps publishing leases meanwhile), then the watch on their hosts."""
+    s = sup.settings
+    dep.remote_hosts = hosts_of(dep.plan.members, sup.remote_launcher)
+    for m in dep.plan.members:
+        if not m.local:
+            try:
+                dep.rank_endpoints[m.index] = sup.sockets.rank_endpoints_toward(m.ip)
+            except (OSError, zmq.ZMQError) as exc:
+                raise LaunchError(f"rank {m.index} on {m.host}: no control/report endpoint "
+                                  f"it can reach: {exc}", rank=m.index) from None
+    try:
+        await asyncio.to_thread(launch.prepare, dep, sup.paths, sup.me, sup.remote_launcher)
+    except LaunchFailed as exc:
+        raise LaunchError(str(exc)) from None
+    sup.sockets.add_report_route(dep.keys.report, dep.report, dep)
+    try:
+        await asyncio.to_thread(launch.start_ranks, dep, sup.paths, sup.me, s, sup.launcher,
+                                floor=sup.epochs.current, extra_env=sup.rank_env,
+                                remote=sup.remote_launcher)
+    finally:
+        if any(rs.remote is not None for rs in dep.ranks.values()):
+            dep.remote_watch = sup.spawn(remote_watch.watch(dep, s.remote_poll_s))
+
+
 def _lost(dep: Deployment) -> str | None:
     for rs in dep.ranks.values():
         if rs.popen is not None and rs.popen.poll() is not None:
             return f"rank {rs.rank} exited with code {rs.popen.returncode}"
+        if rs.remote is not None and rs.exited:
+            return f"rank {rs.rank} on {rs.remote.describe()} is gone ({rs.remote_state})"
     return None
 
 
@@ -146,6 +188,26 @@ async def _fail_launch(sup, dep: Deployment, err: LaunchError) -> None:
 # --- teardown bookkeeping --------------------------------------------------------------
 
 
+async def _remove_remote_files(sup, dep: Deployment) -> None:
+    """After a proven teardown: the launch secret, job files and markers on each remote
+    host. A failure is logged and kept in the outcome (the ranks are gone: a leftover
+    file opens nothing running)."""
+    def remove(host) -> str | None:
+        try:
+            sup.remote_launcher.remove_launch_files(host, dep.job_id, dep.deployment_id)
+        except SshError as exc:
+            log.warning("launch files of %s on %s not removed: %s", dep.job_id,
+                        host.describe(), exc)
+            return f"{host.describe()}: {exc}"
+        return None
+
+    hosts = list(dep.remote_hosts.values())
+    errors = [e for e in await asyncio.gather(*(asyncio.to_thread(remove, h) for h in hosts))
+              if e]
+    if errors and dep.teardown is not None:
+        dep.teardown["remote_files_left"] = errors
+
+
 def _finalize(sup, dep: Deployment) -> None:
     """Verified: remove the manifest, the launch secret, the job files and the markers."""
     remove_manifest(sup.paths, dep.job_id)
@@ -163,6 +225,8 @@ def _finalize(sup, dep: Deployment) -> None:
 async def teardown(sup, dep: Deployment, *, graceful_s: float | None = None) -> TeardownOutcome:
     """Verified teardown; raises TeardownError (state teardown_failed) if not proven."""
     s = sup.settings
+    if dep.remote_watch is not None:
+        dep.remote_watch.cancel()
     body = Shutdown(deployment_id=dep.deployment_id, job_id=dep.job_id, reason="stop")
     outcome = await verified_teardown(
         dep, sup.paths, publish_shutdown=lambda: sup._publish_dep(dep, body),
@@ -170,6 +234,7 @@ async def teardown(sup, dep: Deployment, *, graceful_s: float | None = None) -> 
         stop_timeout=s.stop_timeout, kill_timeout=s.kill_timeout, seams=sup.seams)
     dep.teardown = outcome.to_wire()
     if outcome.proven:
+        await _remove_remote_files(sup, dep)
         _finalize(sup, dep)
         return outcome
     err = TeardownError(dep.deployment_id, outcome.survivors, outcome.to_wire())
@@ -261,7 +326,7 @@ async def active_requests(sup, dep: Deployment) -> int:
 
 def _teardown_admin_error(dep: Deployment) -> AdminError:
     td = dep.teardown or {}
-    names = ", ".join(f"rank {s.get('rank')} pid {s.get('pid')}" for s in td.get("survivors", []))
+    names = ", ".join(survivor_text(s) for s in td.get("survivors", []))
     return AdminError("teardown_failed", f"teardown of {dep.deployment_id} not proven; still "
                       f"alive: {names}; state and manifest kept, stop again to retry",
                       {"deployment_id": dep.deployment_id, "outcome": td})

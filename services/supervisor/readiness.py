@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from common.messages import Serve
-from common.procs import START_TIME_TOLERANCE, identify, is_alive
+from common.procs import START_TIME_TOLERANCE, identify
 from common.state import Paths, RankMarker, read_markers
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.errors import LaunchError
@@ -27,12 +27,19 @@ def _same(rs: RankState, pid: int, start_time: float) -> bool:
 
 
 def own_markers(paths: Paths, dep: Deployment) -> dict[int, RankMarker]:
-    """This launch's markers whose identity matches the manifest, by rank."""
+    """This launch's markers whose identity matches the manifest, by rank: read here for
+    local ranks; for a remote rank, the one last read on its host (`remote_watch`)."""
     out = {}
     for _, m in read_markers(paths, dep.deployment_id).markers:
         rs = dep.ranks.get(m.rank)
-        if rs is not None and m.job_id == dep.job_id and _same(rs, m.pid, m.start_time):
+        if (rs is not None and rs.remote is None and m.job_id == dep.job_id
+                and _same(rs, m.pid, m.start_time)):
             out[m.rank] = m
+    for rs in dep.ranks.values():
+        m = rs.remote_marker
+        if rs.remote is not None and m is not None and m.job_id == dep.job_id and _same(
+                rs, m.pid, m.start_time):
+            out[rs.rank] = m
     return out
 
 
@@ -41,16 +48,20 @@ def rank_failure(dep: Deployment, markers: dict[int, RankMarker]) -> LaunchError
     for rs in dep.ranks.values():
         m = markers.get(rs.rank)
         code = rs.popen.poll() if rs.popen is not None else None
-        dead = code is not None or (rs.identity is not None and not is_alive(rs.identity))
+        dead = rs.exited
         phase = m.phase.value if m else rs.phase
         if dead or phase in DEAD_PHASES:
             why = (m.error if m and m.error else None) or rs.error
-            if not why:
+            if not why and rs.remote is None:
                 tail = log_tail(rs.log_path, 400).splitlines()
                 why = tail[-1] if tail else "no error recorded"
+            elif not why:
+                why = f"see {rs.log_path} on {rs.remote.describe()}"
+            now = "over ssh" if rs.remote is not None else f"now {identify(rs.pid)}"
             what = f"exited with code {code}" if code is not None else (
-                f"is gone (now {identify(rs.pid)})" if dead else f"reported {phase}")
-            return LaunchError(f"rank {rs.rank} (pid {rs.pid}) {what} during load "
+                f"is gone ({now})" if dead else f"reported {phase}")
+            where = f" on {rs.remote.describe()}" if rs.remote is not None else ""
+            return LaunchError(f"rank {rs.rank} (pid {rs.pid}{where}) {what} during load "
                                f"(phase {phase}): {why}", rank=rs.rank)
     return None
 
@@ -74,7 +85,9 @@ async def wait_ready(dep: Deployment, paths: Paths, timeout: float,
             if m is None or m.phase.value not in READY_PHASES or not ready:
                 missing.append(f"rank {rs.rank}: marker "
                                f"{m.phase.value if m else 'missing'}, rank_ready "
-                               f"{'received' if ready else 'missing'}")
+                               f"{'received' if ready else 'missing'}"
+                               + (f" (last probe of {rs.remote.describe()} failed: "
+                                  f"{rs.remote_error})" if rs.remote_error else ""))
         if not missing:
             return
         if time.monotonic() >= deadline:

@@ -16,7 +16,7 @@ import zmq.asyncio
 from common.envelope import BOOT_ID, Message
 from common.keys import load_cluster_key
 from common.messages import AdminRequest, CancelAck, Event, Lease, RankReady, Telemetry
-from common.procs import START_TIME_TOLERANCE, identify, is_alive
+from common.procs import START_TIME_TOLERANCE, identify
 from common.state import SCHEMA_VERSION, Paths, write_json_atomic
 from services.supervisor import commands, ops
 from services.supervisor.broadcast import Broadcaster
@@ -24,7 +24,9 @@ from services.supervisor.deployment import LIVE, Deployment
 from services.supervisor.epochs import EpochStore
 from services.supervisor.errors import AdminError
 from services.supervisor.launch import SupervisorIdentity
+from services.supervisor.hosts import read_hosts_file
 from services.supervisor.launcher import Launcher, LocalLauncher
+from services.supervisor.remote import SshLauncher
 from services.supervisor.settings import SupervisorSettings
 from services.supervisor.sockets import SupervisorSockets
 from services.supervisor.teardown import TeardownSeams
@@ -42,6 +44,12 @@ class Supervisor:
         self.settings = settings
         self.paths = Paths(settings.home)
         self.launcher = launcher or LocalLauncher()
+        self.remote_launcher = SshLauncher(
+            home=settings.home, ssh_config=settings.ssh_config,
+            connect_timeout=settings.ssh_connect_timeout,
+            command_timeout=settings.ssh_command_timeout)
+        # `--hosts FILE`: the hosts (and its envs, backend) of deploys that name none.
+        self.default_hosts = read_hosts_file(settings.hosts) if settings.hosts else None
         self.seams = seams or TeardownSeams()
         self.rank_env = dict(rank_env or {})
         self.reap_fn = reap_fn
@@ -149,6 +157,7 @@ class Supervisor:
     async def reap(self) -> dict[str, Any]:
         """One reap pass (serialised); raises reap_blocked if launches must not start."""
         from services.reaper.reap import reap_orphans
+        from services.reaper.remote import SshRemoteReaper
 
         loop = asyncio.get_running_loop()
 
@@ -156,10 +165,14 @@ class Supervisor:
             loop.call_soon_threadsafe(self.sockets.publish_event, ev)
 
         fn = self.reap_fn or reap_orphans
+        remote = SshRemoteReaper(self.paths, ssh_config=self.settings.ssh_config,
+                                 connect_timeout=self.settings.ssh_connect_timeout,
+                                 command_timeout=self.settings.ssh_command_timeout)
         async with self._reap_lock:
             report = await asyncio.to_thread(
                 fn, self.paths, term_timeout=self.settings.stop_timeout,
-                kill_timeout=self.settings.kill_timeout, kill=self.seams.kill, publish=publish)
+                kill_timeout=self.settings.kill_timeout, kill=self.seams.kill, publish=publish,
+                **({"remote": remote} if self.reap_fn is None else {}))
         self.last_reap = report.to_dict()
         if report.blocking:
             raise AdminError("reap_blocked", "launch refused: " + report.blockers(),
@@ -245,10 +258,11 @@ class Supervisor:
         lost = []
         for rs in dep.ranks.values():
             code = rs.popen.poll() if rs.popen is not None else None
-            gone = code is not None or (rs.identity is not None and not is_alive(rs.identity))
+            gone = code is not None or rs.exited
             if gone or rs.phase in DEAD_PHASES:
+                where = f" on {rs.remote.describe()}" if rs.remote is not None else ""
                 what = f"exited with code {code}" if code is not None else (
-                    "is gone" if gone else f"reported {rs.phase}")
+                    f"is gone{where}" if gone else f"reported {rs.phase}{where}")
                 lost.append(f"rank {rs.rank} (pid {rs.pid}) {what}"
                             + (f": {rs.error}" if rs.error else ""))
                 self.broadcaster.on_rank_dead(dep.deployment_id, rs.rank)

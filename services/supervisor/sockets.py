@@ -13,6 +13,7 @@ to no live launch is counted as `unknown_key` and dropped unread.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import socket
@@ -31,6 +32,31 @@ EVENTS_TOPIC = b"events"
 
 AdminHandler = Callable[[bytes, Message], Awaitable[None]]
 ReportHandler = Callable[[Any, Message], None]  # (route, message)
+
+
+WILDCARDS = frozenset({"0.0.0.0", "*"})
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def source_address(address: str) -> str:
+    """This machine's address on the route towards `address` (what the kernel would use
+    as the source of a connection there; no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((address, 9))
+        except OSError as exc:
+            raise OSError(f"no route from this machine to {address}: {exc}") from None
+        return s.getsockname()[0]
+
+
+def _with_host(endpoint: str, host: str) -> str:
+    return f"tcp://{host}:{endpoint.rsplit(':', 1)[1]}"
 
 
 def _bind(sock: zmq.Socket, host: str, port: int) -> str:
@@ -66,6 +92,31 @@ class SupervisorSockets:
             self.close()
             raise
         self.report_routes: dict[bytes, tuple[Channel, Any]] = {}  # key id -> (channel, route)
+        self.rank_host = rank_host
+        self.extra_rank_endpoints: dict[str, tuple[str, str]] = {}  # local address -> (ctl, rep)
+
+    # --- endpoints for ranks on other hosts --------------------------------------------
+
+    def rank_endpoints_toward(self, address: str) -> tuple[str, str]:
+        """(control, report) endpoints that a rank at `address` can connect to. With
+        rank_host loopback, both sockets are also bound (once) on this machine's source
+        address towards `address`; with a wildcard rank_host, that address is named
+        with the bound ports; otherwise rank_host serves every rank."""
+        primary = (self.control_endpoint, self.report_endpoint)
+        if not (_is_loopback(self.rank_host) or self.rank_host in WILDCARDS):
+            return primary
+        local = source_address(address)
+        if _is_loopback(local):
+            return primary  # a rank on this machine
+        if self.rank_host in WILDCARDS:
+            return (_with_host(self.control_endpoint, local),
+                    _with_host(self.report_endpoint, local))
+        if local not in self.extra_rank_endpoints:
+            self.extra_rank_endpoints[local] = (_bind(self.control, local, 0),
+                                                _bind(self.report, local, 0))
+            log.info("control/report also bound on %s for ranks at %s: %s", local, address,
+                     self.extra_rank_endpoints[local])
+        return self.extra_rank_endpoints[local]
 
     # --- publishing ------------------------------------------------------------------
 
