@@ -20,6 +20,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from common.admission import Budget, LogLimiter
 from common.envelope import (
     DEFAULT_MAX_SIZE,
     Key,
@@ -49,6 +50,24 @@ def configure(sock: zmq.Socket, *, max_size: int = DEFAULT_MAX_SIZE, hwm: int = 
     return sock
 
 
+# Listening sockets (anyone who can reach the port can connect): docs/security.md.
+LISTENER_RCVHWM = 64  # frames libzmq holds per connection while the owner is not reading
+HANDSHAKE_IVL_MS = 5000  # a connection that never completes the ZMTP greeting is dropped
+PUB_MAX_SIZE = 1024  # what a PUB receives is subscriptions: topic prefixes only
+
+
+def configure_listener(sock: zmq.Socket, *, max_size: int, rcvhwm: int = LISTENER_RCVHWM,
+                       sndhwm: int = 10000) -> zmq.Socket:
+    """A socket peers connect to. Two size caps: the channel's (`max_size`: counted as
+    `oversize`, dropped unread) and libzmq's at twice that (bigger frames make libzmq drop
+    the connection without delivering anything). Memory per connection is bounded by
+    `rcvhwm * 2 * max_size`."""
+    configure(sock, max_size=2 * max_size, hwm=sndhwm)
+    sock.setsockopt(zmq.RCVHWM, rcvhwm)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
+    return sock
+
+
 class Channel:
     """Signing and verification for one socket, with counted, logged rejections."""
 
@@ -71,6 +90,8 @@ class Channel:
         self.verifier = Verifier(recv_keys or [send_key], accept, self.rejects,
                                  max_size=max_size, clock=clock)
         self.max_size = max_size
+        self.budget: Budget | None = None  # set on listening sockets (common.admission)
+        self._log = LogLimiter(log)
 
     def pack(self, body: Any) -> bytes:
         return self.signer.encode(body)
@@ -79,12 +100,30 @@ class Channel:
         try:
             return self.verifier.decode(payload)
         except Rejected as exc:
-            log.warning("%s/%s rejected a message: %s", self.service, self.socket_name, exc)
+            if self.budget is not None:
+                self.budget.charge(len(payload) if isinstance(payload, bytes) else 0)
+            self._log.warning("%s/%s rejected a message: %s", self.service, self.socket_name, exc)
             return None
+
+    def reject(self, reason: Reason, detail: str = "", nbytes: int = 0) -> None:
+        """Count (and charge, and log, rate-limited) a rejection decided above the
+        envelope: handshake failures, unauthenticated or wrong peers."""
+        self.rejects.add(reason)
+        if self.budget is not None:
+            self.budget.charge(nbytes)
+        self._log.warning("%s/%s rejected a message: %s%s", self.service, self.socket_name,
+                          reason.value, f": {detail}" if detail else "")
+
+    def charge(self, nbytes: int = 0) -> None:
+        """Pre-authentication work that was not a rejection (a handshake message)."""
+        if self.budget is not None:
+            self.budget.charge(nbytes)
 
     def reject_frames(self, what: str) -> None:
         self.rejects.add(Reason.BAD_FRAMES)
-        log.warning("%s/%s rejected frames: %s", self.service, self.socket_name, what)
+        if self.budget is not None:
+            self.budget.charge()
+        self._log.warning("%s/%s rejected frames: %s", self.service, self.socket_name, what)
 
     # Frame layouts --------------------------------------------------------------
 

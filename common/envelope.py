@@ -69,8 +69,18 @@ class Reason(str, enum.Enum):
     WRONG_TYPE = "wrong_type"
     FIELD_TOO_LARGE = "field_too_large"
     BAD_FRAMES = "bad_frames"
-    UNAUTHENTICATED = "unauthenticated"
-    WRONG_PEER = "wrong_peer"
+    UNAUTHENTICATED = "unauthenticated"  # not from an identity that completed the handshake
+    WRONG_PEER = "wrong_peer"  # an authenticated identity speaking for another rank
+    # Session handshake (common/handshake.py)
+    BAD_PROOF = "bad_proof"  # challenge-response proof does not verify
+    BAD_NONCE = "bad_nonce"
+    BAD_RANK = "bad_rank"  # a rank this responder does not serve
+    WRONG_LAUNCH = "wrong_launch"  # hello names another deployment or job
+    DUPLICATE_RANK = "duplicate_rank"  # that rank is already authenticated elsewhere
+    NO_HANDSHAKE = "no_handshake"  # proof without a pending hello
+    HANDSHAKE_EXPIRED = "handshake_expired"
+    HANDSHAKE_EVICTED = "handshake_evicted"  # pending table full: oldest dropped
+    RETIRED_KEY = "retired_key"  # signed with the key of a launch that has ended
 
 
 class Rejected(Exception):

@@ -14,7 +14,9 @@ import secrets
 import stat
 from pathlib import Path
 
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from common.envelope import Key
@@ -140,3 +142,44 @@ class LaunchKeys:
 
     def __repr__(self) -> str:
         return f"LaunchKeys({self.deployment_id}/{self.job_id})"
+
+
+# --- keys handed out over the admin channel ------------------------------------------
+# The admin channel is authenticated (HMAC with the cluster key) but not encrypted. A key
+# it carries (the requests key the gateway needs) is sealed with AES-GCM under a key
+# derived from the cluster key and bound to the launch, so it never appears in clear in
+# a reply, in `lockstep admin status --json`, or to anyone watching the admin link.
+
+
+def _seal_aead(cluster_key: Key) -> AESGCM:
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=b"lockstep-seal",
+                info=b"lockstep/v1 sealed launch key")
+    return AESGCM(hkdf.derive(cluster_key.secret))
+
+
+def seal_key(cluster_key: Key, key: Key, *, context: str) -> str:
+    """Hex of nonce ‖ AES-GCM(key.secret), `context` (e.g. "dep/job") as associated data."""
+    nonce = secrets.token_bytes(12)
+    return (nonce + _seal_aead(cluster_key).encrypt(nonce, key.secret, context.encode())).hex()
+
+
+def unseal_key(cluster_key: Key, sealed: str, *, context: str) -> Key:
+    """The sealed key; KeyFileError if it was not sealed by this cluster key for `context`."""
+    try:
+        raw = bytes.fromhex(sealed)
+        secret = _seal_aead(cluster_key).decrypt(raw[:12], raw[12:], context.encode())
+    except (ValueError, InvalidTag):
+        raise KeyFileError(f"sealed key for {context} does not open with this cluster key") \
+            from None
+    return Key.from_secret(secret)
+
+
+def requests_key_of(info: dict, cluster_key: Key) -> Key:
+    """The requests key of a DeploymentInfo (admin `status` / `deployments`): sealed by the
+    supervisor (`requests_key_sealed`), or plain hex (`requests_key`, from test fakes).
+    Raises KeyFileError / ValueError if neither is usable."""
+    sealed = info.get("requests_key_sealed")
+    if sealed:
+        return unseal_key(cluster_key, str(sealed),
+                          context=f"{info.get('deployment_id')}/{info.get('job_id')}")
+    return Key.from_secret(bytes.fromhex(str(info.get("requests_key") or "")))

@@ -8,7 +8,8 @@ Channels (DESIGN.md §2) and who may send what:
                                                           (launch key "plan")
   control   CANCEL, SERVE, SHUTDOWN, LEASE               (launch key "control")
   report    RANK_READY, TELEMETRY, CANCEL_ACK, STEP_REPORT (launch key "report")
-  auth      AUTH_HELLO → AUTH_CHALLENGE → AUTH_PROOF → AUTH_OK (session handshake)
+  auth      AUTH_HELLO → AUTH_CHALLENGE → AUTH_PROOF → AUTH_OK (session handshake on the
+            plan and report sockets, signed with that socket's key; common/handshake.py)
 """
 
 from __future__ import annotations
@@ -277,23 +278,28 @@ class CancelAck:
 # --- session handshake ---------------------------------------------------------------
 
 
+HANDSHAKE_BYTES = {"max_len": 64}  # nonces are 16 bytes, proofs 32 (common/handshake.py)
+
+
 @dataclass
 class AuthHello:
     deployment_id: str
     job_id: str
     rank: int
-    nonce: bytes
+    nonce: bytes = field(metadata=HANDSHAKE_BYTES)
 
 
 @dataclass
 class AuthChallenge:
-    nonce: bytes  # responder's nonce
-    proof: bytes  # responder proves the key over the initiator's nonce
+    nonce: bytes = field(metadata=HANDSHAKE_BYTES)  # responder's nonce
+    # responder proves K(rank, "down") over the transcript (both nonces, ids)
+    proof: bytes = field(metadata=HANDSHAKE_BYTES)
 
 
 @dataclass
 class AuthProof:
-    proof: bytes  # initiator proves the key over the responder's nonce
+    # initiator proves K(rank, "up") over the transcript
+    proof: bytes = field(metadata=HANDSHAKE_BYTES)
 
 
 @dataclass
@@ -338,7 +344,12 @@ ADMIN_OUT = frozenset({Kind.ADMIN_REPLY})
 EVENTS = frozenset({Kind.EVENT})
 REQUESTS_IN = frozenset({Kind.GENERATE, Kind.ABORT, Kind.STATS_REQUEST})
 REQUESTS_OUT = frozenset({Kind.TOKENS, Kind.STATS})
-PLAN_TO_FOLLOWER = frozenset({Kind.PLAN_WELCOME, Kind.PLAN, Kind.PLAN_BATCH, Kind.PING})
-PLAN_TO_LEADER = frozenset({Kind.PLAN_HELLO, Kind.PLAN_FETCH, Kind.PONG})
+# Session handshake (common/handshake.py) on the plan and report sockets.
+AUTH_TO_RESPONDER = frozenset({Kind.AUTH_HELLO, Kind.AUTH_PROOF})
+AUTH_TO_INITIATOR = frozenset({Kind.AUTH_CHALLENGE, Kind.AUTH_OK})
+PLAN_TO_FOLLOWER = frozenset({Kind.PLAN_WELCOME, Kind.PLAN, Kind.PLAN_BATCH, Kind.PING}) \
+    | AUTH_TO_INITIATOR
+PLAN_TO_LEADER = frozenset({Kind.PLAN_HELLO, Kind.PLAN_FETCH, Kind.PONG}) | AUTH_TO_RESPONDER
 CONTROL = frozenset({Kind.CANCEL, Kind.SERVE, Kind.SHUTDOWN, Kind.LEASE})
-REPORT = frozenset({Kind.RANK_READY, Kind.TELEMETRY, Kind.CANCEL_ACK})
+REPORT = frozenset({Kind.RANK_READY, Kind.TELEMETRY, Kind.CANCEL_ACK}) | AUTH_TO_RESPONDER
+REPORT_TO_RANK = AUTH_TO_INITIATOR  # the supervisor only ever answers the handshake

@@ -34,6 +34,7 @@ class RankSettings:
     signal_clear_timeout_s: float = 10.0
     request_read_timeout_s: float = 300.0
     openblas: bool = True
+    auth_timeout_s: float = 30.0  # no mutual authentication with the supervisor by then: fail
     test_seams: bool = False  # allows LOCKSTEP_TEST_* fault switches (tests only)
 
 

@@ -21,6 +21,7 @@ import zmq.asyncio
 
 from common.bus import AsyncRpcClient, BusTimeout, Channel, GapTracker, configure, new_request_id
 from common.envelope import Key
+from common.keys import KeyFileError, requests_key_of
 from common.messages import ADMIN_OUT, EVENTS, AdminReply, AdminRequest
 from services.gateway.backend import Backend
 from services.gateway.settings import GatewaySettings
@@ -137,12 +138,13 @@ class Cluster:
                 b.close(f"deployment {dep_id} is {state}")
                 del self.backends[dep_id]
         for dep_id, info in self.deployments.items():
-            if info.get("state") == SERVING and dep_id not in self.backends and info.get("requests_key"):
+            if info.get("state") == SERVING and dep_id not in self.backends and (
+                    info.get("requests_key_sealed") or info.get("requests_key")):
                 try:
                     self.backends[dep_id] = Backend(
                         self.ctx, info, orphan_grace_s=self.settings.orphan_grace_s,
-                        on_abort=self._count_abort)
-                except (KeyError, ValueError) as exc:
+                        on_abort=self._count_abort, key=requests_key_of(info, self.key))
+                except (KeyError, ValueError, KeyFileError) as exc:
                     log.warning("deployment %s: bad request channel info: %s", dep_id, exc)
 
     def _count_abort(self, cause: str) -> None:

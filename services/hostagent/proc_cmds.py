@@ -28,6 +28,7 @@ from services.hostagent.base import (
 # Popen returns once exec is past its point of no return, which can be before the new
 # command line is visible in /proc (it reads empty for a moment): wait for it.
 SPAWN_SETTLE_S = 2.0
+SPAWN_GRACE_S = 0.05
 MAX_WAIT_S = 3600.0
 
 
@@ -159,7 +160,10 @@ def cmd_spawn(args: argparse.Namespace) -> Any:
     finally:
         os.close(fd)
     ident = _settled_identity(child, argv)
-    if ident is None:
+    # A command that fails at once (bad arguments, a missing module) is reported as a
+    # failure, not as a started process: give it a moment to do so.
+    time.sleep(SPAWN_GRACE_S)
+    if ident is None or child.poll() is not None:
         code = child.wait()
         raise AgentError(f"spawn: {argv[0]!r} exited at once with status {code}; see {log}")
     # Not waited for: when this agent exits, the child is re-parented and keeps running.

@@ -1,6 +1,7 @@
 """Start-up of one rank, up to the serve release.
 
     marker starting → I/O thread (control SUB, report DEALER, plan, requests)
+    → watchdog thread (launcher, progress, peers: services.rank.guard)
     → wait for one LEASE (slow-joiner proof)              → marker loading
     → mx.distributed.init (MLX_RANK / MLX_HOSTFILE; ring, jaccl or mpi)
     → load the shard (sharded_load: tensor_group for TP, pipeline_group for PP;
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 from pathlib import Path
 
@@ -26,35 +26,33 @@ from common.state import Phase
 from services.rank import events as ev
 from services.rank.engine import Engine
 from services.rank.errors import StartupError
+from services.rank.guard import RankSide, Watchdogs
 from services.rank.io import RankIO
 from services.rank.removals import RemovalLog, removals_path
 from services.rank.runtime import EXIT_FAILED, EXIT_OK, RankRuntime
+from services.rank.watchdogs import WatchdogConfigError, WatchdogSettings
 
 log = logging.getLogger("lockstep.rank.boot")
-PARENT_CHECK_S = 1.0
 
 
 def wait_for(rt: RankRuntime, io: RankIO, kind: type | tuple[type, ...], stash: list[object],
              what: str):
     """Block on the inbox until an event of `kind`; keep the rest for the serve loop.
-    SHUTDOWN or a signal before serving ends the rank cleanly; a launcher that went away
-    (we were re-parented) ends it as launcher_lost."""
+    SHUTDOWN or a signal before serving ends the rank cleanly; a watchdog's verdict
+    (launcher gone, peer lost) ends it with the watchdog's phase."""
     for i, e in enumerate(stash):
         if isinstance(e, kind):
             return stash.pop(i)
-    parent = rt.parent_pid
     while True:
-        try:
-            e = io.inbox.get(timeout=PARENT_CHECK_S)
-        except queue.Empty:
-            if parent is not None and os.getppid() != parent:
-                rt.exit(EXIT_FAILED, Phase.LAUNCHER_LOST, f"launcher gone while waiting for {what}",
-                        stop_io=io.stop)
-            continue
+        e = io.inbox.get()
         if isinstance(e, kind):
             return e
         if isinstance(e, ev.ShutdownEv | ev.SignalEv):
+            if isinstance(e, ev.SignalEv):
+                rt.seams.on_signal(f"signal {e.signum} while waiting for {what}")
             rt.exit(EXIT_OK, Phase.EXITING, None, stop_io=io.stop)
+        if isinstance(e, ev.ExitEv):
+            rt.exit(e.code, e.phase, f"{e.reason} (while waiting for {what})", stop_io=io.stop)
         if isinstance(e, ev.IoFailed):
             rt.exit(EXIT_FAILED, Phase.FAILED, e.error, stop_io=io.stop)
         stash.append(e)  # for a later wait, or the serve loop
@@ -100,15 +98,17 @@ def run(spec: RankSpec) -> None:
     rt = RankRuntime(spec)
     rt.set_phase(Phase.STARTING)
     try:
+        rt.timeouts = WatchdogSettings.resolve(spec.settings, os.environ)  # env beats spec
         keys = LaunchKeys(read_secret_file(Path(spec.secret_path)), spec.deployment_id,
                           spec.job_id)
         io = RankIO(spec, keys, rt)
-    except (KeyFileError, OSError) as exc:
+    except (WatchdogConfigError, KeyFileError, OSError) as exc:
         rt.exit(EXIT_FAILED, Phase.FAILED, f"cannot start: {exc}")
     except Exception as exc:  # noqa: BLE001 - zmq bind errors and the like
         rt.exit(EXIT_FAILED, Phase.FAILED, f"cannot open the bus: {exc}")
     rt.install_signal_handlers(io.signal_fd)
     io.start()
+    Watchdogs(RankSide(rt, io), rt.timeouts).start()
     removals = RemovalLog(removals_path(rt.paths, spec.deployment_id, spec.rank))
     stash: list[object] = []
 
@@ -117,12 +117,16 @@ def run(spec: RankSpec) -> None:
         rt.cancel_floor = rt.cancel_epoch = lease.cancel_epoch
     rt.set_phase(Phase.LOADING)
     try:
+        rt.busy = "distributed init"  # a peer that never starts: blocks here forever
         group = init_distributed(spec)
+        rt.busy = "the model load"
         model, eos_ids, vocab, max_context = load_shard(spec, group)
         engine = Engine(model, eos_ids, spec.settings)
     except Exception as exc:  # noqa: BLE001 - any load failure ends this rank, reported
         log.exception("loading failed")
         rt.exit(EXIT_FAILED, Phase.FAILED, f"load failed: {exc}", stop_io=io.stop)
+    finally:
+        rt.busy = None
 
     next_seq = 0
     if spec.world_size > 1:

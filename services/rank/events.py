@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.messages import Abort, Cancel, Generate, Lease, Plan, Serve, Shutdown
+from common.state import Phase
 
 
 @dataclass
@@ -50,7 +51,14 @@ class AbortEv:
 
 
 @dataclass
-class AbortAllEv:  # from a watchdog (issue 4) through RankRuntime.request_abort_all
+class AbortAllEv:  # from a watchdog through RankRuntime.request_abort_all
+    reason: str  # the removal reason (plans, removal records)
+
+
+@dataclass
+class ExitEv:  # a watchdog asks the main thread to leave cleanly (services.rank.guard)
+    code: int
+    phase: Phase
     reason: str
 
 

@@ -27,6 +27,7 @@ class Follower(RankLoop):
         super().__init__(*args, **kw)
         self.expected = next_seq
         self.leaving_at: float | None = None  # waiting for rank 0's shutdown plan
+        self.exit_as: tuple[int, Phase, str | None] = (0, Phase.EXITING, None)
 
     def run(self) -> None:
         for e in self.stash:
@@ -39,7 +40,7 @@ class Follower(RankLoop):
             left = self.leaving_at - time.monotonic()
             if left <= 0:
                 log.info("no shutdown plan from rank 0 within %.1fs; leaving", SHUTDOWN_GRACE_S)
-                self.leave(0, Phase.EXITING, None)
+                self.leave(*self.exit_as)
             self.drain(block=True, timeout=left)
 
     def handle(self, e: object) -> None:
@@ -51,11 +52,17 @@ class Follower(RankLoop):
         else:
             self.handle_common(e)
 
-    def shutdown(self, reason: str) -> None:
-        """Keep applying plans until rank 0's shutdown plan, or leave after a grace."""
+    def shutdown(self, reason: str, code: int = 0, phase: Phase = Phase.EXITING) -> None:
+        """Keep applying plans until rank 0's shutdown plan, or leave after a grace; a
+        watchdog's exit (`code`, `phase`) leaves the same way, with its own phase."""
+        if phase == Phase.PEER_LOST:
+            self.leave(code, phase, reason)  # rank 0 is gone: no shutdown plan will come
+        if code:
+            self.exit_as = (code, phase, reason)
         if self.leaving_at is None:
             log.info("rank %d: %s; waiting for rank 0's shutdown plan", self.rt.rank, reason)
-            self.rt.set_phase(Phase.DRAINING)
+            if phase == Phase.EXITING:
+                self.rt.set_phase(Phase.DRAINING)
             self.leaving_at = time.monotonic() + SHUTDOWN_GRACE_S
 
     def apply(self, plan: Plan) -> None:
@@ -75,13 +82,16 @@ class Follower(RankLoop):
             self.consume_cancel(plan)
         self.publish_counts()
         if plan.shutdown:
-            self.leave(0, Phase.EXITING, None)
+            launcher = self.rt.launcher_gone()  # rank 0 may have noticed first
+            if launcher is not None and not self.exit_as[0]:
+                self.exit_as = (1, Phase.LAUNCHER_LOST, launcher)
+            self.leave(*self.exit_as)
         if self.engine.has_work() != plan.advance:
             self.fail(f"plan {plan.seq}: advance={plan.advance} but this rank's batch "
                       f"{'has' if self.engine.has_work() else 'has no'} work")
         if plan.advance:
             try:
-                _, finished = self.engine.next()
+                _, finished = self.run_step()
             except Divergence as exc:
                 self.fail(str(exc))
             except Exception as exc:  # noqa: BLE001 - a collective failed: a peer is gone

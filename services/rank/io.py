@@ -9,6 +9,11 @@ Main → I/O: `post(cmd)` appends to a deque and wakes the poller (services.rank
 I/O → main: `inbox` (a queue.Queue of services.rank.events). MLX releases the GIL during
 compute, so this thread answers FETCH, PING and STATS while the main thread is inside a
 step. Signals reach it through `signal.set_wakeup_fd` and become a SignalEv.
+
+Watchdogs (services.rank.guard): rank 0's probes go out here (("ping", Ping) → every
+joined follower); every stream rank 0 serves is tracked in a StreamLedger
+(services.rank.streams), so ("abort_all", reason, detail) ends them all at once and
+`stop` ends whatever is still open, even while the main thread is stuck in a step.
 """
 
 from __future__ import annotations
@@ -23,16 +28,22 @@ import time
 import zmq
 
 from common import messages as m
-from common.bus import Channel, configure
+from common.admission import Budget
+from common.bus import Channel, configure, configure_listener
+from common.envelope import DEFAULT_MAX_SIZE
 from common.keys import LaunchKeys
 from common.rankspec import RankSpec
 from services.rank import events as ev
+from services.rank.auth import InitiatorLink, leader_gate, new_identity
+from services.rank.intake import Intake
 from services.rank.runtime import RankRuntime
 from services.rank.session import RESEND_S, FollowerSession, LeaderSession, Wire
+from services.rank.streams import StreamLedger
 from services.rank.waker import Waker
 
 log = logging.getLogger("lockstep.rank.io")
-BURST = 256  # messages read from one socket per poll round
+PLAN_IN_MAX = 64 * 1024  # rank 0's plan ROUTER only ever receives small messages
+REQUESTS_RCVHWM = 32
 
 
 class RankIO:
@@ -45,33 +56,52 @@ class RankIO:
         self.ctx = zmq.Context()
         sender = f"{spec.deployment_id}/rank-{spec.rank}"
 
-        def chan(name: str, key, accept) -> Channel:
-            return Channel("rank", name, sender=sender, send_key=key, accept=accept)
+        def chan(name: str, key, accept, max_size: int = DEFAULT_MAX_SIZE) -> Channel:
+            return Channel("rank", name, sender=sender, send_key=key, accept=accept,
+                           max_size=max_size)
 
         self.ctl = chan("control", keys.control, m.CONTROL)
-        self.rep = chan("report", keys.report, ())
-        self.pln = chan("plan", keys.plan, m.PLAN_TO_LEADER if self.leader else m.PLAN_TO_FOLLOWER)
+        self.rep = chan("report", keys.report, m.REPORT_TO_RANK)
+        self.pln = chan("plan", keys.plan, m.PLAN_TO_LEADER, PLAN_IN_MAX) if self.leader \
+            else chan("plan", keys.plan, m.PLAN_TO_FOLLOWER)
         self.req = chan("requests", keys.requests, m.REQUESTS_IN) if self.leader else None
         self.topic = b"ctl:" + spec.deployment_id.encode()
         self.control = configure(self.ctx.socket(zmq.SUB))
         self.control.setsockopt(zmq.SUBSCRIBE, self.topic)
         self.control.connect(spec.control_endpoint)
+        # Report: authenticate the supervisor (and be authenticated) before any report is
+        # sent or any control message believed (services.rank.auth, docs/security.md).
         self.report = configure(self.ctx.socket(zmq.DEALER))
+        rep_id = new_identity(spec.rank)
+        self.report.setsockopt(zmq.IDENTITY, rep_id)
         self.report.connect(spec.report_endpoint)
+        self.report_link = InitiatorLink("report", spec, keys, self.rep, rep_id,
+                                         lambda body: self.wire.send(self.report, self.rep, body))
+        self._auth_failed = False
+        self._report_live = False
         self.requests = None
-        if self.leader:
-            self.plan = configure(self.ctx.socket(zmq.ROUTER))
+        if self.leader:  # the two listening sockets: admission budgets (services.rank.intake)
+            self.pln.budget, self.req.budget = Budget(), Budget()
+            self.plan = configure_listener(self.ctx.socket(zmq.ROUTER), max_size=PLAN_IN_MAX)
             self.plan.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.plan.bind(spec.plan_endpoint)
-            self.requests = configure(self.ctx.socket(zmq.ROUTER))
+            self.requests = configure_listener(self.ctx.socket(zmq.ROUTER),
+                                               max_size=DEFAULT_MAX_SIZE, rcvhwm=REQUESTS_RCVHWM)
             self.requests.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.requests.bind(spec.requests_endpoint)
             self.session = LeaderSession(spec, rt, self.plan, self.pln, self.wire, self.inbox)
+            self.session.gate = leader_gate(
+                spec, keys, self.pln,
+                lambda ident, body: self.wire.send_to(self.plan, self.pln, ident, body))
         else:
             self.plan = configure(self.ctx.socket(zmq.DEALER))
-            self.plan.setsockopt(zmq.IDENTITY, f"rank-{spec.rank}".encode())
+            plan_id = new_identity(spec.rank)  # unguessable: no one can squat it
+            self.plan.setsockopt(zmq.IDENTITY, plan_id)
             self.plan.connect(spec.plan_endpoint)
             self.session = FollowerSession(spec, rt, self.plan, self.pln, self.wire, self.inbox)
+            self.session.link = InitiatorLink(
+                "plan", spec, keys, self.pln, plan_id,
+                lambda body: self.wire.send(self.plan, self.pln, body))
         self._waker = Waker()
         self._sig_r, self._sig_w = socket.socketpair()
         self._sig_r.setblocking(False)
@@ -84,6 +114,10 @@ class RankIO:
         self.failed: str | None = None
         rt.post_event = self.inbox.put
         rt.reject_sources.append(self.reject_counts)
+        # watchdogs: open streams (rank 0), and the hooks any thread may call
+        self.streams = StreamLedger() if self.leader else None
+        rt.io_post = self.post
+        rt.end_io = self.stop
 
     # -- main-thread API -----------------------------------------------------------------
 
@@ -96,15 +130,19 @@ class RankIO:
 
     def post(self, *cmds: tuple) -> None:
         """("plan", Plan) | ("req", ident, body) | ("report", body) | ("ready", RankReady)
-        | ("served",) | ("stop",)"""
+        | ("served",) | ("ping", Ping) | ("abort_all", reason, detail) | ("stop", why)"""
         self._out.extend(cmds)
         self._waker.wake()
 
-    def stop(self, timeout: float = 3.0) -> None:
-        """Flush what was posted, close every socket, and wait (bounded) until libzmq has
-        handed the last messages (final tokens, telemetry) to the kernel."""
-        if self._thread.is_alive():
-            self.post(("stop",))
+    def stop(self, timeout: float = 3.0, why: str = "stopped") -> None:
+        """Flush what was posted, end every stream still open (`error`: rank 0 `why`),
+        close every socket, and wait (bounded) until libzmq has handed the last messages
+        (final tokens, telemetry) to the kernel. Any thread may call it."""
+        if threading.current_thread() is self._thread:  # a hard exit from in here
+            self._drain_outbox()
+            self._close(why)
+        elif self._thread.is_alive():
+            self.post(("stop", why))
             self._thread.join(timeout)
         term = threading.Thread(target=self.ctx.term, name="zmq-term", daemon=True)
         term.start()
@@ -130,30 +168,27 @@ class RankIO:
 
     def _loop(self) -> None:
         poller = zmq.Poller()
-        handlers = {self.control: self._on_control, self.plan: self.session.on_frames,
-                    self.report: self._on_report}
+        self.intake = intake = Intake(poller)
+        intake.add(self.control, self._on_control)
+        intake.add(self.plan, self.session.on_frames, self.pln.budget)
+        intake.add(self.report, self._on_report)
         if self.requests is not None:
-            handlers[self.requests] = self._on_requests
-        for s in handlers:
-            poller.register(s, zmq.POLLIN)
+            intake.add(self.requests, self._on_requests, self.req.budget)
         poller.register(self._sig_r.fileno(), zmq.POLLIN)
         poller.register(self._waker.rfd, zmq.POLLIN)
         while True:
             timeout_ms = self._run_timers()
+            resume = intake.next_resume()
+            if resume != float("inf"):
+                timeout_ms = min(timeout_ms, max(0, int((resume - time.monotonic()) * 1000) + 1))
             ready = dict(poller.poll(timeout_ms))
             if self._sig_r.fileno() in ready:
                 self._on_signal()
-            for sock, handler in handlers.items():
-                if sock in ready:
-                    for _ in range(BURST):
-                        try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        handler(frames)
             if self._waker.rfd in ready:
                 self._waker.clear()
-            if self._drain_outbox():
+            # Outbox first and between input bursts: a plan never queues behind input.
+            if self._drain_outbox() or intake.read(ready, self._drain_outbox) \
+                    or self._drain_outbox():
                 return
 
     def _drain_outbox(self) -> bool:
@@ -163,35 +198,54 @@ class RankIO:
             if kind == "plan":
                 self.session.publish(cmd[1])
             elif kind == "req":
-                self.wire.send_to(self.requests, self.req, cmd[1], cmd[2])
+                if self.streams is None or self.streams.on_send(cmd[2]):
+                    self.wire.send_to(self.requests, self.req, cmd[1], cmd[2])
             elif kind == "report":
-                self.wire.send(self.report, self.rep, cmd[1])
+                self._report(cmd[1])
             elif kind == "ready":
                 self._ready_msg = cmd[1]
                 self._ready_at = 0.0  # now, then every RESEND_S until SERVE
             elif kind == "served":
                 self._served = True
+            elif kind == "ping":
+                self.session.ping(cmd[1])
+            elif kind == "abort_all":
+                self._end_streams("abort", cmd[2])
+                self.inbox.put(ev.AbortAllEv(cmd[1]))
             elif kind == "stop":
-                self.wire.send(self.report, self.rep, self.rt.telemetry())
-                for s in (self.control, self.report, self.plan, self.requests):
-                    if s is not None:
-                        s.close(linger=1000)
-                self._sig_r.close()
-                self._waker.close()
+                self._close(cmd[1] if len(cmd) > 1 else "stopped")
                 return True
         return False
 
+    def _end_streams(self, finish_reason: str, error: str | None) -> None:
+        if self.streams is not None:
+            for ident, body in self.streams.end_all(finish_reason, error):
+                self.wire.send_to(self.requests, self.req, ident, body)
+
+    def _close(self, why: str) -> None:
+        if self.requests is not None and not self.requests.closed:
+            self._end_streams("error", f"rank 0 {why}")
+        if not self.report.closed:
+            self._report(self.rt.telemetry())
+        for s in (self.control, self.report, self.plan, self.requests):
+            if s is not None:
+                s.close(linger=1000)
+        # _sig_r stays open until the process ends: a signal arriving after this (a
+        # second SIGTERM during the exit) must not write into a closed pipe.
+        self._waker.close()
+
     def _run_timers(self) -> int:
         now = time.monotonic()
+        auth_at = self._auth_timers(now)
         if now >= self._telemetry_at:
             self._telemetry_at = now + self.spec.settings.telemetry_interval_s
-            self.wire.send(self.report, self.rep, self.rt.telemetry())
+            self._report(self.rt.telemetry())
             self.rt.write_marker()
-        deadline = min(self._telemetry_at, self.session.timers(now))
+        deadline = min(self._telemetry_at, self.session.timers(now), auth_at)
         if self._ready_msg is not None and not self._served:
             if now >= self._ready_at:
                 self._ready_at = now + RESEND_S
-                self.wire.send(self.report, self.rep, self._ready_msg)
+                self._report(self._ready_msg)
             deadline = min(deadline, self._ready_at)
         return max(0, int((deadline - time.monotonic()) * 1000) + 1)
 
@@ -203,8 +257,8 @@ class RankIO:
         except (BlockingIOError, InterruptedError):
             return
         for signum in data:
-            self.rt.arm_escape_hatch(f"signal {signum}")
-            self.inbox.put(ev.SignalEv(signum))
+            if self.rt.on_signal(signum):  # the first; a second one leaves at once
+                self.inbox.put(ev.SignalEv(signum))
 
     def _ours(self, body) -> bool:
         ok = getattr(body, "deployment_id", self.spec.deployment_id) == self.spec.deployment_id \
@@ -213,12 +267,35 @@ class RankIO:
             self.drops["control.wrong_deployment"] += 1
         return ok
 
+    def _report(self, body) -> None:
+        if self.report_link.accepted:  # before that the supervisor would refuse it anyway
+            self.wire.send(self.report, self.rep, body)
+
+    def _auth_timers(self, now: float) -> float:
+        """The report handshake (HELLO re-sends); fail closed if it never completes."""
+        link = self.report_link
+        if link.accepted and not self._report_live:  # telemetry at once, then periodic
+            self._report_live, self._telemetry_at = True, now
+        if not link.accepted and not self._auth_failed \
+                and now - link.started_at > self.spec.settings.auth_timeout_s:
+            self._auth_failed = True
+            self.inbox.put(ev.IoFailed(
+                f"no mutual authentication with the supervisor at {self.spec.report_endpoint} "
+                f"within {self.spec.settings.auth_timeout_s:.0f}s (a stale launch secret? "
+                f"rejections: {self.reject_counts()})"))
+        return link.timers(now)
+
     def _on_report(self, frames: list[bytes]) -> None:
-        self.drops["report.unexpected"] += 1  # nobody talks back on report
+        msg = self.rep.unpack_dealer(frames)
+        if msg is not None and self.report_link.on_message(msg) is not None:
+            self.drops["report.unexpected"] += 1  # the supervisor only answers the handshake
 
     def _on_control(self, frames: list[bytes]) -> None:
         msg = self.ctl.unpack_sub(frames, self.topic)
         if msg is None or not self._ours(msg.body):
+            return
+        if not self.report_link.peer_verified:  # the supervisor has not proved itself yet
+            self.drops["control.before_auth"] += 1
             return
         body = msg.body
         if isinstance(body, m.Lease):
@@ -242,6 +319,10 @@ class RankIO:
         ident, msg = got
         body = msg.body
         if isinstance(body, m.Generate):
+            refused = self.streams.on_generate(ident, body)
+            if refused is not None:
+                self.wire.send_to(self.requests, self.req, ident, refused)
+                return
             self.inbox.put(ev.GenerateEv(ident, body, time.time()))
         elif isinstance(body, m.Abort):
             self.inbox.put(ev.AbortEv(body))

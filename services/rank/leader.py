@@ -186,7 +186,7 @@ class Leader(RankLoop):
         if delay:
             time.sleep(delay)
         try:
-            emitted, finished = self.engine.next()
+            emitted, finished = self.run_step()
         except Divergence as exc:
             self.fail(str(exc))
         except Exception as exc:  # noqa: BLE001 - a collective failed: a peer is gone
@@ -259,10 +259,12 @@ class Leader(RankLoop):
                 self.finish(rid, "error", error=f"rank 0 stopped: {reason}")
         self.flush()
 
-    def shutdown(self, reason: str) -> None:
+    def shutdown(self, reason: str, code: int = 0, phase: Phase = Phase.EXITING) -> None:
         """Graceful: every follower gets a final plan that empties the batch, so all
-        ranks record the same removals and leave at the same step."""
-        self.rt.set_phase(Phase.DRAINING)
+        ranks record the same removals and leave at the same step. A watchdog's exit
+        (`code`, `phase`: launcher_lost, peer_lost) takes the same path."""
+        if phase == Phase.EXITING:
+            self.rt.set_phase(Phase.DRAINING)
         removes = [PlanRemove(request_id=rid, reason="shutdown")
                    for rid in self.engine.active_ids()]
         try:
@@ -275,4 +277,4 @@ class Leader(RankLoop):
         self.send(("plan", plan))
         for f in removed:
             self.record(f)
-        self.leave(0, Phase.EXITING, None)  # the exit hook flushes
+        self.leave(code, phase, reason if code else None)  # the exit hook flushes

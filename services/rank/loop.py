@@ -1,5 +1,7 @@
 """What rank 0's loop and a follower's loop share: the inbox, cancel epochs and acks,
-the removal record, and every way out."""
+the removal record, one step (`run_step`, which the watchdogs can see), and every way
+out — including a watchdog's request to leave (`ExitEv`: the same path as a shutdown,
+with the watchdog's phase and exit code)."""
 
 from __future__ import annotations
 
@@ -55,7 +57,10 @@ class RankLoop:
         elif isinstance(e, ev.ShutdownEv):
             self.shutdown(f"shutdown: {e.body.reason}" if e.body.reason else "shutdown")
         elif isinstance(e, ev.SignalEv):
+            self.rt.seams.on_signal(f"signal {e.signum}")
             self.shutdown(f"signal {e.signum}")
+        elif isinstance(e, ev.ExitEv):
+            self.shutdown(e.reason, code=e.code, phase=e.phase)
         elif isinstance(e, ev.IoFailed):
             self.fail(e.error)
         # ServeEv / LeaseSeen / Joined repeats carry nothing new once serving
@@ -105,8 +110,21 @@ class RankLoop:
 
     # -- leaving ---------------------------------------------------------------------------
 
-    def shutdown(self, reason: str) -> None:  # pragma: no cover - overridden
-        self.leave(0, Phase.EXITING, None)
+    def shutdown(self, reason: str, code: int = 0,
+                 phase: Phase = Phase.EXITING) -> None:  # pragma: no cover - overridden
+        self.leave(code, phase, reason if code else None)
+
+    # -- stepping ----------------------------------------------------------------------
+
+    def run_step(self):
+        """`engine.next()`, with `rt.busy` set while inside it (a peer that stops makes
+        the collective spin forever: the watchdogs then leave from their own thread)."""
+        self.rt.busy = f"step {self.engine.step}"
+        try:
+            self.rt.seams.before_step(self.engine.step)
+            return self.engine.next()
+        finally:
+            self.rt.busy = None
 
     def fail(self, error: str) -> NoReturn:
         log.error("rank %d fails closed: %s", self.rt.rank, error)
@@ -116,15 +134,20 @@ class RankLoop:
         text = str(exc)
         phase = Phase.PEER_LOST if ("peer" in text.lower() or "connection" in text.lower()) \
             else Phase.FAILED
-        log.error("rank %d: step %d failed: %s", self.rt.rank, self.engine.step, text)
-        self.rt.exit(EXIT_FAILED, phase, f"step {self.engine.step} failed: {text}",
-                     stop_io=self.io.stop)
+        error = f"step {self.engine.step} failed: {text}"
+        log.error("rank %d: %s", self.rt.rank, error)
+        launcher = self.rt.launcher_gone()  # the root cause when every rank is leaving
+        if launcher is not None:
+            phase, error = Phase.LAUNCHER_LOST, f"{launcher}; {error}"
+        self.rt.exit(EXIT_FAILED, phase, error, stop_io=self.io.stop)
 
     def leave(self, code: int, phase: Phase, error: str | None) -> NoReturn:
         """A clean exit: let the step in flight finish (every rank queued it), then go."""
+        self.rt.busy = "the last step"  # a stopped peer: this blocks, the hatch ends it
         try:
             self.engine.drain()
         except Exception as exc:  # noqa: BLE001 - a peer already gone; still exit
             log.warning("draining the last step: %s", exc)
+        self.rt.busy = None
         self.removals.close()
         self.rt.exit(code, phase, error, stop_io=self.io.stop)

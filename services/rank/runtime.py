@@ -5,9 +5,13 @@ and the I/O thread (which reads them for telemetry, PONG and STATS). Plain attri
 writes are atomic under the GIL; the marker file is written under a lock from one
 consistent snapshot, so a heartbeat can never overwrite a newer phase.
 
-Hook points for the watchdogs of issue 4: `last_lease_at` / `last_progress_at`,
-`request_abort_all(reason)` (an abort stage folded into the next plan), `exit(code,
-phase, error)`, and `arm_escape_hatch()` (what a signal or SHUTDOWN arms).
+What the watchdogs (services.rank.guard) read and call: `last_lease_at`,
+`last_ping_at` (followers), `step` / `active`, `busy` (what the main thread is inside:
+a step, distributed init, the load), `request_abort_all(reason, detail)` (the abort
+stage: every stream ends now, the requests leave at the next step boundary), and
+`hard_exit` — the way out from any thread when the main thread is stuck in C. Signals:
+the handler records; the I/O thread calls `on_signal` (first: escape hatch armed and a
+clean shutdown scheduled; second: `hard_exit` at once).
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,11 +31,22 @@ from common.envelope import BOOT_ID
 from common.messages import Telemetry
 from common.rankspec import RankSpec
 from common.state import Paths, Phase, RankMarker, marker_path, write_marker
+from services.rank.guard import parent_gone
+from services.rank.leaving import cache_memory, flush_logs, kernel_alarm, release_memory
+from services.rank.seams import TestSeams
+from services.rank.watchdogs import LauncherWatchdog, WatchdogSettings
 
 log = logging.getLogger("lockstep.rank")
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_SIGNAL_HATCH = 3
+HARD_EXIT_WAIT_S = 5.0  # a hard exit lets a clean exit already under way finish first
+HARD_EXIT_IO_S = 1.0  # what a hard exit gives the I/O thread to flush the last messages
+# The last resort, in the kernel: if a Python-level way out cannot run (a thread stuck
+# holding the GIL), SIGALRM's default action ends the process this long after the hatch
+# or the hard exit should have.
+KERNEL_ALARM_MARGIN_S = 5
+CLEAN_EXIT_ALARM_S = 20
 
 
 def _start_time(pid: int) -> float:
@@ -42,19 +56,6 @@ def _start_time(pid: int) -> float:
         return float(psutil.Process(pid).create_time())
     except Exception:  # noqa: BLE001 - identity is best effort here; the manifest has it
         return time.time()
-
-
-class TestSeams:
-    """Fault switches, honoured only when `settings.test_seams` is true."""
-
-    __test__ = False  # not a pytest class
-
-    def __init__(self, enabled: bool, env: dict[str, str] | None = None) -> None:
-        env = os.environ if env is None else env
-        get = env.get if enabled else (lambda _k, d=None: d)
-        drop = get("LOCKSTEP_TEST_DROP_PLAN_SEQ")
-        self.drop_plan_seq: int | None = int(drop) if drop else None
-        self.step_delay_s = float(get("LOCKSTEP_TEST_STEP_DELAY_S") or 0.0)
 
 
 class RankRuntime:
@@ -77,11 +78,21 @@ class RankRuntime:
         self.cancel_epoch = spec.cancel_epoch_floor  # last consumed (or the watermark)
         self.parent_pid: int | None = os.getppid()
         self.last_lease_at: float | None = None
+        self.last_ping_at: float | None = None  # follower: rank 0's last probe
         self.last_progress_at = time.monotonic()
+        self.busy: str | None = None  # what the main thread is inside (for watchdogs)
+        self.timeouts = WatchdogSettings.resolve(spec.settings)  # boot adds the env
         self.signal_received: int | None = None
+        self.signals = 0  # counted by the I/O thread (on_signal)
+        self.memory_released = False
+        self.memory_note: str | None = None
+        self.verdict: tuple[Phase, str] | None = None  # mark_verdict
         self.reject_sources: list[Callable[[], dict[str, int]]] = []
         self.post_event: Callable[[object], None] | None = None  # set by RankIO
+        self.io_post: Callable[..., None] | None = None  # RankIO.post
+        self.end_io: Callable[..., None] | None = None  # RankIO.stop
         self._marker_lock = threading.Lock()
+        self._exit_lock = threading.Lock()
         self._hatch: threading.Timer | None = None
         self._exit_hooks: list[Callable[[str], None]] = []
 
@@ -97,6 +108,20 @@ class RankRuntime:
             self.error = error[:2000]
         log.info("rank %d phase %s%s", self.rank, phase.value, f" ({error})" if error else "")
         self.write_marker()
+
+    def mark_verdict(self, phase: Phase, reason: str) -> None:
+        """A watchdog's verdict (peer_lost, launcher_lost, failed): the first one is
+        what this rank exits with, whatever breaks after it (a collective failing once
+        the other ranks left for the same cause)."""
+        if self.verdict is None:
+            self.verdict = (phase, reason)
+        self.set_phase(*self.verdict)
+
+    def launcher_gone(self) -> str | None:
+        """Why the launcher is gone (parent gone, lease stale), or None."""
+        v = LauncherWatchdog(self.timeouts.lease_stale_s).check(
+            time.monotonic(), parent_gone(self.parent_pid), self.last_lease_at)
+        return None if v is None else v.reason
 
     def progressed(self, step: int) -> None:
         self.step = step
@@ -128,6 +153,8 @@ class RankRuntime:
                 step=self.step, active=self.active, cancel_epoch=self.cancel_epoch,
                 error=self.error,
                 extra={"mem_active": mem_active, "mem_peak": mem_peak,
+                       "mem_cache": cache_memory(), "memory_released": self.memory_released,
+                       "memory_note": self.memory_note,
                        "boot_id": self.boot_id, "rejects": self.rejects()},
             )
             try:
@@ -144,13 +171,17 @@ class RankRuntime:
             at=self.clock(), error=self.error, rejects=self.rejects(),
         )
 
-    # -- hooks for watchdogs (issue 4) ---------------------------------------------------
+    # -- hooks for the watchdogs (services.rank.guard) -------------------------------------
 
-    def request_abort_all(self, reason: str) -> None:
-        """Thread-safe: every active request is removed at the next step boundary."""
-        from services.rank.events import AbortAllEv
+    def request_abort_all(self, reason: str, detail: str | None = None) -> None:
+        """Any thread: every stream rank 0 has open ends now with `abort` (`detail` as
+        its error text), and every request leaves the batch at the next step boundary
+        with removal reason `reason`."""
+        if self.io_post is not None:
+            self.io_post(("abort_all", reason, detail))
+        elif self.post_event is not None:
+            from services.rank.events import AbortAllEv
 
-        if self.post_event is not None:
             self.post_event(AbortAllEv(reason))
 
     def on_exit(self, hook: Callable[[str], None]) -> None:
@@ -167,31 +198,64 @@ class RankRuntime:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, handler)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # kernel_alarm: the process ends
         if wakeup_fd is not None:
             signal.set_wakeup_fd(wakeup_fd, warn_on_full_buffer=False)
 
+    def on_signal(self, signum: int) -> bool:
+        """I/O thread, once per SIGTERM/SIGINT: the first arms the escape hatch and
+        returns True (the caller schedules a clean shutdown); a second leaves at once."""
+        self.signals += 1
+        if self.signals == 1:
+            self.arm_escape_hatch(f"signal {signum}")
+            return True
+        log.error("rank %d: second signal (%d); leaving now", self.rank, signum)
+        self.hard_exit(EXIT_SIGNAL_HATCH, Phase.EXITING, f"second signal ({signum})")
+        return False
+
     def arm_escape_hatch(self, why: str) -> None:
         """If the main thread cannot reach a clean exit in time (blocked in a collective
-        or in distributed init), leave anyway: marker, then _exit."""
+        or in distributed init), leave anyway after `signal_clear_timeout_s`
+        (LOCKSTEP_SIGNAL_CLEAR_TIMEOUT): `hard_exit` with code 3."""
         if self._hatch is not None:
             return
-        timeout = self.spec.settings.signal_clear_timeout_s
+        timeout = self.timeouts.signal_clear_timeout_s
 
         def fire() -> None:
-            log.error("rank %d: no clean exit %.0fs after %s; leaving", self.rank, timeout, why)
-            self.error = self.error or f"escape hatch after {why}"
-            self.phase = Phase.EXITING
-            self.write_marker()
-            _flush_logs()
-            os._exit(EXIT_SIGNAL_HATCH)
+            log.error("rank %d: no clean exit %gs after %s; leaving", self.rank, timeout, why)
+            self.hard_exit(EXIT_SIGNAL_HATCH, Phase.EXITING,
+                           self.error or f"escape hatch {timeout:g}s after {why}")
 
         self._hatch = threading.Timer(timeout, fire)
         self._hatch.daemon = True
         self._hatch.start()
+        kernel_alarm(timeout + KERNEL_ALARM_MARGIN_S)
+
+    def hard_exit(self, code: int, phase: Phase, error: str | None) -> NoReturn:
+        """Any thread, even with the main thread stuck inside a collective: marker (a
+        watchdog's verdict wins), every open stream ended, I/O flushed (bounded), memory
+        released unless the main thread is inside MLX, _exit. A clean exit already
+        under way gets HARD_EXIT_WAIT_S to finish first."""
+        kernel_alarm(HARD_EXIT_WAIT_S + 2 * HARD_EXIT_IO_S + KERNEL_ALARM_MARGIN_S)
+        self._exit_lock.acquire(timeout=HARD_EXIT_WAIT_S)  # never released: we leave
+        if self.verdict is not None:
+            (phase, error), code = self.verdict, code or EXIT_FAILED
+        self.set_phase(phase, error)
+        if self.end_io is not None:
+            try:
+                self.end_io(timeout=HARD_EXIT_IO_S, why=error or phase.value)
+            except Exception:  # noqa: BLE001 - nothing may stop this exit
+                log.exception("stopping the I/O thread failed")
+        self._leave(code)
 
     def exit(self, code: int, phase: Phase, error: str | None = None,
              stop_io: Callable[[], None] | None = None) -> NoReturn:
-        """The one way out: marker, exit hooks (streams end), I/O flushed, memory freed."""
+        """The clean way out (main thread): marker, exit hooks (streams end), I/O
+        flushed, memory freed. If a hard exit is under way, wait for it instead."""
+        kernel_alarm(CLEAN_EXIT_ALARM_S)  # whatever hangs in here, the process ends
+        self._exit_lock.acquire()  # never released: we leave
+        if self.verdict is not None:
+            (phase, error), code = self.verdict, code or EXIT_FAILED
         if phase != self.phase or error:
             self.set_phase(phase, error)
         reason = error or phase.value
@@ -205,26 +269,15 @@ class RankRuntime:
                 stop_io()
             except Exception:  # noqa: BLE001
                 log.exception("stopping the I/O thread failed")
-        release_memory()
+        self._leave(code)
+
+    def _leave(self, code: int) -> NoReturn:
+        if self.busy is None:
+            self.memory_released = release_memory()
+        else:  # measured: clear_cache blocks, holding the GIL, while a step is stuck
+            self.memory_note = f"left to the process exit (main thread inside {self.busy})"
+            log.warning("rank %d: memory %s", self.rank, self.memory_note)
         self.write_marker()
-        log.info("rank %d exits %d (%s)", self.rank, code, phase.value)
-        _flush_logs()
+        log.info("rank %d exits %d (%s)", self.rank, code, self.phase.value)
+        flush_logs()
         os._exit(code)
-
-
-def release_memory() -> None:
-    try:
-        if hasattr(mx, "set_wired_limit"):
-            mx.set_wired_limit(0)
-        mx.clear_cache()
-    except Exception:  # noqa: BLE001
-        pass
-
-
-def _flush_logs() -> None:
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001
-            pass

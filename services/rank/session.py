@@ -1,5 +1,9 @@
 """The plan socket's two ends, run inside the I/O thread.
 
+    Both ends first authenticate each other (services.rank.auth: AUTH_HELLO →
+    CHALLENGE → PROOF → OK); rank 0 takes PLAN_HELLO / FETCH / PONG only from an
+    identity that completed it, followers take nothing from rank 0 before its proof.
+
     rank 0     ROUTER  HELLO → WELCOME (next seq); every plan to every joined follower,
                        kept in the replay buffer; FETCH(k) → BATCH from the buffer
                        (missing=True if plan k cannot be replayed); PONG recorded
@@ -61,6 +65,7 @@ class LeaderSession:
         self.replay = ReplayBuffer(spec.settings.replay_buffer)
         self.followers: dict[int, bytes] = {}
         self.last_pong: dict[int, m.Pong] = {}  # the peer watchdog (issue 4) reads this
+        self.gate = None  # common.handshake.Gate (services.rank.auth.leader_gate), set by RankIO
         self._announced = spec.world_size == 1
 
     def publish(self, plan: m.Plan) -> None:
@@ -75,10 +80,10 @@ class LeaderSession:
                 self.wire.send_to(self.sock, self.chan, ident, data=data)
 
     def on_frames(self, frames: list[bytes]) -> None:
-        got = self.chan.unpack_router(frames)
+        got = self.gate.admit(frames)  # handshake; only authenticated followers pass
         if got is None:
             return
-        ident, msg = got
+        ident, msg, _rank = got
         body = msg.body
         if isinstance(body, m.PlanHello):
             if not 1 <= body.rank < self.spec.world_size:
@@ -98,6 +103,14 @@ class LeaderSession:
     def timers(self, now: float) -> float:
         return INF
 
+    def ping(self, ping: m.Ping) -> None:
+        """A peer-watchdog probe round (services.rank.guard): one PING to every joined
+        follower; their PONGs land in `last_pong`."""
+        if self.followers:
+            data = self.chan.pack(ping)
+            for ident in self.followers.values():
+                self.wire.send_to(self.sock, self.chan, ident, data=data)
+
 
 class FollowerSession:
     def __init__(self, spec: RankSpec, rt: RankRuntime, sock: zmq.Socket, chan: Channel,
@@ -106,14 +119,15 @@ class FollowerSession:
             spec, rt, sock, chan, wire, inbox
         self.order = PlanOrder()
         self.joined = False
+        self.link = None  # services.rank.auth.InitiatorLink towards rank 0, set by RankIO
         self._hello_at = 0.0
         self._last_plan_at = time.monotonic()
         self._last_fetch_at = 0.0
 
     def on_frames(self, frames: list[bytes]) -> None:
         msg = self.chan.unpack_dealer(frames)
-        if msg is None:
-            return
+        if msg is None or (msg := self.link.on_message(msg)) is None:
+            return  # rejected, a handshake reply, or rank 0 not yet authenticated
         body = msg.body
         if isinstance(body, m.PlanWelcome):
             if body.rank != self.spec.rank:
@@ -133,6 +147,7 @@ class FollowerSession:
             else:
                 self._deliver(body.plans)
         elif isinstance(body, m.Ping):
+            self.rt.last_ping_at = time.monotonic()  # the leader watchdog reads it
             pong = m.Pong(nonce=body.nonce, rank=self.spec.rank, step=self.rt.step,
                           phase=self.rt.phase.value)
             self.wire.send(self.sock, self.chan, pong)
@@ -159,6 +174,8 @@ class FollowerSession:
 
     def timers(self, now: float) -> float:
         """Run what is due; return when to be called next."""
+        if not self.link.accepted:  # mutual authentication first (services.rank.auth)
+            return self.link.timers(now)
         if not self.joined:
             if now >= self._hello_at:
                 self._hello_at = now + RESEND_S

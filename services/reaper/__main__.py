@@ -1,7 +1,7 @@
 """`lockstep reaper` — reap orphaned launches, periodically or once.
 
     lockstep reaper [--home DIR] [--interval S] [--term-timeout S] [--kill-timeout S]
-                    [--events-port P] [--events-host H]
+                    [--events-port P] [--events-host H] [--ssh-config FILE]
     lockstep reaper --once [--json]
 
 The service runs one pass (see `services.reaper.reap`) every `--interval` seconds
@@ -16,7 +16,11 @@ a clean pass, 1 if a reap failed or a manifest is unreadable (launches are block
 
 Settings: CLI > environment > defaults (`ReaperSettings`):
   LOCKSTEP_HOME, LOCKSTEP_REAPER_INTERVAL, LOCKSTEP_REAPER_TERM_TIMEOUT,
-  LOCKSTEP_REAPER_KILL_TIMEOUT, LOCKSTEP_REAPER_EVENTS_PORT, LOCKSTEP_REAPER_EVENTS_HOST.
+  LOCKSTEP_REAPER_KILL_TIMEOUT, LOCKSTEP_REAPER_EVENTS_PORT, LOCKSTEP_REAPER_EVENTS_HOST,
+  LOCKSTEP_SSH_CONFIG, LOCKSTEP_SSH_CONNECT_TIMEOUT, LOCKSTEP_SSH_COMMAND_TIMEOUT.
+
+Ranks on remote hosts (`RankRecord.remote`) are reaped over ssh through the host agent
+(`services.reaper.remote`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from common.keys import KeyFileError, load_cluster_key
 from common.state import Paths, default_home
 from services.reaper.events import EventPublisher
 from services.reaper.reap import Publish, ReapReport, reap_orphans
+from services.reaper.remote import SshRemoteReaper
 
 log = logging.getLogger("lockstep.reaper")
 
@@ -48,6 +53,9 @@ class ReaperSettings:
     reaper_kill_timeout: float = 5.0
     reaper_events_port: int | None = None  # None: no events PUB; 0: any free port
     reaper_events_host: str = "127.0.0.1"
+    ssh_config: str = ""  # for remote ranks whose record names no ssh client config
+    ssh_connect_timeout: float = 5.0
+    ssh_command_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("reaper_interval", "reaper_term_timeout", "reaper_kill_timeout"):
@@ -95,6 +103,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--kill-timeout", type=float, default=None)
     ap.add_argument("--events-port", type=int, default=None)
     ap.add_argument("--events-host", default=None)
+    ap.add_argument("--ssh-config", default=None,
+                    help="ssh client config for remote ranks whose record names none")
     ap.add_argument("--once", action="store_true", help="one pass, then exit")
     ap.add_argument("--json", action="store_true", help="with --once: print the report as JSON")
     return ap.parse_args(argv)
@@ -112,8 +122,11 @@ def _print_report(report: ReapReport, as_json: bool) -> None:
 
 
 def _run_pass(paths: Paths, s: ReaperSettings, publish: Publish | None) -> ReapReport:
+    remote = SshRemoteReaper(paths, ssh_config=s.ssh_config,
+                             connect_timeout=s.ssh_connect_timeout,
+                             command_timeout=s.ssh_command_timeout)
     report = reap_orphans(paths, term_timeout=s.reaper_term_timeout,
-                          kill_timeout=s.reaper_kill_timeout, publish=publish)
+                          kill_timeout=s.reaper_kill_timeout, remote=remote, publish=publish)
     level = logging.WARNING if report.blocking else logging.INFO
     log.log(level, "reap pass: %s", report.summary())
     if report.blocking:
@@ -153,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         s = load_settings(ReaperSettings, {
             "home": args.home, "reaper_interval": args.interval,
             "reaper_term_timeout": args.term_timeout, "reaper_kill_timeout": args.kill_timeout,
-            "reaper_events_port": args.events_port, "reaper_events_host": args.events_host})
+            "reaper_events_port": args.events_port, "reaper_events_host": args.events_host,
+            "ssh_config": args.ssh_config})
     except ConfigError as exc:
         print(f"lockstep reaper: {exc}", file=sys.stderr)
         return 2

@@ -57,12 +57,20 @@ MAX_FAILURE_RECORDS = 20  # per manifest: retried every pass, so keep only the l
 REMOTE_UNAVAILABLE = "remote reap not available yet"
 
 
+@dataclass
+class RemoteOutcome:
+    survivors: list[dict[str, Any]]  # {rank, host, pid, reason?}; empty: every exit proven
+    path: list[str] = field(default_factory=list)  # ladder steps taken on any host
+
+
 class RemoteReaper(Protocol):
-    """Seam for ranks reached over ssh: stop them with the same proof rules and return
-    the survivors as `{rank, host, pid}` dicts (empty list: every exit proven)."""
+    """Seam for ranks reached over ssh (`services.reaper.remote.SshRemoteReaper`): stop
+    them with the same proof rules and return the survivors as `{rank, host, pid}` dicts
+    (empty: every exit proven), or a RemoteOutcome that also names the steps taken."""
 
     def __call__(self, manifest: LaunchManifest, ranks: list[RankRecord], *,
-                 term_timeout: float, kill_timeout: float) -> list[dict[str, Any]]: ...
+                 term_timeout: float, kill_timeout: float
+                 ) -> list[dict[str, Any]] | RemoteOutcome: ...
 
 
 Publish = Callable[[Event], None]
@@ -194,6 +202,10 @@ def _reap_job(manifest: LaunchManifest, *, term_timeout: float, kill_timeout: fl
                 left = [_describe(r) for r in remote_ranks]
                 out.reasons.append(f"remote reap failed: {type(exc).__name__}: {exc}")
             else:
+                if isinstance(left, RemoteOutcome):
+                    taken = set(out.path) | set(left.path)
+                    out.path = [s for s in ("sigterm", "sigkill", "sigkill-retry") if s in taken]
+                    left = left.survivors
                 if left:
                     out.reasons.append(f"remote rank(s) survived: {left}")
             out.survivors += list(left)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from common.config import ConfigError
 from common.keys import KeyFileError
+from services.supervisor.hosts import HostsError
 from services.supervisor.settings import SupervisorSettings, load
 
 
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load(args)
         return asyncio.run(_run(settings))
-    except (ConfigError, KeyFileError) as exc:
+    except (ConfigError, KeyFileError, HostsError) as exc:
         print(f"lockstep supervisor: {exc}", file=sys.stderr)
         return 2
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from common.bus import Channel
-from common.keys import LaunchKeys
+from common.envelope import Key
+from common.keys import LaunchKeys, seal_key
 from common.procs import ProcessIdentity, is_alive
 from common.state import LaunchManifest
 from services.supervisor.plan import DeployPlan
@@ -36,6 +37,7 @@ class RankState:
     last_seen: float = 0.0  # wall time of the last report
     telemetry_rx: float = 0.0  # monotonic receive time of the last telemetry
     ready: Any = None  # the identity-checked RankReady body
+    rejects: dict[str, int] = field(default_factory=dict)  # rank's "socket.reason" -> count
     error: str | None = None
     log_path: Path | None = None  # on the rank's host
     remote: Any = None  # remote.RemoteHost for a rank on another host
@@ -62,7 +64,7 @@ class RankState:
                 "pid": self.pid, "phase": self.phase,
                 "step": self.step, "active": self.active, "cancel_epoch": self.cancel_epoch,
                 "acked_epoch": self.acked_epoch, "mem_active": self.mem_active,
-                "last_seen": self.last_seen}
+                "last_seen": self.last_seen, "rejects": dict(self.rejects)}
 
 
 @dataclass
@@ -108,13 +110,17 @@ class Deployment:
     def active_requests(self) -> int:
         return max((r.active for r in self.ranks.values()), default=0)
 
-    def to_wire(self, *, with_key: bool = True) -> dict[str, Any]:
+    def to_wire(self, *, with_key: bool = True, cluster_key: Key | None = None) -> dict[str, Any]:
         return {
             "deployment_id": self.deployment_id, "job_id": self.job_id, "state": self.state,
             "model": self.model_name, "model_path": self.plan.model_path, "tp": self.plan.tp,
             "pp": self.plan.pp, "backend": self.plan.backend, "world_size": self.world_size,
             "requests_endpoint": self.requests_endpoint,
-            "requests_key": self.keys.requests.secret.hex() if (self.keys and with_key) else "",
+            # The requests key, sealed under the cluster key (common.keys.seal_key): the
+            # gateway opens it; in `lockstep admin status` output it is opaque.
+            "requests_key_sealed": seal_key(cluster_key, self.keys.requests,
+                                            context=f"{self.deployment_id}/{self.job_id}")
+            if (self.keys and with_key and cluster_key) else "",
             "canary_at": self.canary_at, "error": self.error, "teardown": self.teardown,
             "ranks": [self.ranks[r].to_wire() for r in sorted(self.ranks)],
         }

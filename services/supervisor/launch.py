@@ -62,6 +62,9 @@ def _write_private(path: Path, text: str) -> None:
 def rank_settings(settings: SupervisorSettings) -> RankSettings:
     return RankSettings(lease_stale_s=settings.lease_ttl,
                         telemetry_interval_s=settings.rank_telemetry_interval_s,
+                        peer_abort_grace_s=settings.peer_abort_grace,
+                        progress_stall_s=settings.progress_stall_timeout,
+                        signal_clear_timeout_s=settings.signal_clear_timeout,
                         test_seams=settings.rank_test_seams)
 
 

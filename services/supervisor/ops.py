@@ -17,19 +17,14 @@ import shutil
 import time
 from typing import Any
 
-import zmq
-
 from common.bus import AsyncRpcClient, BusTimeout, Channel, new_request_id
 from common.messages import REQUESTS_OUT, Shutdown, Stats, StatsRequest
-from common.ssh import SshError
 from common.state import remove_manifest, retire_markers, write_manifest
-from services.supervisor import launch, readiness, remote_watch
+from services.supervisor import launch, readiness, remote_ops
 from services.supervisor.canary import run_canary
 from services.supervisor.deployment import LIVE, Deployment
 from services.supervisor.errors import AdminError, LaunchError, TeardownError, survivor_text
-from services.supervisor.launcher import LaunchFailed
 from services.supervisor.plan import DeployPlan, make_plan, signature
-from services.supervisor.remote import hosts_of
 from services.supervisor.teardown import TeardownOutcome, verified_teardown
 
 log = logging.getLogger("lockstep.supervisor")
@@ -103,7 +98,7 @@ async def _launch(sup, dep: Deployment) -> None:
     try:
         try:
             if any(not m.local for m in dep.plan.members):
-                await _launch_remote(sup, dep)
+                await remote_ops.launch_remote(sup, dep)
             else:
                 launch.prepare(dep, sup.paths, sup.me)
                 sup.sockets.add_report_route(dep.keys.report, dep.report, dep)
@@ -134,33 +129,6 @@ async def _launch(sup, dep: Deployment) -> None:
         dep.busy = False
 
 
-async def _launch_remote(sup, dep: Deployment) -> None:
-    """Some ranks on other hosts: control/report endpoints they can reach (bound here,
-    in the loop's thread), then files and processes over ssh in worker threads (the
-    loop keeps publishing leases meanwhile), then the watch on their hosts."""
-    s = sup.settings
-    dep.remote_hosts = hosts_of(dep.plan.members, sup.remote_launcher)
-    for m in dep.plan.members:
-        if not m.local:
-            try:
-                dep.rank_endpoints[m.index] = sup.sockets.rank_endpoints_toward(m.ip)
-            except (OSError, zmq.ZMQError) as exc:
-                raise LaunchError(f"rank {m.index} on {m.host}: no control/report endpoint "
-                                  f"it can reach: {exc}", rank=m.index) from None
-    try:
-        await asyncio.to_thread(launch.prepare, dep, sup.paths, sup.me, sup.remote_launcher)
-    except LaunchFailed as exc:
-        raise LaunchError(str(exc)) from None
-    sup.sockets.add_report_route(dep.keys.report, dep.report, dep)
-    try:
-        await asyncio.to_thread(launch.start_ranks, dep, sup.paths, sup.me, s, sup.launcher,
-                                floor=sup.epochs.current, extra_env=sup.rank_env,
-                                remote=sup.remote_launcher)
-    finally:
-        if any(rs.remote is not None for rs in dep.ranks.values()):
-            dep.remote_watch = sup.spawn(remote_watch.watch(dep, s.remote_poll_s))
-
-
 def _lost(dep: Deployment) -> str | None:
     for rs in dep.ranks.values():
         if rs.popen is not None and rs.popen.poll() is not None:
@@ -186,26 +154,6 @@ async def _fail_launch(sup, dep: Deployment, err: LaunchError) -> None:
 
 
 # --- teardown bookkeeping --------------------------------------------------------------
-
-
-async def _remove_remote_files(sup, dep: Deployment) -> None:
-    """After a proven teardown: the launch secret, job files and markers on each remote
-    host. A failure is logged and kept in the outcome (the ranks are gone: a leftover
-    file opens nothing running)."""
-    def remove(host) -> str | None:
-        try:
-            sup.remote_launcher.remove_launch_files(host, dep.job_id, dep.deployment_id)
-        except SshError as exc:
-            log.warning("launch files of %s on %s not removed: %s", dep.job_id,
-                        host.describe(), exc)
-            return f"{host.describe()}: {exc}"
-        return None
-
-    hosts = list(dep.remote_hosts.values())
-    errors = [e for e in await asyncio.gather(*(asyncio.to_thread(remove, h) for h in hosts))
-              if e]
-    if errors and dep.teardown is not None:
-        dep.teardown["remote_files_left"] = errors
 
 
 def _finalize(sup, dep: Deployment) -> None:
@@ -234,7 +182,7 @@ async def teardown(sup, dep: Deployment, *, graceful_s: float | None = None) -> 
         stop_timeout=s.stop_timeout, kill_timeout=s.kill_timeout, seams=sup.seams)
     dep.teardown = outcome.to_wire()
     if outcome.proven:
-        await _remove_remote_files(sup, dep)
+        await remote_ops.remove_remote_files(sup, dep)
         _finalize(sup, dep)
         return outcome
     err = TeardownError(dep.deployment_id, outcome.survivors, outcome.to_wire())

@@ -91,10 +91,6 @@ def make_plan(model_path: str, tp: int, pp: int, hosts: list[dict[str, Any]] | N
     if backend_used == "mpi":
         raise AdminError("bad_request", "backend mpi needs ranks started by mpirun; this "
                                         "launcher does not do that yet (use ring or jaccl)")
-    for m in sel.members:
-        if not m.local:
-            raise AdminError("bad_request", f"host {m.host}: remote hosts (ssh) are not "
-                                            "supported by this launcher yet")
     return DeployPlan(str(Path(model_path).resolve()), tp, pp, backend_used, backend,
                       hosts, sel.members, sel.blockers, list(envs or []))
 

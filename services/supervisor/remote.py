@@ -19,57 +19,17 @@ import shlex
 import sys
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.procs import ProcessIdentity
-from common.ssh import SshError, SshTarget, run_json
-from common.state import Paths
-from services.hostagent import agent_argv
-from services.hostagent.base import identity_to_dict
+from common.ssh import SshError, SshTarget
+from services.hostagent.client import RemoteHost, ident_from, idents_json, remove_launch_files
 from services.supervisor.hosts import Member
 from services.supervisor.launcher import ROOT, LaunchFailed, Started
 
+__all__ = ["RemoteHost", "SshLauncher", "ident_from", "idents_json", "parallel"]
+
 log = logging.getLogger("lockstep.supervisor")
-
-
-@dataclass(frozen=True)
-class RemoteHost:
-    """One remote host as the supervisor reaches it."""
-
-    name: str  # for messages
-    target: SshTarget
-    python: str  # interpreter there (runs the host agent and, by default, the ranks)
-    home: str  # its $LOCKSTEP_HOME
-    cwd: str  # where ranks start
-    timeout: float  # deadline of one agent command (its own waits come on top)
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.target.target, self.python, self.home)
-
-    @property
-    def paths(self) -> Paths:
-        return Paths(Path(self.home))
-
-    def agent(self, command: str, *args: str, input: bytes | None = None,
-              wait: float = 0.0) -> Any:
-        """The agent's JSON answer; SshError (naming the target) if ssh or the command
-        failed or did not answer within timeout + wait seconds."""
-        return run_json(self.target, agent_argv(self.python, command, *args), input=input,
-                        timeout=self.timeout + wait)
-
-    def describe(self) -> str:
-        return f"{self.name} ({self.target.target})"
-
-
-def idents_json(idents: list[ProcessIdentity]) -> str:
-    return json.dumps([identity_to_dict(i) for i in idents])
-
-
-def ident_from(d: Mapping[str, Any]) -> ProcessIdentity:
-    return ProcessIdentity(int(d["pid"]), float(d["start_time"]), tuple(d["cmdline"]))
 
 
 def parallel(fn, items: list) -> list:
@@ -134,13 +94,7 @@ class SshLauncher:
 
     def remove_launch_files(self, host: RemoteHost, job_id: str,
                             deployment_id: str | None) -> dict[str, Any]:
-        """The launch secret and job directory there (and the deployment's markers when
-        `deployment_id` is given); only ever below that host's runtime/."""
-        p = host.paths
-        paths = [str(p.secrets / f"{job_id}.key"), str(p.runtime / "jobs" / job_id)]
-        if deployment_id is not None:
-            paths.append(str(p.markers / deployment_id))
-        return host.agent("remove-files", "--home", host.home, *paths)
+        return remove_launch_files(host, job_id, deployment_id)
 
 
 def remote_rank_argv(rank_command: str, python: str, spec_path: str) -> list[str]:

@@ -23,8 +23,8 @@ from services.supervisor.broadcast import Broadcaster
 from services.supervisor.deployment import LIVE, Deployment
 from services.supervisor.epochs import EpochStore
 from services.supervisor.errors import AdminError
-from services.supervisor.launch import SupervisorIdentity
 from services.supervisor.hosts import read_hosts_file
+from services.supervisor.launch import SupervisorIdentity
 from services.supervisor.launcher import Launcher, LocalLauncher
 from services.supervisor.remote import SshLauncher
 from services.supervisor.settings import SupervisorSettings
@@ -216,6 +216,7 @@ class Supervisor:
             rs.phase, rs.step, rs.active = body.phase, body.step, body.active
             rs.cancel_epoch, rs.mem_active = body.cancel_epoch, body.mem_active
             rs.last_seen, rs.telemetry_rx = now, time.monotonic()
+            rs.rejects = dict(body.rejects)  # "socket.reason" -> count, for status/metrics
             if body.error:
                 rs.error = body.error
         elif isinstance(body, CancelAck):

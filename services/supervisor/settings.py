@@ -12,6 +12,9 @@
 | stop_timeout | 10 | seconds after SIGTERM before SIGKILL |
 | kill_timeout | 5 | seconds after each SIGKILL |
 | lease_interval / lease_ttl | 1.0 / 45 | supervisor lease renewal and the staleness ranks act on |
+| peer_abort_grace | 5.0 | rank 0 re-probes a lost peer this long after aborting in-flight requests, then exits `peer_lost` (0: at once) |
+| progress_stall_timeout | 120 | a rank with active requests and no step for this long exits `failed` (0: off) |
+| signal_clear_timeout | 10 | after SIGTERM/SIGINT/shutdown a rank that has not exited by then leaves anyway (code 3) |
 | canary_runs / canary_window_s / canary_tokens / canary_timeout_s | 3 / 1.0 / 4 / 60 | canary |
 | abort_all_timeout | 15 | bound on abort_all's wait for acks and zero active requests |
 | cancel_timeout | 10 | how long a cancel is re-sent before unacked ranks are reported missing |
@@ -55,6 +58,9 @@ class SupervisorSettings:
     kill_timeout: float = 5.0
     lease_interval: float = 1.0
     lease_ttl: float = 45.0
+    peer_abort_grace: float = 5.0  # rank watchdogs (services/rank/watchdogs.py)
+    progress_stall_timeout: float = 120.0
+    signal_clear_timeout: float = 10.0
     canary_runs: int = 3
     canary_window_s: float = 1.0
     canary_tokens: int = 4

@@ -7,7 +7,15 @@
 
 Report frames are routed to their launch by the key id in the envelope prefix, then
 verified by that launch's own channel (its own replay window); a frame whose key belongs
-to no live launch is counted as `unknown_key` and dropped unread.
+to no live launch is counted as `unknown_key` (`retired_key` for a launch that ended)
+and dropped unread. A rank's reports count only after it completed the session
+handshake on this socket (services.supervisor.admission).
+
+Admission (docs/security.md): admin and report are listening sockets with two size caps
+and a small RCVHWM (common.bus.configure_listener); their read loops charge every
+rejected or handshake frame to a Budget and sleep when it runs dry, so a flood can
+neither spin the event loop (leases, admin) nor grow memory past RCVHWM per connection.
+The PUBs accept only small subscription frames.
 """
 
 from __future__ import annotations
@@ -17,15 +25,18 @@ import ipaddress
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from common.bus import Channel, configure
-from common.envelope import PREFIX, Key, Message, Reason, RejectCounter
+from common.admission import Budget
+from common.bus import PUB_MAX_SIZE, Channel, configure, configure_listener
+from common.envelope import DEFAULT_MAX_SIZE, Key, Message
 from common.messages import ADMIN_IN, EVENTS, Event
+from services.supervisor.admission import REPORT_MAX, ReportAdmission
 
 log = logging.getLogger("lockstep.supervisor")
 EVENTS_TOPIC = b"events"
@@ -77,11 +88,23 @@ class SupervisorSockets:
                                      accept=ADMIN_IN)
         self.events_channel = Channel("supervisor", "events", sender=sender,
                                       send_key=cluster_key, accept=EVENTS)
-        self.report_rejects = RejectCounter("supervisor", "report")
-        self.admin = configure(ctx.socket(zmq.ROUTER))
-        self.events = configure(ctx.socket(zmq.PUB))
-        self.control = configure(ctx.socket(zmq.PUB))
-        self.report = configure(ctx.socket(zmq.ROUTER))
+        self.admin_channel.budget = Budget()
+        self.admin = configure_listener(ctx.socket(zmq.ROUTER), max_size=DEFAULT_MAX_SIZE)
+        self.events = configure(ctx.socket(zmq.PUB), max_size=PUB_MAX_SIZE)
+        self.control = configure(ctx.socket(zmq.PUB), max_size=PUB_MAX_SIZE)
+        self.report = configure_listener(ctx.socket(zmq.ROUTER), max_size=REPORT_MAX)
+        # A sync view of the report socket, for non-blocking handshake replies from the
+        # event loop's thread (the only thread that touches it).
+        report_now = zmq.Socket.shadow(self.report.underlying)
+
+        def send_report(ident: bytes, data: bytes) -> None:
+            try:
+                report_now.send_multipart([ident, data], flags=zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                log.debug("report handshake reply not sent: %s", exc)
+
+        self.admission = ReportAdmission(send_report)
+        self.report_rejects = self.admission.rejects
         self.all = (self.admin, self.events, self.control, self.report)
         try:
             self.admin_endpoint = _bind(self.admin, bind_host, admin_port)
@@ -91,7 +114,6 @@ class SupervisorSockets:
         except zmq.ZMQError:
             self.close()
             raise
-        self.report_routes: dict[bytes, tuple[Channel, Any]] = {}  # key id -> (channel, route)
         self.rank_host = rank_host
         self.extra_rank_endpoints: dict[str, tuple[str, str]] = {}  # local address -> (ctl, rep)
 
@@ -140,49 +162,40 @@ class SupervisorSockets:
     # --- report routing --------------------------------------------------------------
 
     def add_report_route(self, key: Key, channel: Channel, route: Any) -> None:
-        self.report_routes[key.key_id] = (channel, route)
+        """Reports signed with `key` belong to `route` (a Deployment), once each rank has
+        completed the session handshake."""
+        self.admission.add(key, channel, route)
 
     def drop_report_route(self, key: Key) -> None:
-        self.report_routes.pop(key.key_id, None)
-
-    def _route_report(self, frames: list[bytes]) -> tuple[Any, Message] | None:
-        if len(frames) != 2:
-            self.report_rejects.add(Reason.BAD_FRAMES)
-            return None
-        data = frames[1]
-        if len(data) < PREFIX.size:
-            self.report_rejects.add(Reason.TOO_SHORT)
-            return None
-        key_id = PREFIX.unpack_from(data)[2]
-        entry = self.report_routes.get(key_id)
-        if entry is None:
-            self.report_rejects.add(Reason.UNKNOWN_KEY)
-            return None
-        channel, route = entry
-        msg = channel.unpack(data)
-        return None if msg is None else (route, msg)
+        self.admission.drop(key)
 
     # --- loops -----------------------------------------------------------------------
 
     async def admin_loop(self, handle: AdminHandler) -> None:
+        n = 0
         while True:
             try:
                 frames = await self.admin.recv_multipart()
             except (zmq.ZMQError, asyncio.CancelledError):
                 return
+            n += 1
             got = self.admin_channel.unpack_router(frames)
+            await _pace(self.admin_channel.budget, n)
             if got is None:
                 continue  # rejected and counted; never answered
             ident, msg = got
             await handle(ident, msg)
 
     async def report_loop(self, handle: ReportHandler) -> None:
+        n = 0
         while True:
             try:
                 frames = await self.report.recv_multipart()
             except (zmq.ZMQError, asyncio.CancelledError):
                 return
-            got = self._route_report(frames)
+            n += 1
+            got = self.admission.admit(frames)
+            await _pace(self.admission.budget, n)
             if got is not None:
                 try:
                     handle(*got)
@@ -192,3 +205,12 @@ class SupervisorSockets:
     def close(self) -> None:
         for s in self.all:
             s.close(0)
+
+
+async def _pace(budget: Budget, n: int) -> None:
+    """Sleep while the socket's budget is dry; yield now and then regardless (awaiting a
+    socket that already holds a frame does not give other tasks a turn)."""
+    if budget.exhausted():
+        await asyncio.sleep(max(0.0, budget.resume_at() - time.monotonic()))
+    elif n % 64 == 0:
+        await asyncio.sleep(0)

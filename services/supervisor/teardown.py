@@ -67,7 +67,7 @@ class TeardownSeams:
 
 def _names_launch(ident: ProcessIdentity, job_id: str) -> bool:
     """The command line is a rank's (`--spec FILE`) and its spec file is this job's."""
-    return tr._names_launch(list(ident.cmdline), job_id)
+    return tr.names_launch(list(ident.cmdline), job_id)
 
 
 def _reap_children(dep: Deployment) -> None:
@@ -117,8 +117,8 @@ async def verified_teardown(dep: Deployment, paths: Paths, *, publish_shutdown: 
     by_pid = {r.pid: r for r in local if r.identity is not None}
     targets = [r.identity for r in local if r.identity is not None]
     pgids = sorted({r.pgid for r in local if r.pgid > 1})
-    hosts = [tr.HostTeardown(host, [dep.ranks[m.index] for m in dep.plan.members
-                                    if m.host_index == hi and m.index in dep.ranks])
+    hosts = [tr.HostTeardown.of(host, [dep.ranks[m.index] for m in dep.plan.members
+                                       if m.host_index == hi and m.index in dep.ranks])
              for hi, host in dep.remote_hosts.items()]
 
     alive = [t for t in targets if is_alive(t)]

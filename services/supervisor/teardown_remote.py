@@ -15,37 +15,33 @@ teardown runs them in threads, one per host.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from common.procs import START_TIME_TOLERANCE, ProcessIdentity
 from common.ssh import SshError
 from common.state import RankMarker, StateFileError
+from services.hostagent import client
+from services.hostagent.client import STEPS, Ladder, RemoteHost, ident_from
 from services.supervisor.deployment import RankState
-from services.supervisor.remote import RemoteHost, ident_from, idents_json
 
-STEPS = (("sigterm", "TERM"), ("sigkill", "KILL"), ("sigkill-retry", "KILL"))
+__all__ = ["STEPS", "HostTeardown", "ladder", "survivors", "sweep_and_prove", "wait_gone"]
 SWEEP_TERM_S = 0.2
 GONE_STATES = frozenset({"gone", "reused"})
 
 
 @dataclass
-class HostTeardown:
-    host: RemoteHost
-    ranks: list[RankState]
-    left: list[ProcessIdentity] = field(default_factory=list)  # not (yet) proven gone
-    path: list[str] = field(default_factory=list)
-    error: str | None = None  # the ssh failure that ended this host's teardown
+class HostTeardown(Ladder):
+    host: RemoteHost | None = None
+    ranks: list[RankState] = field(default_factory=list)  # every rank placed there
     swept: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
     swept_rank: dict[int, int] = field(default_factory=dict)  # pid -> rank
 
-    def __post_init__(self) -> None:
-        self.left = [rs.identity for rs in self.ranks if rs.identity is not None]
-
-    def fail(self, what: str, exc: Exception) -> None:
-        self.error = f"{what} on {self.host.describe()} failed: {exc}"
+    @classmethod
+    def of(cls, host: RemoteHost, ranks: list[RankState]) -> HostTeardown:
+        return cls(left=[rs.identity for rs in ranks if rs.identity is not None],
+                   host=host, ranks=ranks)
 
     def rank_of(self, pid: int) -> int | None:
         for rs in self.ranks:
@@ -58,42 +54,16 @@ class HostTeardown:
 
 
 def wait_gone(ht: HostTeardown, timeout: float) -> None:
-    if ht.error or not ht.left:
-        return
-    try:
-        ans = ht.host.agent("wait-exit", "--identities-json", idents_json(ht.left),
-                            "--timeout", f"{timeout:.3f}", wait=timeout)
-        ht.left = [ident_from(d) for d in ans["survivors"]]
-    except (SshError, KeyError, TypeError) as exc:
-        ht.fail("wait-exit", exc)
-
-
-def _signal(ht: HostTeardown, ident: ProcessIdentity, sig: str) -> None:
-    pgid = next((rs.pgid for rs in ht.ranks if rs.pid == ident.pid), 0)
-    # The group only while this member proves it (the agent checks); else the process.
-    if pgid > 1 and ht.host.agent("signal-group", str(pgid), sig, "--members-json",
-                                  idents_json([ident]))["sent"]:
-        return
-    ht.host.agent("signal", str(ident.pid), repr(ident.start_time), sig,
-                  "--cmdline-json", json.dumps(list(ident.cmdline)))
+    client.wait_gone(ht.host, ht, timeout)
 
 
 def ladder(ht: HostTeardown, term_timeout: float, kill_timeout: float) -> None:
-    for (step, sig), timeout in zip(STEPS, (term_timeout, kill_timeout, kill_timeout),
-                                    strict=True):
-        if ht.error or not ht.left:
-            return
-        ht.path.append(step)
-        try:
-            for ident in ht.left:
-                _signal(ht, ident, sig)
-        except (SshError, KeyError, TypeError) as exc:
-            ht.fail(f"{step}", exc)
-            return
-        wait_gone(ht, timeout)
+    client.run_ladder(ht.host, ht, {rs.pid: rs.pgid for rs in ht.ranks},
+                      term_timeout=term_timeout, kill_timeout=kill_timeout)
 
 
-def _names_launch(cmdline: list[str], job_id: str) -> bool:
+def names_launch(cmdline: list[str], job_id: str) -> bool:
+    """A rank's command line (`--spec FILE`) whose spec file is this job's."""
     return "--spec" in cmdline and any(job_id in a for a in cmdline)
 
 
@@ -119,7 +89,7 @@ def _leftovers(ht: HostTeardown, markers: list[dict[str, Any]], deployment_id: s
             ht.skipped.append({"rank": m.rank, "pid": m.pid, "host": ht.host.name,
                                "reason": f"pid reused: start time {ident.start_time:.2f} "
                                          f"!= marker {m.start_time:.2f}"})
-        elif m.job_id != job_id or not _names_launch(list(ident.cmdline), job_id):
+        elif m.job_id != job_id or not names_launch(list(ident.cmdline), job_id):
             ht.skipped.append({"rank": m.rank, "pid": m.pid, "host": ht.host.name,
                                "reason": "command line does not name this launch"})
         else:
@@ -135,28 +105,22 @@ def sweep_and_prove(ht: HostTeardown, deployment_id: str, job_id: str,
         return
     recorded = [rs.identity for rs in ht.ranks if rs.identity is not None]
     try:
-        ans = ht.host.agent("probe", "--identities-json", idents_json(recorded),
-                            "--home", ht.host.home, "--deployment", deployment_id)
-        states = {p["pid"]: p["state"] for p in ans["processes"]}
+        states, markers = client.probe_states(ht.host, recorded, deployment_id)
         ht.left = [i for i in recorded if states.get(i.pid) not in GONE_STATES]
-        found = _leftovers(ht, ans.get("markers", []), deployment_id, job_id)
-    except (SshError, KeyError, TypeError) as exc:
+        found = _leftovers(ht, markers, deployment_id, job_id)
+    except (SshError, KeyError, TypeError, ValueError) as exc:
         ht.left = recorded
-        ht.fail("probe", exc)
+        ht.error = f"probe of {ht.host.describe()} failed: {exc}"
         return
     if not found:
         return
-    sweep = HostTeardown(ht.host, [])
-    sweep.left = [i for _, i in found]
-    ladder(sweep, SWEEP_TERM_S, kill_timeout)
-    if "sweep" not in ht.path:
-        ht.path.append("sweep")
+    sweep = Ladder(left=[i for _, i in found])
+    client.run_ladder(ht.host, sweep, {}, term_timeout=SWEEP_TERM_S, kill_timeout=kill_timeout)
     ht.swept += [{"rank": r, "pid": i.pid, "host": ht.host.name, "path": sweep.path}
                  for r, i in found]
     ht.swept_rank.update({i.pid: r for r, i in found})
     ht.left += sweep.left
-    if sweep.error:
-        ht.error = sweep.error
+    ht.error = ht.error or sweep.error
 
 
 def survivors(ht: HostTeardown) -> list[dict[str, Any]]:

@@ -6,8 +6,14 @@ on the real MLX ring backend over loopback, talking signed ZeroMQ.
         r = d.generate([1, 2, 3], max_tokens=8)     # Result(tokens, finish_reason, ...)
 
 The stub thread owns every harness socket (control PUB, report ROUTER, requests DEALER):
-it publishes LEASE every 0.5 s, collects RANK_READY / TELEMETRY / CANCEL_ACK, re-sends
+it publishes LEASE every 0.5 s, answers each rank's report handshake (common.handshake)
+and then collects RANK_READY / TELEMETRY / CANCEL_ACK from authenticated ranks, re-sends
 cancels until every live rank acked, and routes TOKENS into per-request streams.
+
+Watchdog tests: `pause_leases()` stops the LEASE renewals; `Deployment(..., launcher=True)`
+starts the ranks through a stand-in launcher process (tests/e2e/rank_launcher.py) instead
+of as children of the test (SIGKILL `d.launcher_proc` to orphan them); `rank_env={r:
+{...}}` adds environment to one rank only.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import zmq
 
 from common import messages as m
-from common.bus import Channel, configure
+from common.bus import PUB_MAX_SIZE, Channel, configure, configure_listener
+from common.handshake import Gate, Responder, session_keys
 from common.keys import LaunchKeys, new_launch_secret
 from common.rankspec import SCHEMA_VERSION, RankSettings, RankSpec
 from common.state import Paths, marker_path, read_json
@@ -97,10 +105,14 @@ class _Stub(threading.Thread):
                            accept=m.REPORT)
         self.req = Channel("harness", "requests", sender="gateway", send_key=k.requests,
                            accept=m.REQUESTS_OUT)
-        self.pub = configure(self.ctx.socket(zmq.PUB))
+        self.pub = configure(self.ctx.socket(zmq.PUB), max_size=PUB_MAX_SIZE)
         self.pub.bind(d.control_endpoint)
-        self.router = configure(self.ctx.socket(zmq.ROUTER))
+        self.router = configure_listener(self.ctx.socket(zmq.ROUTER), max_size=256 * 1024)
         self.router.bind(d.report_endpoint)
+        # Like the supervisor: a rank's reports count only after the session handshake.
+        self.gate = Gate(self.rep, Responder("report", d.deployment_id, d.job_id,
+                                             range(d.world), lambda r: session_keys(k, r),
+                                             on_drop=self.rep.reject), self._send_report)
         self.dealer = configure(self.ctx.socket(zmq.DEALER))
         self.dealer.connect(d.requests_endpoint)
         addr = f"inproc://harness-{id(self)}"
@@ -118,6 +130,7 @@ class _Stub(threading.Thread):
         self.stats: dict[str, m.Stats] = {}
         self.resend: dict[int, tuple[m.Cancel, float]] = {}  # epoch → (cancel, until)
         self.lease_seq = 0
+        self.leases_paused = False
         self.stopped = False
 
     def post(self, *cmds: tuple) -> None:
@@ -135,7 +148,7 @@ class _Stub(threading.Thread):
         next_lease = next_resend = 0.0
         while not self.stopped:
             now = time.monotonic()
-            if now >= next_lease:
+            if now >= next_lease and not self.leases_paused:
                 next_lease = now + 0.5
                 self.lease_seq += 1
                 self.publish(m.Lease(self.d.deployment_id, self.d.job_id, self.lease_seq,
@@ -176,8 +189,14 @@ class _Stub(threading.Thread):
             except zmq.Again:
                 return
 
+    def _send_report(self, ident: bytes, body) -> None:
+        try:
+            self.router.send_multipart([ident, self.rep.pack(body)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
     def _on_report(self, frames) -> None:
-        got = self.rep.unpack_router(frames)
+        got = self.gate.admit(frames)
         if got is None:
             return
         body = got[1].body
@@ -204,17 +223,57 @@ class _Stub(threading.Thread):
             self.cv.notify_all()
 
 
+class _Orphanable:
+    """A rank started by the stand-in launcher: not our child, so it is judged by psutil.
+    A zombie counts as exited (PID 1 may never reap it); its exit code is unknown (-1)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._proc = psutil.Process(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                if self._proc.status() == psutil.STATUS_ZOMBIE:
+                    self.returncode = -1
+            except psutil.NoSuchProcess:
+                self.returncode = -1
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        poll_until(lambda: self.poll() is not None, 1e9 if timeout is None else timeout,
+                   f"pid {self.pid} to exit")
+        return self.returncode
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes in process group `pgid`."""
+    out = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            pass
+    return out
+
+
 class Deployment:
     def __init__(self, root: Path, *, mode: str = "single", preset: str = "tiny",
                  settings: dict | None = None, env: dict | None = None,
                  cancel_epoch_floor: int = 0, lease_epoch: int | None = None,
-                 backend: str = "ring") -> None:
+                 backend: str = "ring", rank_env: dict[int, dict] | None = None,
+                 launcher: bool = False) -> None:
         self.root = Path(root)
         self.mode = mode
         self.world = 1 if mode == "single" else 2
         self.model = model_dir(preset)
         self.settings = RankSettings(**{"test_seams": True, **(settings or {})})
         self.extra_env = dict(env or {})
+        self.per_rank_env = {r: dict(e) for r, e in (rank_env or {}).items()}
+        self.use_launcher = launcher
+        self.launcher_proc: subprocess.Popen | None = None
         self.deployment_id = "d-" + secrets.token_hex(4)
         self.job_id = "j-" + secrets.token_hex(4)
         self.topic = b"ctl:" + self.deployment_id.encode()
@@ -253,6 +312,7 @@ class Deployment:
     def rank_env(self, rank: int) -> dict[str, str]:
         env = rank_environment(self.settings, os.environ)
         env.update(self.extra_env)
+        env.update(self.per_rank_env.get(rank, {}))
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         if self.world > 1:
             env.update(MLX_RANK=str(rank), MLX_HOSTFILE=str(self.hostfile))
@@ -262,14 +322,21 @@ class Deployment:
         self.stub = _Stub(self)
         self.stub.start()
         (self.root / "logs").mkdir(exist_ok=True)
+        plan = []
         for r in range(self.world):
             spec_file = self.root / f"rank-{r}.spec.json"
             self.spec(r).save(spec_file)
+            argv = [sys.executable, "-m", "services.rank", "--spec", str(spec_file)]
+            if self.use_launcher:
+                plan.append({"argv": argv, "env": self.rank_env(r), "cwd": str(REPO),
+                             "log": str(self.log_path(r))})
+                continue
             with open(self.log_path(r), "wb") as log:
                 self.procs[r] = subprocess.Popen(
-                    [sys.executable, "-m", "services.rank", "--spec", str(spec_file)],
-                    cwd=REPO, env=self.rank_env(r), stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True)
+                    argv, cwd=REPO, env=self.rank_env(r), stdout=log,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        if plan:
+            self._start_launcher(plan)
         try:
             self.wait(lambda: len(self.stub.ready) == self.world, timeout, "RANK_READY")
             self.stub.post(("pub", m.Serve(self.deployment_id, self.job_id)))
@@ -279,6 +346,20 @@ class Deployment:
             self.teardown()
             raise
         return self
+
+    def _start_launcher(self, plan: list[dict]) -> None:
+        path = self.root / "launch-plan.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(plan, f)
+        self.launcher_proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.e2e.rank_launcher", str(path)], cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        pids = json.loads(self.launcher_proc.stdout.readline() or "[]")
+        if len(pids) != self.world:
+            raise RuntimeError(f"the stand-in launcher started {pids}, not {self.world} ranks")
+        self.procs = {r: _Orphanable(pid) for r, pid in enumerate(pids)}
 
     def __enter__(self) -> Deployment:
         return self.start()
@@ -319,12 +400,20 @@ class Deployment:
                     time.sleep(0.02)
             for p in self.procs.values():
                 p.wait(timeout=5)
+                if isinstance(p, _Orphanable):  # orphans may linger as zombies
+                    assert not group_members(p.pid), f"process group {p.pid} has members"
+                    continue
                 try:
                     os.killpg(p.pid, 0)  # the group must be empty too
                     raise AssertionError(f"process group {p.pid} still has members")
                 except ProcessLookupError:
                     pass
         finally:
+            if self.launcher_proc is not None:
+                if self.launcher_proc.poll() is None:
+                    self.launcher_proc.kill()
+                self.launcher_proc.wait(5)
+                self.launcher_proc.stdout.close()
             if self.stub is not None:
                 self.stub.stopped = True
                 self.stub.join(5)
@@ -433,6 +522,10 @@ class Deployment:
         c = m.Cancel(self.deployment_id, epoch, scope, list(request_ids), "test")
         self.stub.post(("cancel", c, resend_s))
         return epoch
+
+    def pause_leases(self) -> None:
+        """The supervisor stops renewing its lease (as if it hung)."""
+        self.stub.leases_paused = True
 
     def publish_once(self, body) -> None:
         self.stub.post(("pub", body))

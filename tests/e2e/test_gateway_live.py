@@ -21,7 +21,7 @@ import pytest
 import zmq
 
 from common.bus import Channel, SyncRpcClient, new_request_id
-from common.envelope import Key
+from common.keys import load_cluster_key, requests_key_of
 from common.messages import REQUESTS_OUT, StatsRequest
 from common.procs import snapshot_children
 from tests.gwutil import free_port, poll_until, sse_lines
@@ -74,7 +74,8 @@ def client(live) -> openai.OpenAI:
 def rank0_stats(live):
     dep = live["dep"]
     ch = Channel("test", "requests", sender="test", accept=REQUESTS_OUT,
-                 send_key=Key.from_secret(bytes.fromhex(dep["requests_key"])))
+                 send_key=requests_key_of(dep, load_cluster_key(
+                     live["home"] / "keys" / "cluster.key")))
     ctx = zmq.Context.instance()
     c = SyncRpcClient(ctx, dep["requests_endpoint"], ch)
     try:

@@ -280,12 +280,14 @@ def test_plan_gap_makes_follower_fail_closed(tmp_path, drop, greedy):
         assert marker["phase"] == "failed" and "plan gap" in marker["error"], marker
         assert f"plan {drop} " in marker["error"], marker
         assert "Traceback" not in d.log(1)
-        # Rank 0 loses its peer and ends every stream with an error — never wrong tokens.
+        # Rank 0 loses its peer and ends every stream with an error — never wrong tokens
+        # (or with abort, when its peer watchdog's abort stage came first: the ring does
+        # not always raise when a peer exits mid-step).
         d.wait_exit([0], timeout=30)
         assert d.marker(0)["phase"] in ("peer_lost", "failed")
         for rid, prompt in zip(rids, prompts, strict=True):
             res = d.result(rid, timeout=5)
-            assert res.finish_reason == "error" and res.error
+            assert res.finish_reason in ("error", "abort") and res.error
             assert res.tokens == greedy(prompt, 30)[: len(res.tokens)]
         # The follower stopped before the hole: it never applied a later plan.
         assert not d.removals(1)

@@ -28,7 +28,7 @@ from common.bus import Channel, configure
 from common.keys import LaunchKeys, read_secret_file
 from common.messages import (
     CONTROL,
-    REPORT,
+    REPORT_TO_RANK,
     REQUESTS_IN,
     Abort,
     Cancel,
@@ -46,6 +46,7 @@ from common.messages import (
 from common.procs import identify
 from common.rankspec import RankSpec
 from common.state import Paths, Phase, RankMarker, write_marker
+from services.rank.auth import InitiatorLink, new_identity
 
 
 def switched(name: str, rank: int) -> bool:
@@ -89,7 +90,7 @@ class FakeRank:
         self.control_ch = Channel("fake_rank", "control", sender=sender,
                                   send_key=keys.control, accept=CONTROL)
         self.report_ch = Channel("fake_rank", "report", sender=sender, send_key=keys.report,
-                                 accept=REPORT)
+                                 accept=REPORT_TO_RANK)
         self.req_ch = Channel("fake_rank", "requests", sender=sender, send_key=keys.requests,
                               accept=REQUESTS_IN)
         self.ctx = zmq.Context()
@@ -97,7 +98,14 @@ class FakeRank:
         self.control.setsockopt(zmq.SUBSCRIBE, b"ctl:" + spec.deployment_id.encode())
         self.control.connect(spec.control_endpoint)
         self.report = configure(self.ctx.socket(zmq.DEALER))
+        ident = new_identity(self.rank)
+        self.report.setsockopt(zmq.IDENTITY, ident)
         self.report.connect(spec.report_endpoint)
+        # Like the real rank: the session handshake with the supervisor comes first; reports
+        # wait for it, control is not believed before it.
+        self.link = InitiatorLink("report", spec, keys, self.report_ch, ident,
+                                  lambda b: self.report.send(self.report_ch.pack(b), zmq.NOBLOCK))
+        self.held: list[object] = []
         self.requests: zmq.Socket | None = None
         self.phase = Phase.STARTING
         self.step = 0
@@ -124,7 +132,19 @@ class FakeRank:
             cancel_epoch=self.cancel_epoch, error=error))
 
     def send_report(self, body: object) -> None:
+        if not self.link.accepted:
+            self.held = [*self.held[-63:], body]
+            return
         self.report.send(self.report_ch.pack(body), flags=zmq.NOBLOCK)
+
+    def on_report(self) -> None:
+        msg = self.report_ch.unpack_dealer(self.report.recv_multipart())
+        if msg is not None:
+            self.link.on_message(msg)
+        if self.link.accepted and self.held:
+            held, self.held = self.held, []
+            for body in held:
+                self.send_report(body)
 
     def telemetry(self) -> None:
         self.send_report(Telemetry(
@@ -138,7 +158,7 @@ class FakeRank:
     def on_control(self) -> None:
         msg = self.control_ch.unpack_sub(self.control.recv_multipart(),
                                          b"ctl:" + self.spec.deployment_id.encode())
-        if msg is None:
+        if msg is None or not self.link.peer_verified:
             return
         body = msg.body
         if isinstance(body, Lease):
@@ -223,11 +243,15 @@ class FakeRank:
         os._exit(code)
 
     def pump(self, timeout_s: float) -> None:
+        self.link.timers(time.monotonic())
         poller = zmq.Poller()
         poller.register(self.control, zmq.POLLIN)
+        poller.register(self.report, zmq.POLLIN)
         if self.requests is not None:
             poller.register(self.requests, zmq.POLLIN)
         events = dict(poller.poll(max(1, int(timeout_s * 1000))))
+        if self.report in events:
+            self.on_report()
         if self.control in events:
             self.on_control()
         if self.requests is not None and self.requests in events:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from common.keys import generate_key_file
+from common.keys import generate_key_file, load_cluster_key
 from common.state import LaunchManifest, Paths, manifest_path, marker_dir, read_json
 from tests.fakes.procwatch import poll_file, poll_for, process_gone
 from tests.support.requests import RequestsClient
@@ -105,9 +105,9 @@ def cluster(tmp_path: Path):
     c.close()
 
 
-def _serving_request(info: dict) -> RequestsClient:
+def _serving_request(c: Cluster, info: dict) -> RequestsClient:
     """A long greedy generation in flight through rank 0, so the kill lands mid-serve."""
-    client = RequestsClient(info)
+    client = RequestsClient(info, load_cluster_key(c.paths.cluster_key))
     rid = client.generate([1, 2, 3, 4, 5], 2000)
     poll_for("tokens streaming from rank 0", lambda: (client.pump(), client.streams[rid])[1], 60)
     return client
@@ -124,7 +124,7 @@ def _assert_reaped(c: Cluster, m: LaunchManifest) -> None:
 def _redeploy_cleanly(c: Cluster, model: Path, dep_id: str) -> None:
     sup = c.supervisor()
     info, m = c.deploy_tp2(model, dep_id)
-    client = RequestsClient(info)
+    client = RequestsClient(info, load_cluster_key(c.paths.cluster_key))
     try:
         rid = client.generate([1, 2, 3], 4)
         assert client.wait_finished([rid], 60) == {rid: "length"}
@@ -144,7 +144,7 @@ def test_sigkill_supervisor_tp2_then_reaper_once(cluster: Cluster, model: Path) 
     to do the killing (SIGTERM is held while stopped, SIGKILL is not)."""
     sup = cluster.supervisor()
     info, m = cluster.deploy_tp2(model, "tp2a")
-    client = _serving_request(info)
+    client = _serving_request(cluster, info)
     try:
         for r in m.ranks:
             os.kill(r.pid, signal.SIGSTOP)
@@ -177,7 +177,7 @@ def test_sigkill_supervisor_tp2_with_reaper_service(cluster: Cluster, model: Pat
     sup = cluster.supervisor()
     info, m = cluster.deploy_tp2(model, "svc-a")
     poll_file(log, f"active=['{m.job_id}']", interval + 10)  # seen live, left alone
-    client = _serving_request(info)
+    client = _serving_request(cluster, info)
     try:
         sup.kill()
         sup.wait(timeout=10)

@@ -1,5 +1,6 @@
 """A minimal gateway stand-in: a DEALER on rank 0's requests socket with the launch's
-requests key (taken from the authenticated `deployments` admin reply)."""
+requests key (sealed in the authenticated `deployments` admin reply; opened with the
+cluster key)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,28 @@ import zmq
 
 from common.bus import Channel, configure, new_request_id
 from common.envelope import Key
+from common.keys import KeyFileError, requests_key_of
 from common.messages import REQUESTS_OUT, Generate, Tokens
+
+CLUSTER_KEYS: list[Key] = []  # cluster keys of supervisors tests started (RunningSupervisor)
+
+
+def open_requests_key(dep_info: dict, cluster_key: Key | None = None) -> Key:
+    """The requests key sealed in a DeploymentInfo, opened with `cluster_key` or with the
+    key of any supervisor this test process started."""
+    for key in [cluster_key] if cluster_key is not None else CLUSTER_KEYS[::-1]:
+        try:
+            return requests_key_of(dep_info, key)
+        except (KeyFileError, ValueError):
+            continue
+    raise AssertionError(f"no known cluster key opens the requests key of "
+                         f"{dep_info.get('deployment_id')}")
 
 
 class RequestsClient:
-    def __init__(self, dep_info: dict) -> None:
+    def __init__(self, dep_info: dict, cluster_key: Key | None = None) -> None:
         self.ctx = zmq.Context()
-        key = Key.from_secret(bytes.fromhex(dep_info["requests_key"]))
+        key = open_requests_key(dep_info, cluster_key)
         self.channel = Channel("test", "requests", sender=f"test:{new_request_id()}",
                                send_key=key, accept=REQUESTS_OUT)
         self.sock = configure(self.ctx.socket(zmq.DEALER))

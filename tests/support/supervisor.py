@@ -18,6 +18,7 @@ import psutil
 from common.keys import generate_key_file, load_cluster_key
 from services.admin_cli import AdminClient
 from services.supervisor.settings import SupervisorSettings
+from tests.support.requests import CLUSTER_KEYS
 
 FAKE_RANK = f"{sys.executable} -m tests.fakes.fake_rank"
 
@@ -85,6 +86,7 @@ class RunningSupervisor:
         if self.error:
             raise self.error
         self.key = load_cluster_key(settings.home / "keys" / "cluster.key")
+        CLUSTER_KEYS.append(self.key)  # opens the sealed requests key (tests.support.requests)
         self.client = AdminClient(self.sup.sockets.admin_endpoint, self.key)
 
     def call(self, command: str, timeout: float = 60.0, **args: Any):

@@ -5,12 +5,16 @@ last reap report.
     reply    {supervisor: {pid, boot_id, uptime_s, home, endpoints},
               deployments: [DeploymentInfo], cancel_epoch,
               rejections: [{service, socket, reason, count}], reaper: ReapReport|null}
+             rejections: the supervisor's own sockets (service "supervisor"), plus what every
+             rank reported in telemetry, summed over ranks (service "rank"; per rank in
+             deployments[].ranks[].rejects)
     CLI      lockstep admin status [--json]
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from common.envelope import BOOT_ID, REGISTRY
@@ -30,8 +34,21 @@ async def run(sup, args: Args) -> dict:
                        "endpoints": {"admin": sk.admin_endpoint, "events": sk.events_endpoint,
                                      "control": sk.control_endpoint,
                                      "report": sk.report_endpoint}},
-        "deployments": [d.to_wire() for d in sup.deployments.values()],
+        "deployments": [d.to_wire(cluster_key=sup.cluster_key) for d in sup.deployments.values()],
         "cancel_epoch": sup.epochs.current,
-        "rejections": REGISTRY.snapshot(),
+        "rejections": REGISTRY.snapshot() + rank_rejections(sup),
         "reaper": sup.last_reap,
     }
+
+
+def rank_rejections(sup) -> list[dict]:
+    """Ranks' `socket.reason` counters (from telemetry) as status rows, summed over ranks."""
+    total: Counter[tuple[str, str]] = Counter()
+    for dep in sup.deployments.values():
+        for rs in dep.ranks.values():
+            for key, n in (rs.rejects or {}).items():
+                sock, _, reason = str(key).partition(".")
+                if isinstance(n, int):
+                    total[(sock, reason or "unknown")] += n
+    return [{"service": "rank", "socket": k, "reason": r, "count": n}
+            for (k, r), n in sorted(total.items())]

@@ -86,8 +86,14 @@ def test_plan_rules_and_signature(tmp_path):
         make_plan(str(tmp_path), 2, 1, None, "jaccl")
     with pytest.raises(AdminError, match="safetensors.index"):
         make_plan(str(tmp_path), 1, 2, None, "auto")
-    with pytest.raises(AdminError, match="remote hosts"):
-        make_plan(str(tmp_path), 2, 1, [READY, {"ssh": "user@far"}], "ring")
+    remote = make_plan(str(tmp_path), 2, 1, [READY, {"ssh": "user@far", "ips": ["10.0.0.9"],
+                                                     "python": "/opt/py/bin/python"}], "ring")
+    assert [m.local for m in remote.members] == [True, False]
+    assert remote.members[1].ip == "10.0.0.9" and remote.members[1].python == "/opt/py/bin/python"
+    with pytest.raises(AdminError, match="absolute path"):
+        make_plan(str(tmp_path), 2, 1, [READY, {"ssh": "user@far", "home": "rel/dir"}], "ring")
+    with pytest.raises(AdminError, match="invalid ssh target"):
+        make_plan(str(tmp_path), 2, 1, [READY, {"ssh": "-oProxyCommand=x"}], "ring")
     with pytest.raises(AdminError, match="mpirun"):
         make_plan(str(tmp_path), 2, 1, None, "mpi")
     plan = make_plan(str(tmp_path), 2, 1, None, "auto")

@@ -1,0 +1,235 @@
+"""The watchdog thread: runs services.rank.watchdogs against one rank, and ends it.
+
+    every tick (≤ 0.5 s; the probe interval on rank 0 once loaded):
+      launcher  parent gone / lease stale → marker launcher_lost → abort stage → exit
+      progress  active requests, no step for the stall timeout → marker failed → exit
+      peers     rank 0: close the probe round, send the next (PING through the I/O
+                thread); followers: judge rank 0's silence
+
+Ending a rank (`Watchdogs.end`): the marker first; then, unless the verdict is a stall,
+the abort stage (every open stream ends now with `abort`, from the I/O thread; the
+requests leave the batch through a plan if the main thread reaches a step boundary);
+then, if the main thread is free (not inside a step, distributed init or a load), it is
+asked to leave cleanly (`ExitEv`) and given `leave_wait_s`; last, the hard exit from
+this thread (`RankRuntime.hard_exit`: streams ended, I/O flushed, memory released,
+`os._exit`), the only way out of a main thread stuck inside a collective in C.
+
+Everything the thread touches goes through `RankHooks`; `clock`, `sleep` and the hooks
+are injected, so tests drive it without real seconds or real processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from common.messages import Ping
+from common.state import Phase
+from services.rank.events import ExitEv
+from services.rank.watchdogs import (
+    LauncherWatchdog,
+    LeaderWatchdog,
+    PeerWatchdog,
+    ProgressWatchdog,
+    Verdict,
+    WatchdogSettings,
+)
+
+log = logging.getLogger("lockstep.rank.watchdog")
+EXIT_FAILED = 1
+MAX_TICK_S = 0.5
+LEAVE_WAIT_S = 5.0  # a free main thread gets this long to leave cleanly
+SUSPENDED_AFTER_S = 2.0  # a tick this late means this process itself did not run
+ALWAYS, IF_FREE, NEVER = "always", "if free", "never"  # Watchdogs.end(leave=...)
+
+
+class RankHooks(Protocol):
+    leader: bool
+    world_size: int
+
+    def fast(self) -> bool: ...  # loaded: probe at the serving interval
+    def parent_gone(self) -> str | None: ...
+    def last_lease_at(self) -> float | None: ...
+    def activity(self) -> tuple[int, int]: ...  # (active requests, step)
+    def busy(self) -> str | None: ...  # what the main thread is inside, if anything
+    def peers(self) -> list[int]: ...  # rank 0: joined followers
+    def answered(self) -> Mapping[int, int]: ...  # rank 0: rank → highest nonce echoed
+    def send_probe(self, nonce: int) -> None: ...
+    def last_ping_at(self) -> float | None: ...  # followers
+    def mark(self, phase: str, reason: str) -> None: ...
+    def abort_all(self, reason: str) -> None: ...
+    def request_exit(self, code: int, phase: str, reason: str) -> None: ...
+    def hard_exit(self, code: int, phase: str, reason: str) -> None: ...
+
+
+class Watchdogs:
+    def __init__(self, hooks: RankHooks, settings: WatchdogSettings, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep,
+                 leave_wait_s: float = LEAVE_WAIT_S) -> None:
+        self.hooks, self.s, self.clock, self.sleep = hooks, settings, clock, sleep
+        self.leave_wait_s = leave_wait_s
+        self.launcher = LauncherWatchdog(settings.lease_stale_s)
+        self.progress = ProgressWatchdog(settings.progress_stall_s)
+        self.peer = PeerWatchdog(settings.fail_tolerance, settings.abort_grace_s) \
+            if hooks.leader and hooks.world_size > 1 else None
+        self.rank0 = LeaderWatchdog(settings.fail_tolerance, settings.abort_grace_s) \
+            if not hooks.leader else None
+        self.last_tick: float | None = None
+        self.ended: tuple[int, str, str] | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="rank-watchdog", daemon=True)
+        self._thread.start()
+
+    def run(self) -> None:
+        while self.ended is None:
+            self.sleep(self.tick())
+
+    def interval(self) -> float:
+        return self.s.probe_interval_s if self.hooks.fast() else self.s.probe_interval_loading_s
+
+    def tick(self) -> float:
+        """One pass over every watchdog; returns the seconds until the next."""
+        h, now = self.hooks, self.clock()
+        if self.last_tick is not None and now - self.last_tick > SUSPENDED_AFTER_S:
+            self._rebase(now, now - self.last_tick)
+        self.last_tick = now
+        interval = self.interval()
+        v = self.launcher.check(now, h.parent_gone(), h.last_lease_at())
+        if v is not None:
+            return self.end(EXIT_FAILED, "launcher_lost", v.reason, abort=True, leave=ALWAYS)
+        v = self.progress.check(now, *h.activity())
+        if v is not None:
+            return self.end(EXIT_FAILED, "failed", v.reason, abort=False, leave=NEVER)
+        if self.peer is not None:
+            if self.peer.due(now, interval):
+                nonce, verdicts = self.peer.round(now, h.peers(), h.answered())
+                self._peer_verdicts(verdicts)
+                if self.ended is None:
+                    h.send_probe(nonce)
+        elif self.rank0 is not None:
+            self._peer_verdicts(self.rank0.check(now, h.last_ping_at(), interval))
+        if self.peer is not None:
+            return min(MAX_TICK_S, self.peer.wait(self.clock(), interval))
+        return min(MAX_TICK_S, interval / 2)
+
+    def _peer_verdicts(self, verdicts: list[Verdict]) -> None:
+        for v in verdicts:
+            if self.ended is not None:
+                return
+            if v.what == "abort":
+                log.error("peer watchdog: %s; abort stage: every in-flight request is "
+                          "cancelled, re-probing for %gs", v.reason, self.s.abort_grace_s)
+                self.hooks.abort_all(f"peer lost: {v.reason}")
+            elif v.what == "suspect":
+                log.error("peer watchdog: %s; waiting up to %gs more", v.reason,
+                          self.s.abort_grace_s)
+            elif v.what == "recovered":
+                log.warning("peer watchdog: %s; serving on", v.reason)
+            elif v.what == "lost":
+                self.end(EXIT_FAILED, "peer_lost", v.reason, abort=True, leave=IF_FREE)
+
+    def _rebase(self, now: float, gap: float) -> None:
+        log.warning("watchdog thread did not run for %.1fs (was this process stopped?); "
+                    "its clocks restart now", gap)
+        self.launcher.rebase(now)
+        self.progress.rebase(now)
+        if self.peer is not None:
+            self.peer.rebase(gap)
+        if self.rank0 is not None:
+            self.rank0.rebase(now)
+
+    def end(self, code: int, phase: str, reason: str, *, abort: bool, leave: str) -> float:
+        """Marker → abort stage (`abort`) → the main thread asked to leave cleanly
+        (`leave`: ALWAYS — unless it is in distributed init or the load: its steps still
+        complete, e.g. the launcher is gone but every peer lives; IF_FREE — only when
+        not inside anything, a step with a lost peer never ends; NEVER — it stalled) and
+        given `leave_wait_s` → hard exit."""
+        h = self.hooks
+        self.ended = (code, phase, reason)
+        log.error("watchdog: %s: %s", phase, reason)
+        h.mark(phase, reason)
+        if abort:
+            h.abort_all(f"{phase}: {reason}")
+        busy = "stalled" if leave == NEVER else h.busy()
+        if leave == ALWAYS and busy is not None and busy.startswith("step "):
+            busy = None
+        if busy is None and self.leave_wait_s > 0:
+            h.request_exit(code, phase, reason)
+            deadline = self.clock() + self.leave_wait_s
+            while self.clock() < deadline:
+                self.sleep(0.05)
+            log.error("watchdog: the main thread did not leave within %gs", self.leave_wait_s)
+        else:
+            log.error("watchdog: leaving from this thread (main thread: %s)", busy)
+        h.hard_exit(code, phase, reason)
+        return 0.0
+
+
+def parent_gone(parent_pid: int | None) -> str | None:
+    """Why the launcher is gone (we were re-parented), or None. A rank started with no
+    real parent (pid 1: already orphaned, or a daemon) has nothing to watch."""
+    if parent_pid is None or parent_pid <= 1:
+        return None
+    now = os.getppid()
+    if now != parent_pid:
+        return f"the launcher (parent pid {parent_pid}) is gone; re-parented to pid {now}"
+    return None
+
+
+class RankSide:
+    """`RankHooks` of a real rank: its RankRuntime and RankIO (duck-typed, so this
+    module imports neither MLX nor ZeroMQ)."""
+
+    def __init__(self, rt, io) -> None:
+        self.rt, self.io = rt, io
+        self.leader = rt.leader
+        self.world_size = rt.spec.world_size
+
+    def fast(self) -> bool:
+        # Rank 0 probes fast once it is loaded; a follower expects fast probes only once
+        # it serves (SERVE needs rank 0's RANK_READY, so rank 0 is loaded by then).
+        loaded = ("ready", "serving", "draining") if self.leader else ("serving", "draining")
+        return self.rt.phase.value in loaded
+
+    def parent_gone(self) -> str | None:
+        return parent_gone(self.rt.parent_pid)
+
+    def last_lease_at(self) -> float | None:
+        return self.rt.last_lease_at
+
+    def activity(self) -> tuple[int, int]:
+        return self.rt.active, self.rt.step
+
+    def busy(self) -> str | None:
+        return self.rt.busy
+
+    def peers(self) -> list[int]:
+        return list(self.io.session.followers)
+
+    def answered(self) -> Mapping[int, int]:
+        return {r: p.nonce for r, p in list(self.io.session.last_pong.items())}
+
+    def send_probe(self, nonce: int) -> None:
+        self.io.post(("ping", Ping(nonce=nonce, sent_at=time.time())))
+
+    def last_ping_at(self) -> float | None:
+        return self.rt.last_ping_at
+
+    def mark(self, phase: str, reason: str) -> None:
+        self.rt.mark_verdict(Phase(phase), reason)
+
+    def abort_all(self, reason: str) -> None:
+        self.rt.request_abort_all("watchdog", reason)
+
+    def request_exit(self, code: int, phase: str, reason: str) -> None:
+        self.io.inbox.put(ExitEv(code, Phase(phase), reason))
+
+    def hard_exit(self, code: int, phase: str, reason: str) -> None:
+        self.rt.hard_exit(code, Phase(phase), reason)

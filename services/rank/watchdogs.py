@@ -1,0 +1,236 @@
+"""The rank's watchdogs (DESIGN 7): pure decisions, with every clock and exit injected.
+
+    PeerWatchdog      rank 0: rounds of PING (one nonce per round, to every joined
+                      follower); a follower that has not echoed a round's nonce by the
+                      next round failed it. `fail_tolerance` failures in a row → abort
+                      stage; every peer answering again → recovered; still failing
+                      `abort_grace_s` after the stage began → lost (grace 0: lost at
+                      once).
+    LeaderWatchdog    followers: rank 0 pings every interval; silence longer than
+                      (tolerance + 1) intervals → suspect, that plus the grace → lost.
+    LauncherWatchdog  every rank: the parent is gone, or the supervisor's lease is older
+                      than `lease_stale_s` (a lease never seen is never stale).
+    ProgressWatchdog  every rank: requests active but the step counter unchanged for
+                      `progress_stall_s` (what catches a rank stuck in a collective).
+
+`Watchdogs` (services/rank/guard.py) runs them on a thread of their own. None of these
+classes reads a clock: each call takes `now`, so unit tests need no real seconds. After
+the process itself was stopped (SIGSTOP, a suspended VM), `rebase` restarts the clocks
+instead of blaming the peers for the time this process did not run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from common.rankspec import RankSettings
+
+# Environment overrides on the rank (they beat the spec): DESIGN 7.
+ENV_OVERRIDES = {
+    "LOCKSTEP_PEER_ABORT_GRACE": "abort_grace_s",
+    "LOCKSTEP_PROGRESS_STALL_TIMEOUT": "progress_stall_s",
+    "LOCKSTEP_SIGNAL_CLEAR_TIMEOUT": "signal_clear_timeout_s",
+}
+
+
+class WatchdogConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class WatchdogSettings:
+    probe_interval_s: float = 0.5  # rank 0 → followers, once loaded
+    probe_interval_loading_s: float = 2.0  # while loading
+    fail_tolerance: int = 2  # consecutive failed rounds before the abort stage
+    abort_grace_s: float = 5.0  # re-probing after the abort stage; 0: no abort stage
+    lease_stale_s: float = 45.0  # 0: lease not watched
+    progress_stall_s: float = 120.0  # 0: progress not watched
+    signal_clear_timeout_s: float = 10.0  # the escape hatch after SIGTERM/SIGINT/SHUTDOWN
+
+    @classmethod
+    def resolve(cls, s: RankSettings, env: Mapping[str, str] | None = None) -> WatchdogSettings:
+        """From the spec's settings, then the LOCKSTEP_* overrides in `env`."""
+        values = {
+            "probe_interval_s": s.peer_probe_interval_s,
+            "probe_interval_loading_s": s.peer_probe_interval_loading_s,
+            "fail_tolerance": s.peer_fail_tolerance,
+            "abort_grace_s": s.peer_abort_grace_s,
+            "lease_stale_s": s.lease_stale_s,
+            "progress_stall_s": s.progress_stall_s,
+            "signal_clear_timeout_s": s.signal_clear_timeout_s,
+        }
+        for var, name in ENV_OVERRIDES.items():
+            raw = (env or {}).get(var)
+            if raw is None or raw.strip() == "":
+                continue
+            try:
+                values[name] = float(raw)
+            except ValueError:
+                raise WatchdogConfigError(f"{var}={raw!r} is not a number of seconds") from None
+        for f in dataclasses.fields(cls):
+            v = values[f.name]
+            if not math.isfinite(v) or v < 0:
+                raise WatchdogConfigError(f"watchdog setting {f.name}={v!r} must be >= 0")
+        if values["probe_interval_s"] <= 0 or values["probe_interval_loading_s"] <= 0:
+            raise WatchdogConfigError("peer probe intervals must be > 0")
+        if values["fail_tolerance"] < 1:
+            raise WatchdogConfigError("peer_fail_tolerance must be >= 1")
+        values["fail_tolerance"] = int(values["fail_tolerance"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    what: str  # abort | recovered | lost | suspect | launcher_lost | stalled
+    reason: str
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    rs = sorted(ranks)
+    return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))
+
+
+class PeerWatchdog:
+    OK, ABORTING, LOST = "ok", "aborting", "lost"
+
+    def __init__(self, tolerance: int, grace_s: float) -> None:
+        self.tolerance = tolerance
+        self.grace_s = grace_s
+        self.state = self.OK
+        self.nonce = 0  # the round in flight (0: none yet)
+        self.round_at: float | None = None
+        self.pinged: frozenset[int] = frozenset()
+        self.fails: dict[int, int] = {}
+        self.abort_at: float | None = None
+
+    def due(self, now: float, interval: float) -> bool:
+        return self.state != self.LOST and self.wait(now, interval) <= 0.0
+
+    def wait(self, now: float, interval: float) -> float:
+        """Seconds until the next round (a sleep that wakes a hair early still counts)."""
+        if self.round_at is None:
+            return 0.0
+        left = self.round_at + interval - now
+        return 0.0 if left <= interval * 0.01 else left
+
+    def round(self, now: float, peers: Iterable[int],
+              answered: Mapping[int, int]) -> tuple[int, list[Verdict]]:
+        """Close the round in flight (`answered`: rank → highest nonce it echoed) and
+        open the next one; returns its nonce (to send to every peer) and the verdicts."""
+        verdicts: list[Verdict] = []
+        if self.round_at is not None:
+            for r in self.pinged:
+                self.fails[r] = 0 if answered.get(r, 0) >= self.nonce else self.fails.get(r, 0) + 1
+            verdicts = self._judge(now)
+        self.nonce += 1
+        self.round_at = now
+        self.pinged = frozenset(peers)
+        return self.nonce, verdicts
+
+    def _judge(self, now: float) -> list[Verdict]:
+        failing = [r for r, n in self.fails.items() if n >= self.tolerance]
+        if self.state == self.OK and failing:
+            self.state, self.abort_at = self.ABORTING, now
+            why = f"{_ranks(failing)} failed {self.tolerance} probes in a row"
+            out = [Verdict("abort", why)]
+            if self.grace_s <= 0:
+                self.state = self.LOST
+                out.append(Verdict("lost", why + " (no abort grace)"))
+            return out
+        if self.state == self.ABORTING:
+            if not any(self.fails.values()):
+                self.state, self.abort_at = self.OK, None
+                return [Verdict("recovered", "every peer answers probes again")]
+            if now - self.abort_at >= self.grace_s:
+                self.state = self.LOST
+                silent = [r for r, n in self.fails.items() if n]
+                return [Verdict("lost", f"{_ranks(silent)} still silent {now - self.abort_at:.1f}s "
+                                        f"after the abort stage (grace {self.grace_s:g}s)")]
+        return []
+
+    def rebase(self, gap: float) -> None:
+        self.round_at = None  # that round's silence was ours, not the peers'
+        if self.abort_at is not None:
+            self.abort_at += gap
+
+
+class LeaderWatchdog:
+    OK, SUSPECT, LOST = "ok", "suspect", "lost"
+
+    def __init__(self, tolerance: int, grace_s: float) -> None:
+        self.tolerance = tolerance
+        self.grace_s = grace_s
+        self.state = self.OK
+        self.base = -math.inf  # silence is counted from here at the earliest
+
+    def check(self, now: float, last_ping_at: float | None, interval: float) -> list[Verdict]:
+        if last_ping_at is None or self.state == self.LOST:
+            return []  # rank 0 never pinged yet: nothing to lose
+        silent = now - max(last_ping_at, self.base)
+        limit = (self.tolerance + 1) * interval
+        if silent <= limit:
+            if self.state == self.SUSPECT:
+                self.state = self.OK
+                return [Verdict("recovered", "rank 0 pings again")]
+            return []
+        out = []
+        if self.state == self.OK:
+            self.state = self.SUSPECT
+            out.append(Verdict("suspect", f"no probe from rank 0 for {silent:.1f}s"))
+        if silent > limit + self.grace_s:
+            self.state = self.LOST
+            out.append(Verdict("lost", f"no probe from rank 0 for {silent:.1f}s "
+                                       f"(limit {limit:g}s + grace {self.grace_s:g}s)"))
+        return out
+
+    def rebase(self, now: float) -> None:
+        self.base = now
+
+
+class LauncherWatchdog:
+    def __init__(self, lease_stale_s: float) -> None:
+        self.lease_stale_s = lease_stale_s
+        self.base = -math.inf
+
+    def check(self, now: float, parent_gone: str | None,
+              last_lease_at: float | None) -> Verdict | None:
+        """`parent_gone`: why the launcher process is gone, or None while it lives."""
+        if parent_gone:
+            return Verdict("launcher_lost", parent_gone)
+        if last_lease_at is None or self.lease_stale_s <= 0:
+            return None  # a lease never seen is not stale
+        age = now - max(last_lease_at, self.base)
+        if age > self.lease_stale_s:
+            return Verdict("launcher_lost", f"no supervisor lease for {age:.1f}s "
+                                            f"(stale after {self.lease_stale_s:g}s)")
+        return None
+
+    def rebase(self, now: float) -> None:
+        self.base = now
+
+
+class ProgressWatchdog:
+    def __init__(self, stall_s: float) -> None:
+        self.stall_s = stall_s
+        self.since: float | None = None  # when the current stretch without progress began
+        self.step = -1
+
+    def check(self, now: float, active: int, step: int) -> Verdict | None:
+        if active <= 0 or self.stall_s <= 0:
+            self.since = None
+            return None
+        if self.since is None or step != self.step:
+            self.since, self.step = now, step
+            return None
+        stalled = now - self.since
+        if stalled >= self.stall_s:
+            return Verdict("stalled", f"{active} active request(s) but no step progress for "
+                                      f"{stalled:.1f}s (stuck before or inside step {step})")
+        return None
+
+    def rebase(self, now: float) -> None:
+        if self.since is not None:
+            self.since = now

@@ -1,0 +1,204 @@
+"""A rogue process against every listening socket of a live TP=2 deployment (a real
+supervisor, real MLX ranks on the ring backend): random bytes, multipart junk, raw TCP,
+envelopes with a wrong key, a recorded valid message replayed, stale timestamps, an old
+launch's handshake, another rank's identity, 1000 half-open handshakes (plus silent
+connections), oversized frames.
+
+For each: rejected and counted under its reason (in `status`, where the gateway's
+/metrics reads them); nothing answered; a completion started before the flood finishes
+with exactly the tokens of an undisturbed run; and rank 0's step rate during the flood
+is measured against the undisturbed run over the same token positions (the ratio is
+printed, and bounded below)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import zmq
+
+from common import messages as m
+from common.bus import Channel, new_request_id
+from common.envelope import DEFAULT_MAX_SIZE, Signer
+from common.handshake import Initiator, session_keys
+from services.rank.io import PLAN_IN_MAX
+from services.supervisor.admission import REPORT_MAX
+from tests.e2e.rank_harness import REPO
+from tests.support.requests import RequestsClient
+from tests.support.supervisor import RunningSupervisor, fake_settings, poll_for
+
+PROMPT = [5, 6, 7, 8, 9]
+TOKENS = 2500
+PHASES = ["burn", "garbage", "multipart", "raw_tcp", "wrong_key", "replay", "stale",
+          "old_launch", "impersonate", "halfopen", "oversize"]
+PHASE_S = 1.5
+MIN_RATIO = 0.4  # flood step rate / undisturbed, over the same token positions
+
+EXPECTED = {  # (service, socket) -> reasons that must have been counted
+    ("rank", "plan"): {"bad_magic", "bad_frames", "unknown_key", "replay", "stale",
+                       "duplicate_rank", "bad_rank", "unauthenticated", "oversize"},
+    ("rank", "requests"): {"bad_magic", "bad_frames", "unknown_key", "replay", "stale",
+                           "oversize"},
+    ("supervisor", "report"): {"bad_magic", "bad_frames", "unknown_key", "retired_key",
+                               "replay", "stale", "duplicate_rank", "bad_rank",
+                               "unauthenticated", "oversize"},
+    ("supervisor", "admin"): {"bad_magic", "bad_frames", "unknown_key", "replay", "stale",
+                              "oversize"},
+}
+
+
+def send_once(endpoint: str, frame: bytes, wait_reply: bool = False) -> None:
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 500)
+    s.connect(endpoint)
+    s.send(frame)
+    if wait_reply:
+        assert s.poll(10_000), "no reply to the recorded request"
+        s.recv_multipart()
+    s.close()
+
+
+def rate(times: list[float], lo: int, hi: int) -> float:
+    return (hi - lo) / (times[hi] - times[lo])
+
+
+def window(times: list[float], t0: float, t1: float) -> tuple[int, int]:
+    idx = [i for i, t in enumerate(times) if t0 <= t <= t1]
+    return (idx[0], idx[-1]) if len(idx) > 1 else (0, 0)
+
+
+@pytest.mark.timeout(420)
+def test_rogue_flood_against_a_live_tp2_deployment(tmp_path):
+    home = tmp_path / "home"
+    settings = replace(fake_settings(home), rank_command="", load_timeout=150.0,
+                       canary_window_s=1.0, canary_timeout_s=60.0, stop_timeout=10.0,
+                       rank_telemetry_interval_s=0.5, lease_ttl=45.0)
+    rs = RunningSupervisor(settings)
+    rogue = None
+    try:
+        # An earlier launch of the same deployment id, verified stopped: its keys are the
+        # "older launch" (its rank would derive exactly these).
+        rs.ok("deploy", timeout=220, tp=2, deployment_id="live")
+        old_keys = rs.sup.deployments["live"].keys
+        assert rs.ok("stop", deployment_id="live")["outcome"]["proven"]
+        out = rs.ok("deploy", timeout=220, tp=2, deployment_id="live")
+        dep = rs.sup.deployments["live"]
+        keys, sk = dep.keys, rs.sup.sockets
+        info = next(d for d in rs.ok("deployments")["deployments"])
+        client = RequestsClient(info, rs.key)
+
+        # Undisturbed reference.
+        ref = client.generate(PROMPT, TOKENS)
+        assert client.wait_finished([ref], 240)[ref] == "length"
+        ref_tokens, ref_times = client.tokens(ref), token_times(client, ref)
+
+        # Recorded valid messages (sent once for real), for the replay phase.
+        gen = Channel("test", "requests", sender=f"gw:{new_request_id()}",
+                      send_key=keys.requests, accept=m.REQUESTS_OUT)
+        gen_frame = gen.pack(m.Generate(new_request_id(), [1, 2], 1))
+        send_once(info["requests_endpoint"], gen_frame, wait_reply=True)
+        adm = Channel("test", "admin", sender="cli", send_key=rs.key, accept=m.ADMIN_OUT)
+        adm_frame = adm.pack(m.AdminRequest(new_request_id(), "ping", {}))
+        send_once(sk.admin_endpoint, adm_frame, wait_reply=True)
+        up, down = session_keys(keys, 1)
+        hello = Initiator("plan", "live", dep.job_id, 1, b"recorded", up, down).hello()
+        plan_frame = Signer(keys.plan, "live/rank-1").encode(hello)
+        send_once(dep.plan_endpoint, plan_frame)
+        tel = m.Telemetry("live", dep.job_id, 0, 1, "serving", 0, 0, 0)
+        rep_frame = Signer(keys.report, "live/rank-0").encode(tel)
+        send_once(sk.report_endpoint, rep_frame)
+
+        common = {"deployment_id": "live", "job_id": dep.job_id, "old_job_id": old_keys.job_id}
+        plan = {"seconds": PHASE_S, "phases": PHASES, "targets": [
+            {**common, "name": "plan", "endpoint": dep.plan_endpoint, "key": keys.plan.secret.hex(),
+             "old_key": old_keys.plan.secret.hex(), "auth_rank": 1, "cap": PLAN_IN_MAX,
+             "replay": [plan_frame.hex()]},
+            {**common, "name": "requests", "endpoint": info["requests_endpoint"],
+             "key": keys.requests.secret.hex(), "old_key": old_keys.requests.secret.hex(),
+             "body": "generate", "cap": DEFAULT_MAX_SIZE, "replay": [gen_frame.hex()]},
+            {**common, "name": "report", "endpoint": sk.report_endpoint,
+             "key": keys.report.secret.hex(), "old_key": old_keys.report.secret.hex(),
+             "auth_rank": 0, "cap": REPORT_MAX, "replay": [rep_frame.hex()]},
+            {**common, "name": "admin", "endpoint": sk.admin_endpoint, "key": rs.key.secret.hex(),
+             "body": "admin", "cap": DEFAULT_MAX_SIZE, "replay": [adm_frame.hex()]},
+            {"name": "control", "endpoint": sk.control_endpoint, "type": "pub"},
+            {"name": "events", "endpoint": sk.events_endpoint, "type": "pub"},
+        ]}
+
+        run = client.generate(PROMPT, TOKENS)
+        poll_for(lambda: (client.pump(0.05), client.tokens(run))[1], 60, "tokens before the flood")
+        rogue = subprocess.Popen([sys.executable, "-m", "tests.faults.rogue"], cwd=REPO,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        rogue.stdin.write(json.dumps(plan))
+        rogue.stdin.close()
+        phases = []
+        while len(phases) < len(PHASES):
+            client.pump(0.05)  # keep reading the stream while the rogue runs
+            if poll_line(rogue):
+                line = rogue.stdout.readline()
+                assert line, f"rogue ended early ({rogue.wait(5)}) after {phases}"
+                phases.append(json.loads(line))
+        assert rogue.wait(30) == 0
+        assert client.wait_finished([run], 240)[run] == "length"
+
+        # Output identical to the undisturbed run; nobody unauthenticated got an answer.
+        assert client.tokens(run) == ref_tokens
+        assert all(p["received"] == 0 for p in phases), phases
+
+        # Rank 0's step rate: the flood window vs the same token positions undisturbed.
+        times = token_times(client, run)
+        report = {}
+        for name in ("burn", "flood"):
+            sel = [p for p in phases if (p["phase"] == "burn") == (name == "burn")]
+            lo, hi = window(times, sel[0]["started"], sel[-1]["ended"])
+            assert hi - lo > 20, f"{name}: too few tokens in the window ({lo}..{hi})"
+            report[name] = {"tokens": hi - lo, "rate": rate(times, lo, hi),
+                            "reference_rate": rate(ref_times, lo, hi),
+                            "ratio": rate(times, lo, hi) / rate(ref_times, lo, hi)}
+        print("\nflood step rate vs undisturbed:", json.dumps(report))
+
+        # Every attack counted under its own reason, visible in status (-> /metrics).
+        def counted():
+            rows = rs.ok("status")["rejections"]
+            got: dict[tuple[str, str], set[str]] = {}
+            for r in rows:
+                if r["count"] > 0:
+                    got.setdefault((r["service"], r["socket"]), set()).add(r["reason"])
+            missing = {k: v - got.get(k, set()) for k, v in EXPECTED.items()}
+            return rows if not any(missing.values()) else None
+
+        try:
+            rows = poll_for(counted, 15, "every rejection reason in status")
+        except AssertionError:
+            pytest.fail(f"missing reasons; status rejections: {rs.ok('status')['rejections']}")
+        ranks = rs.ok("status")["deployments"][0]["ranks"]
+        assert ranks[0]["rejects"].get("plan.duplicate_rank") and \
+            ranks[0]["rejects"].get("requests.replay")
+
+        report["phases"] = {p["phase"]: [p["sent"], round(p["ended"] - p["started"], 2)]
+                            for p in phases}
+        report["rejections"] = {f"{r['service']}/{r['socket']}/{r['reason']}": r["count"]
+                                for r in rows}
+        print("\nflood step-rate report:", json.dumps(report, indent=1))
+        assert report["flood"]["ratio"] >= MIN_RATIO, report
+        client.close()
+        assert rs.ok("stop", deployment_id="live")["outcome"]["proven"]
+        assert not (rs.sup.paths.secrets / f"{out['job_id']}.key").exists()
+    finally:
+        if rogue is not None and rogue.poll() is None:
+            rogue.kill()
+        rs.close()
+
+
+def poll_line(p: subprocess.Popen) -> bool:
+    import select
+
+    return bool(select.select([p.stdout], [], [], 0)[0])
+
+
+def token_times(client: RequestsClient, rid: str) -> list[float]:
+    return [t for c in client.streams[rid] for t in c.token_times]
