@@ -9,10 +9,12 @@
 Ending a rank (`Watchdogs.end`): the marker first; then, unless the verdict is a stall,
 the abort stage (every open stream ends now with `abort`, from the I/O thread; the
 requests leave the batch through a plan if the main thread reaches a step boundary);
-then, if the main thread is free (not inside a step, distributed init or a load), it is
-asked to leave cleanly (`ExitEv`) and given `leave_wait_s`; last, the hard exit from
-this thread (`RankRuntime.hard_exit`: streams ended, I/O flushed, memory released,
-`os._exit`), the only way out of a main thread stuck inside a collective in C.
+then, when it can answer, the main thread is asked to leave cleanly (`ExitEv`: a final
+shutdown plan, so every rank leaves at one step) and given `leave_wait_s` — launcher
+lost: unless it is in distributed init or the load; peer lost: only if it is not inside
+anything (a step with a lost peer never ends); stalled: never; last, the hard exit from
+this thread (`RankRuntime.hard_exit`: streams ended, I/O flushed, memory released when
+safe, `os._exit`), the only way out of a main thread stuck inside a collective in C.
 
 Everything the thread touches goes through `RankHooks`; `clock`, `sleep` and the hooks
 are injected, so tests drive it without real seconds or real processes.

@@ -248,3 +248,21 @@ def test_host_unreachable_at_stop_keeps_manifest_and_retry_succeeds(
     assert not manifest_path(Paths(home), job).exists()
     print(f"\nstop with host B unreachable failed after {failed_s:.2f}s; "
           f"retry after link_up proven in {retry_s:.2f}s (path {stop['path']})")
+
+
+@pytest.mark.timeout(240)
+def test_remote_rank_failing_during_load_is_a_launch_error_with_its_reason(
+        netns_cluster, supervisor, model_dir, tmp_path):
+    c = netns_cluster
+    rs = supervisor(rank_env={"LOCKSTEP_FAKE_CRASH_ON_LOAD": "1"})
+    reply = rs.call("deploy", timeout=150, model_path=str(model_dir), tp=2,
+                    hosts=hosts_doc(c, [A, B])["hosts"], deployment_id="crash")
+    assert not reply.ok and reply.code == "launch_failed", reply
+    # The reason comes from the marker read on host B, over ssh.
+    assert "rank 1" in reply.message and c.names[B] in reply.message
+    assert "LOCKSTEP_FAKE_CRASH_ON_LOAD" in reply.message
+    job = reply.data["job_id"]
+    assert reply.data["teardown"]["proven"]
+    manifest_gone = not manifest_path(Paths(tmp_path / "home"), job).exists()
+    assert manifest_gone and launch_files(c, A, job, "crash") == []
+    assert launch_files(c, B, job, "crash") == []
