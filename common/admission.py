@@ -22,8 +22,8 @@ import logging
 import time
 from collections.abc import Callable
 
-DEFAULT_RATE = 5000.0  # pre-auth frames per second per socket
-DEFAULT_BURST = 500.0
+DEFAULT_RATE = 2000.0  # pre-auth frames per second per socket
+DEFAULT_BURST = 400.0
 RESUME_TOKENS = 10.0  # a paused socket is read again once this many tokens are back
 BYTES_PER_TOKEN = 65536
 

@@ -52,6 +52,7 @@ def configure(sock: zmq.Socket, *, max_size: int = DEFAULT_MAX_SIZE, hwm: int = 
 
 # Listening sockets (anyone who can reach the port can connect): docs/security.md.
 LISTENER_RCVHWM = 64  # frames libzmq holds per connection while the owner is not reading
+LISTENER_RCVBUF = 256 * 1024  # SO_RCVBUF: what the kernel buffers per connection
 HANDSHAKE_IVL_MS = 5000  # a connection that never completes the ZMTP greeting is dropped
 PUB_MAX_SIZE = 1024  # what a PUB receives is subscriptions: topic prefixes only
 
@@ -64,6 +65,7 @@ def configure_listener(sock: zmq.Socket, *, max_size: int, rcvhwm: int = LISTENE
     `rcvhwm * 2 * max_size`."""
     configure(sock, max_size=2 * max_size, hwm=sndhwm)
     sock.setsockopt(zmq.RCVHWM, rcvhwm)
+    sock.setsockopt(zmq.RCVBUF, LISTENER_RCVBUF)  # kernel memory per connection, bounded
     sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
     return sock
 

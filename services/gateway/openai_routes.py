@@ -41,7 +41,8 @@ def check_api_key(request: Request) -> None:
     if not auth.lower().startswith("bearer "):
         raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
     given = auth[7:].strip().encode()
-    if not any(hmac.compare_digest(given, k.encode()) for k in keys):
+    # Every key compared, each in constant time: neither a key nor which one matched leaks.
+    if sum(hmac.compare_digest(given, k.encode()) for k in keys) == 0:
         raise ApiError(401, "invalid API key", code="invalid_api_key")
 
 

@@ -100,7 +100,8 @@ class Rogue:
     def dealer(self, endpoint: str) -> zmq.Socket:
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.SNDHWM, 1000)
+        s.setsockopt(zmq.SNDHWM, 100)
+        s.setsockopt(zmq.SNDBUF, 65536)  # a bounded backlog: attacks end when phases do
         s.setsockopt(zmq.IDENTITY, b"rogue-" + secrets.token_hex(6).encode())
         s.connect(endpoint)
         return s
@@ -215,7 +216,10 @@ class Rogue:
         seconds = float(self.plan.get("seconds", 1.0))
         for phase in self.plan["phases"]:
             t0 = time.time()
-            if phase == "burn":  # no traffic: only the CPU a flood would use (control run)
+            if phase == "quiet":  # nothing: the undisturbed windows between attacks
+                time.sleep(seconds)
+                sent = {}
+            elif phase == "burn":  # no traffic: only the CPU a flood would use (control run)
                 end = time.monotonic() + seconds
                 while time.monotonic() < end:
                     pass
