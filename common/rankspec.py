@@ -59,6 +59,9 @@ class RankSpec:
     supervisor_pid: int
     cancel_epoch_floor: int = 0  # epochs at or below are a watermark, never replayed
     hostfile: str = ""
+    # Local ranks are the supervisor's children: re-parenting means it is gone. A remote
+    # rank's parent is the short-lived host agent, so only the lease can watch for it.
+    watch_parent: bool = True
     settings: RankSettings = field(default_factory=RankSettings)
 
     def save(self, path: Path) -> None:

@@ -27,7 +27,7 @@ from services.hostagent.base import (
 
 # Popen returns once exec is past its point of no return, which can be before the new
 # command line is visible in /proc (it reads empty for a moment): wait for it.
-SPAWN_SETTLE_S = 2.0
+SPAWN_SETTLE_S = 10.0  # generous: on a loaded host exec can take a while to show
 SPAWN_GRACE_S = 0.05
 MAX_WAIT_S = 3600.0
 
@@ -163,8 +163,13 @@ def cmd_spawn(args: argparse.Namespace) -> Any:
     # A command that fails at once (bad arguments, a missing module) is reported as a
     # failure, not as a started process: give it a moment to do so.
     time.sleep(SPAWN_GRACE_S)
-    if ident is None or child.poll() is not None:
-        code = child.wait()
-        raise AgentError(f"spawn: {argv[0]!r} exited at once with status {code}; see {log}")
+    if child.poll() is not None:
+        raise AgentError(f"spawn: {argv[0]!r} exited at once with status {child.returncode}; see {log}")
+    if ident is None:
+        # Running but its identity never settled: we could not prove later that a pid is
+        # this child, so do not leave it behind unrecorded.
+        child.kill()
+        child.wait()
+        raise AgentError(f"spawn: could not read the identity of {argv[0]!r} (pid {child.pid}); killed it")
     # Not waited for: when this agent exits, the child is re-parented and keeps running.
     return {**identity_to_dict(ident), "pgid": child.pid}

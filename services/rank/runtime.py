@@ -76,7 +76,7 @@ class RankRuntime:
         self.pending = 0  # leader: accepted but not yet in a plan
         self.cancel_floor = spec.cancel_epoch_floor  # start-up watermark: never applied
         self.cancel_epoch = spec.cancel_epoch_floor  # last consumed (or the watermark)
-        self.parent_pid: int | None = os.getppid()
+        self.parent_pid: int | None = os.getppid() if spec.watch_parent else None
         self.last_lease_at: float | None = None
         self.last_ping_at: float | None = None  # follower: rank 0's last probe
         self.last_progress_at = time.monotonic()

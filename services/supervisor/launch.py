@@ -151,7 +151,7 @@ def _spec(dep: Deployment, rank: int, paths: Paths, me: SupervisorIdentity,
         report_endpoint=report, plan_endpoint=dep.plan_endpoint,
         requests_endpoint=dep.requests_endpoint, supervisor_pid=me.pid,
         cancel_epoch_floor=floor, hostfile=str(hostfile) if hostfile else "",
-        settings=rank_settings(settings))
+        watch_parent=_where(dep, m) is None, settings=rank_settings(settings))
 
 
 def _env(dep: Deployment, rank: int, paths: Paths, settings: SupervisorSettings,
