@@ -7,13 +7,19 @@ Runs inside the I/O thread; every check is a dict lookup or one HMAC.
     InitiatorLink a DEALER's side (a follower's plan socket towards rank 0, every rank's
                   report socket towards the supervisor): HELLO until accepted, verify the
                   responder's proof before anything else from it is believed.
+    ReportSession every rank's report DEALER: reports go out only once accepted; no
+                  handshake within `auth_timeout_s` fails the rank closed.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import secrets
 import time
+from collections.abc import Callable
+
+import zmq
 
 from common.bus import Channel
 from common.envelope import Message, Reason
@@ -87,3 +93,48 @@ class InitiatorLink:
             self._hello_at = now + HELLO_RESEND_S
             self._send(self.init.hello())
         return self._hello_at
+
+
+class ReportSession:
+    def __init__(self, spec: RankSpec, keys: LaunchKeys, chan: Channel, sock: zmq.Socket,
+                 wire, *, on_fail: Callable[[str], None]) -> None:
+        self.spec, self.chan, self.sock, self.wire, self._on_fail = \
+            spec, chan, sock, wire, on_fail
+        ident = new_identity(spec.rank)
+        sock.setsockopt(zmq.IDENTITY, ident)
+        sock.connect(spec.report_endpoint)
+        self.link = InitiatorLink("report", spec, keys, chan, ident,
+                                  lambda body: wire.send(sock, chan, body))
+        self.drops: collections.Counter[str] = wire.drops
+        self._failed = False
+        self._live = False
+
+    @property
+    def peer_verified(self) -> bool:
+        return self.link.peer_verified
+
+    def send(self, body) -> None:
+        if self.link.accepted:  # before that the supervisor would refuse it anyway
+            self.wire.send(self.sock, self.chan, body)
+
+    def accepted_now(self) -> bool:
+        """True once, right after the supervisor accepted us."""
+        if self.link.accepted and not self._live:
+            self._live = True
+            return True
+        return False
+
+    def on_frames(self, frames: list[bytes]) -> None:
+        msg = self.chan.unpack_dealer(frames)
+        if msg is not None and self.link.on_message(msg) is not None:
+            self.drops["report.unexpected"] += 1  # the supervisor only answers the handshake
+
+    def timers(self, now: float, rejects: Callable[[], dict]) -> float:
+        """HELLO re-sends; fail closed if the handshake never completes."""
+        timeout = self.spec.settings.auth_timeout_s
+        if not self.link.accepted and not self._failed and now - self.link.started_at > timeout:
+            self._failed = True
+            self._on_fail(f"no mutual authentication with the supervisor at "
+                          f"{self.spec.report_endpoint} within {timeout:.0f}s (a stale launch "
+                          f"secret?); rejections: {rejects()}")
+        return self.link.timers(now)

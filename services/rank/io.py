@@ -34,7 +34,7 @@ from common.envelope import DEFAULT_MAX_SIZE
 from common.keys import LaunchKeys
 from common.rankspec import RankSpec
 from services.rank import events as ev
-from services.rank.auth import InitiatorLink, leader_gate, new_identity
+from services.rank.auth import InitiatorLink, ReportSession, leader_gate, new_identity
 from services.rank.intake import Intake
 from services.rank.runtime import RankRuntime
 from services.rank.session import RESEND_S, FollowerSession, LeaderSession, Wire
@@ -72,13 +72,8 @@ class RankIO:
         # Report: authenticate the supervisor (and be authenticated) before any report is
         # sent or any control message believed (services.rank.auth, docs/security.md).
         self.report = configure(self.ctx.socket(zmq.DEALER))
-        rep_id = new_identity(spec.rank)
-        self.report.setsockopt(zmq.IDENTITY, rep_id)
-        self.report.connect(spec.report_endpoint)
-        self.report_link = InitiatorLink("report", spec, keys, self.rep, rep_id,
-                                         lambda body: self.wire.send(self.report, self.rep, body))
-        self._auth_failed = False
-        self._report_live = False
+        self.reporting = ReportSession(spec, keys, self.rep, self.report, self.wire,
+                                       on_fail=lambda why: self.inbox.put(ev.IoFailed(why)))
         self.requests = None
         if self.leader:  # the two listening sockets: admission budgets (services.rank.intake)
             self.pln.budget, self.req.budget = Budget(), Budget()
@@ -171,7 +166,7 @@ class RankIO:
         self.intake = intake = Intake(poller)
         intake.add(self.control, self._on_control)
         intake.add(self.plan, self.session.on_frames, self.pln.budget)
-        intake.add(self.report, self._on_report)
+        intake.add(self.report, self.reporting.on_frames)
         if self.requests is not None:
             intake.add(self.requests, self._on_requests, self.req.budget)
         poller.register(self._sig_r.fileno(), zmq.POLLIN)
@@ -201,7 +196,7 @@ class RankIO:
                 if self.streams is None or self.streams.on_send(cmd[2]):
                     self.wire.send_to(self.requests, self.req, cmd[1], cmd[2])
             elif kind == "report":
-                self._report(cmd[1])
+                self.reporting.send(cmd[1])
             elif kind == "ready":
                 self._ready_msg = cmd[1]
                 self._ready_at = 0.0  # now, then every RESEND_S until SERVE
@@ -226,7 +221,7 @@ class RankIO:
         if self.requests is not None and not self.requests.closed:
             self._end_streams("error", f"rank 0 {why}")
         if not self.report.closed:
-            self._report(self.rt.telemetry())
+            self.reporting.send(self.rt.telemetry())
         for s in (self.control, self.report, self.plan, self.requests):
             if s is not None:
                 s.close(linger=1000)
@@ -236,16 +231,18 @@ class RankIO:
 
     def _run_timers(self) -> int:
         now = time.monotonic()
-        auth_at = self._auth_timers(now)
+        auth_at = self.reporting.timers(now, self.reject_counts)
+        if self.reporting.accepted_now():  # telemetry at once, then periodic
+            self._telemetry_at = now
         if now >= self._telemetry_at:
             self._telemetry_at = now + self.spec.settings.telemetry_interval_s
-            self._report(self.rt.telemetry())
+            self.reporting.send(self.rt.telemetry())
             self.rt.write_marker()
         deadline = min(self._telemetry_at, self.session.timers(now), auth_at)
         if self._ready_msg is not None and not self._served:
             if now >= self._ready_at:
                 self._ready_at = now + RESEND_S
-                self._report(self._ready_msg)
+                self.reporting.send(self._ready_msg)
             deadline = min(deadline, self._ready_at)
         return max(0, int((deadline - time.monotonic()) * 1000) + 1)
 
@@ -267,34 +264,11 @@ class RankIO:
             self.drops["control.wrong_deployment"] += 1
         return ok
 
-    def _report(self, body) -> None:
-        if self.report_link.accepted:  # before that the supervisor would refuse it anyway
-            self.wire.send(self.report, self.rep, body)
-
-    def _auth_timers(self, now: float) -> float:
-        """The report handshake (HELLO re-sends); fail closed if it never completes."""
-        link = self.report_link
-        if link.accepted and not self._report_live:  # telemetry at once, then periodic
-            self._report_live, self._telemetry_at = True, now
-        if not link.accepted and not self._auth_failed \
-                and now - link.started_at > self.spec.settings.auth_timeout_s:
-            self._auth_failed = True
-            self.inbox.put(ev.IoFailed(
-                f"no mutual authentication with the supervisor at {self.spec.report_endpoint} "
-                f"within {self.spec.settings.auth_timeout_s:.0f}s (a stale launch secret? "
-                f"rejections: {self.reject_counts()})"))
-        return link.timers(now)
-
-    def _on_report(self, frames: list[bytes]) -> None:
-        msg = self.rep.unpack_dealer(frames)
-        if msg is not None and self.report_link.on_message(msg) is not None:
-            self.drops["report.unexpected"] += 1  # the supervisor only answers the handshake
-
     def _on_control(self, frames: list[bytes]) -> None:
         msg = self.ctl.unpack_sub(frames, self.topic)
         if msg is None or not self._ours(msg.body):
             return
-        if not self.report_link.peer_verified:  # the supervisor has not proved itself yet
+        if not self.reporting.peer_verified:  # the supervisor has not proved itself yet
             self.drops["control.before_auth"] += 1
             return
         body = msg.body

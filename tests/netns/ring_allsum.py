@@ -5,7 +5,7 @@
 hosts.json is `[["10.213.X.2:P"], ["10.213.X.3:P"]]`: each rank listens on its own entry
 and connects to its neighbour's. Rank r contributes (r + 1) * [0, 1, ..., 7], so with
 n ranks every rank must get n(n+1)/2 * [0, ..., 7]. Each rank writes
-{"rank", "size", "result"} to OUT (atomically), then meets its peers once more so that
+{"rank", "size", "result", "netns" (inode of its network namespace)} to OUT (atomically), then meets its peers once more so that
 no rank exits while another is still inside the first collective. A rank blocks forever
 if a peer never starts: callers run it under a deadline and kill it.
 """
@@ -33,7 +33,8 @@ def main(argv: list[str]) -> int:
     mx.eval(y)
     tmp = f"{out_path}.tmp"
     with open(tmp, "w") as f:
-        json.dump({"rank": group.rank(), "size": group.size(), "result": y.tolist()}, f)
+        json.dump({"rank": group.rank(), "size": group.size(), "result": y.tolist(),
+                   "netns": os.stat("/proc/self/ns/net").st_ino}, f)
     os.replace(tmp, out_path)
     mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
     return 0
