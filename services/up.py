@@ -233,8 +233,11 @@ class Up:
         self.admin = AdminLink(self.paths, key, sup.pid)
         admin_ep, events_ep = self.admin.wait_endpoints(60.0, self.stop_flag, self.check_children)
         self.spawn("reaper", ["--events-port", str(s.reaper_events_port)])
-        self.spawn("gateway", ["--host", s.host, "--port", str(s.port), "--admin-endpoint",
-                               admin_ep, "--events-endpoint", events_ep])
+        gw_args = ["--host", s.host, "--port", str(s.port), "--admin-endpoint", admin_ep,
+                   "--events-endpoint", events_ep]
+        if s.reaper_events_port:  # port 0 = a free port only the reaper knows
+            gw_args += ["--reaper-events-endpoint", f"tcp://127.0.0.1:{s.reaper_events_port}"]
+        self.spawn("gateway", gw_args)
         data = self.admin.call("deploy", {"model_path": model, "tp": s.tp, "pp": s.pp,
                                           "hosts": hosts, "backend": backend, "wait": False,
                                           "envs": envs}, timeout=120.0)

@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int)
     ap.add_argument("--admin-endpoint", dest="admin_endpoint")
     ap.add_argument("--events-endpoint", dest="events_endpoint")
+    ap.add_argument("--reaper-events-endpoint", dest="reaper_events_endpoint")
     ap.add_argument("--request-read-timeout", dest="request_read_timeout", type=float)
     ap.add_argument("--log-level", dest="log_level")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)

@@ -85,6 +85,8 @@ class Cluster:
             sub = configure(self.ctx.socket(zmq.SUB))
             sub.setsockopt(zmq.SUBSCRIBE, b"events")
             sub.connect(eps[1])
+            if self.settings.reaper_events_endpoint:  # one SUB, two publishers
+                sub.connect(self.settings.reaper_events_endpoint)
             self._sub = sub
         log.info("supervisor at %s (events %s)", eps[0], eps[1] or "none")
 

@@ -14,6 +14,7 @@
 | canary_fresh_s | 60 | a serving deployment's last good generation must be this recent |
 | default_max_tokens | 512 | max_tokens when the client gives none (capped by context) |
 | admin_endpoint / events_endpoint | (supervisor.json) | supervisor sockets |
+| reaper_events_endpoint | (none) | the reaper's events PUB (reap passes), subscribed too |
 | admin_timeout_s | 10 | deadline for ordinary admin calls |
 | refresh_s | 2 | deployments poll period (backstop for events) |
 | abort_all_timeout_s | 15 | bound on abort-all's wait for zero active everywhere |
@@ -45,6 +46,7 @@ class GatewaySettings:
     default_max_tokens: int = 512
     admin_endpoint: str | None = None
     events_endpoint: str | None = None
+    reaper_events_endpoint: str | None = None
     admin_timeout_s: float = 10.0
     refresh_s: float = 2.0
     abort_all_timeout_s: float = 15.0
