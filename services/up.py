@@ -7,7 +7,8 @@ Starts `lockstep supervisor`, `lockstep reaper` and `lockstep gateway` as separa
 processes (each in its own session, logs in $LOCKSTEP_HOME/runtime/logs/), writes the
 cluster key and the admin token (0600) on first run, builds the embedded model once
 (no --model), deploys it (TP=2 by default), waits for /ready and prints the URL with a
-curl to paste. Ctrl-C / SIGTERM: abort_all, verified teardown of every deployment, then
+curl to paste. If the deployment fails on its own (a rank died, a peer was lost) it is
+torn down with proof and redeployed, up to --restarts times (default 3). Ctrl-C / SIGTERM: abort_all, verified teardown of every deployment, then
 SIGTERM → SIGKILL each service; exit 0 only when every process it started (and every
 rank) is proven gone.
 
@@ -58,10 +59,19 @@ class UpSettings:
     reaper_events_port: int = 7714
     ready_timeout: float = 600.0
     stop_timeout: float = 15.0
+    restarts: int = 3  # redeploys after a deployment fails (a rank died, a peer was lost)
 
 
 class UpError(Exception):
     pass
+
+
+class DeploymentDown(UpError):
+    """The deployment left serving on its own (failed, stopped, teardown failed)."""
+
+    def __init__(self, dep_id: str, state: str, error: str | None) -> None:
+        super().__init__(f"deployment {dep_id} is {state}: {error}")
+        self.dep_id, self.state = dep_id, state
 
 
 class AdminLink:
@@ -238,28 +248,58 @@ class Up:
         if s.reaper_events_port:  # port 0 = a free port only the reaper knows
             gw_args += ["--reaper-events-endpoint", f"tcp://127.0.0.1:{s.reaper_events_port}"]
         self.spawn("gateway", gw_args)
+        restarts_left = s.restarts
+        while True:
+            dep_id = self.deploy_and_wait(model, hosts, envs, backend)
+            if dep_id is None:  # stopped while waiting
+                return 0
+            try:
+                while not self.stop_flag.wait(1.0):
+                    self.progress(dep_id)
+                return 0
+            except DeploymentDown as down:
+                # A rank died or a peer was lost: the ranks are gone (the supervisor proves
+                # it). Redeploy, a bounded number of times, instead of leaving no service.
+                if down.state == "teardown_failed" or restarts_left <= 0:
+                    raise
+                restarts_left -= 1
+                self.log(f"{down}; redeploying ({restarts_left} restart(s) left)")
+                out = self.admin.call("stop", {"deployment_id": dep_id, "force": True},
+                                      timeout=120.0)
+                self.log(f"old deployment torn down ({'/'.join(out.get('outcome', {}).get('path') or []) or 'its ranks were already gone'})")
+
+    def progress(self, dep_id: str) -> None:
+        self.check_children()
+        dep = self.admin.deployment(dep_id)
+        if dep is not None:
+            self.rank_pids |= {r["pid"] for r in dep.get("ranks") or [] if r.get("pid")}
+            # "stopped" is an operator's unload through the admin API: not ours to undo
+            if dep.get("state") in ("failed", "teardown_failed"):
+                raise DeploymentDown(dep_id, dep["state"], dep.get("error"))
+
+    def deploy_and_wait(self, model: str, hosts, envs, backend: str) -> str | None:
+        s = self.s
         data = self.admin.call("deploy", {"model_path": model, "tp": s.tp, "pp": s.pp,
                                           "hosts": hosts, "backend": backend, "wait": False,
                                           "envs": envs}, timeout=120.0)
         dep_id = data["deployment_id"]
         self.log(f"deploying {Path(model).name} as {dep_id} (tp={s.tp}, pp={s.pp}, backend={backend})")
         url = f"http://{'127.0.0.1' if s.host in ('0.0.0.0', '::') else s.host}:{s.port}"
-
-        def progress() -> None:
-            self.check_children()
-            dep = self.admin.deployment(dep_id)
-            if dep is not None:
-                self.rank_pids |= {r["pid"] for r in dep.get("ranks") or [] if r.get("pid")}
-                if dep.get("state") in ("failed", "teardown_failed", "stopped"):
-                    raise UpError(f"deployment {dep_id} is {dep['state']}: {dep.get('error')}")
-
-        wait_http_ready(url + "/ready", s.ready_timeout, self.stop_flag, progress)
+        deadline = time.monotonic() + s.ready_timeout
+        while not self.stop_flag.is_set():  # this deployment serving, not a stale /ready
+            self.progress(dep_id)
+            dep = self.admin.deployment(dep_id) or {}
+            if dep.get("state") == "serving":
+                break
+            if time.monotonic() > deadline:
+                raise UpError(f"deployment {dep_id} not serving after {s.ready_timeout:.0f}s")
+            self.stop_flag.wait(0.25)
+        wait_http_ready(url + "/ready", max(1.0, deadline - time.monotonic()), self.stop_flag,
+                        lambda: self.progress(dep_id))
         if self.stop_flag.is_set():
-            return 0
+            return None
         self.print_banner(url, Path(model).name, dep_id)
-        while not self.stop_flag.wait(1.0):
-            progress()
-        return 0
+        return dep_id
 
     def print_banner(self, url: str, model: str, dep_id: str) -> None:
         body = json.dumps({"model": model, "max_tokens": 32,
@@ -306,7 +346,8 @@ def _parser() -> argparse.ArgumentParser:
                      ("--tp", int), ("--pp", int), ("--hosts", Path),
                      ("--admin-port", int), ("--events-port", int), ("--control-port", int),
                      ("--report-port", int), ("--reaper-events-port", int),
-                     ("--ready-timeout", float), ("--stop-timeout", float)):
+                     ("--ready-timeout", float), ("--stop-timeout", float),
+                     ("--restarts", int)):
         ap.add_argument(flag, type=tp, default=None)
     return ap
 

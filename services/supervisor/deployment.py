@@ -89,6 +89,7 @@ class Deployment:
     lease_seq: int = 0
     busy: bool = False  # a launch, stop or replan is running on it
     launch_task: Any = None  # asyncio.Task of the launch while it runs
+    failure_task: Any = None  # asyncio.Task tearing down the rest after a rank was lost
     abort_reason: str | None = None  # set by stop to end a launch in progress
     launch_error: Any = None  # the LaunchError of a failed launch
     remote_hosts: dict[int, Any] = field(default_factory=dict)  # host index -> RemoteHost

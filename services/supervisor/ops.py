@@ -224,6 +224,9 @@ async def stop(sup, deployment_id: str, *, force: bool) -> dict[str, Any]:
             sup.deployments.pop(deployment_id, None)
             sup.set_state(dep, "stopped", "stopped during launch")
             return {"deployment_id": deployment_id, "outcome": dep.teardown or {}}
+    failing = dep.failure_task
+    if failing is not None and not failing.done():
+        await asyncio.shield(failing)  # a stop during the post-failure teardown waits for it
     if dep.busy:
         raise AdminError("conflict", f"deployment {deployment_id} is busy ({dep.state})")
     abort = None

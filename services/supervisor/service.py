@@ -273,4 +273,4 @@ class Supervisor:
         self.incident(dep, "rank_lost", reason, {"job_id": dep.job_id})
         dep.error = reason
         self.set_state(dep, "failed", reason)
-        self.spawn(ops.teardown_after_failure(self, dep, reason))
+        dep.failure_task = self.spawn(ops.teardown_after_failure(self, dep, reason))

@@ -1,0 +1,542 @@
+"""The fault soak driver (issue 8): a live cluster on loopback — `lockstep supervisor`,
+`lockstep reaper` (service, 1 s interval) and `lockstep gateway` as separate processes,
+a TP=2 deployment of real MLX ranks (ring backend) with short watchdog settings — under
+concurrent streaming clients, hit by a seeded random schedule of faults. After every
+fault the driver restores service if the fault took it down, then checks the invariants:
+
+- no process of a stopped (or killed) deployment is alive (psutil; a zombie has exited);
+- no manifest without a live supervisor (pid + start time);
+- once quiescent, the gateway's active count equals every rank's reported active count;
+- every client stream ended with content, `abort` or an OpenAI-shaped error, within a
+  deadline — never a hang, never a broken transfer.
+
+The seed is printed and settable with LOCKSTEP_SOAK_SEED; every failure names it.
+Partitions are not injected here (loopback has no link to pull): they are the netns
+tests in tests/netns/test_partitions.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import zmq
+
+from common import messages as msgs
+from common.envelope import Key, Signer
+from common.keys import generate_key_file, load_cluster_key
+from common.procs import START_TIME_TOLERANCE
+from common.rankspec import RankSpec
+from common.state import LaunchManifest, Paths, manifest_path, read_json
+from services.admin_cli import AdminClient
+from tests.gwutil import free_port, sse_lines
+
+REPO = Path(__file__).resolve().parents[2]
+GRACE_S = 3.0  # LOCKSTEP_PEER_ABORT_GRACE
+READ_TIMEOUT_S = 20.0  # gateway request_read_timeout: a stalled stream ends with 504
+STREAM_DEADLINE_S = 60.0  # a client stream still open after this is a hang
+CLIENTS = 3
+FAULTS = ("client_disconnect", "sigkill_rank", "sigstop_short", "sigstop_long",
+          "kill_supervisor", "forge")
+WEIGHTS = (3, 2, 2, 1, 1, 3)
+SERVING_OUTCOMES = ("content", "abort", "error", "disconnect")
+
+
+class SoakFailure(AssertionError):
+    pass
+
+
+def _gone(pid: int, start: float) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return (p.status() == psutil.STATUS_ZOMBIE
+                or abs(p.create_time() - start) > START_TIME_TOLERANCE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+@dataclass
+class Budget:
+    faults: int
+    seconds: float
+
+
+@dataclass
+class Stats:
+    faults: Counter = field(default_factory=Counter)
+    outcomes: Counter = field(default_factory=Counter)
+    redeploys: int = 0
+    supervisor_restarts: int = 0
+    invariant_checks: int = 0
+    bad: list[str] = field(default_factory=list)
+
+
+class Soak:
+    def __init__(self, tmp: Path, model: Path, seed: int, budget: Budget) -> None:
+        self.tmp, self.model, self.seed, self.budget = tmp, model, seed, budget
+        self.rng = random.Random(seed)
+        self.home = tmp / "home"
+        self.paths = Paths(self.home)
+        generate_key_file(self.paths.cluster_key)
+        self.key: Key = load_cluster_key(self.paths.cluster_key)
+        self.token = secrets.token_urlsafe(24)
+        self.paths.admin_token.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.paths.admin_token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.token + "\n")
+        self.ports = {n: free_port() for n in ("admin", "events", "control", "report", "http")}
+        self.url = f"http://127.0.0.1:{self.ports['http']}"
+        self.admin_ep = f"tcp://127.0.0.1:{self.ports['admin']}"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.all_procs: list[subprocess.Popen] = []
+        self.jobs: dict[str, LaunchManifest] = {}  # every launch seen, by job id
+        self.dead_jobs: set[str] = set()  # launches that must have no process left
+        self.dep: dict | None = None  # the serving deployment's info
+        self.n_deploys = 0
+        self.stats = Stats()
+        self.log: list[str] = []
+        # clients
+        self.stop_clients = threading.Event()
+        self.paused = threading.Event()
+        self.lock = threading.Lock()
+        self.in_flight: dict[int, float] = {}
+        self.workers: list[threading.Thread] = []
+        self.zctx = zmq.Context()
+
+    # --- processes ---------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
+        env.update(PYTHONPATH=str(REPO), LOCKSTEP_HOME=str(self.home))
+        return env
+
+    def _spawn(self, name: str, argv: list[str], **env: str) -> subprocess.Popen:
+        log = open(self.tmp / f"{name}-{len(self.all_procs)}.log", "wb")  # noqa: SIM115
+        p = subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO, env={**self._env(), **env},
+                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+        log.close()
+        self.procs[name] = p
+        self.all_procs.append(p)
+        return p
+
+    def start_supervisor(self) -> None:
+        runtime = self.paths.runtime / "supervisor.json"
+        runtime.unlink(missing_ok=True)
+        p = self._spawn("supervisor", ["services.supervisor", "--home", str(self.home)],
+                        LOCKSTEP_ADMIN_PORT=str(self.ports["admin"]),
+                        LOCKSTEP_EVENTS_PORT=str(self.ports["events"]),
+                        LOCKSTEP_CONTROL_PORT=str(self.ports["control"]),
+                        LOCKSTEP_REPORT_PORT=str(self.ports["report"]),
+                        LOCKSTEP_LOAD_TIMEOUT="150", LOCKSTEP_GRACEFUL_TIMEOUT="2",
+                        LOCKSTEP_STOP_TIMEOUT="3", LOCKSTEP_KILL_TIMEOUT="3",
+                        LOCKSTEP_CANARY_WINDOW_S="0.3", LOCKSTEP_CANARY_RUNS="2",
+                        LOCKSTEP_LEASE_INTERVAL="0.5", LOCKSTEP_LEASE_TTL="10",
+                        LOCKSTEP_PEER_ABORT_GRACE=str(GRACE_S),
+                        LOCKSTEP_PROGRESS_STALL_TIMEOUT="15",
+                        LOCKSTEP_SIGNAL_CLEAR_TIMEOUT="5",
+                        LOCKSTEP_RANK_TELEMETRY_INTERVAL_S="0.3",
+                        LOCKSTEP_ABORT_ALL_TIMEOUT="10", LOCKSTEP_RANK_TEST_SEAMS="true")
+        self._poll("the supervisor's runtime file",
+                   lambda: p.poll() is not None or runtime.exists()
+                   and read_json(runtime)["pid"] == p.pid, 60)
+        if p.poll() is not None:
+            raise SoakFailure(self._why(f"supervisor exited {p.returncode}"))
+
+    def start(self) -> None:
+        self.start_supervisor()
+        self._spawn("reaper", ["services.reaper", "--home", str(self.home), "--interval", "1",
+                               "--term-timeout", "2", "--kill-timeout", "2"])
+        self._spawn("gateway", ["services.gateway", "--home", str(self.home), "--port",
+                                str(self.ports["http"]), "--admin-endpoint", self.admin_ep,
+                                "--events-endpoint", f"tcp://127.0.0.1:{self.ports['events']}",
+                                "--request-read-timeout", str(READ_TIMEOUT_S)],
+                    LOCKSTEP_ORPHAN_GRACE_S="2", LOCKSTEP_KEEPALIVE_S="2")
+        self._poll("the gateway", lambda: self._http_ok("/health"), 60)
+        self.deploy()
+        for i in range(CLIENTS):
+            t = threading.Thread(target=self._client_loop, args=(i,), daemon=True,
+                                 name=f"soak-client-{i}")
+            t.start()
+            self.workers.append(t)
+
+    def admin(self, command: str, timeout: float = 60.0, **args):
+        c = AdminClient(self.admin_ep, self.key, ctx=self.zctx)
+        try:
+            return c.call(command, timeout, **args)
+        finally:
+            c.close()
+
+    def deploy(self) -> None:
+        self.n_deploys += 1
+        dep_id = f"soak-{self.n_deploys}"
+        reply = self.admin("deploy", 240, model_path=str(self.model), tp=2,
+                           deployment_id=dep_id, envs=["LOCKSTEP_TEST_STEP_DELAY_S=0.01"])
+        if not reply.ok:
+            raise SoakFailure(self._why(f"deploy failed: {reply.code} {reply.message}"))
+        job = reply.data["job_id"]
+        self.jobs[job] = LaunchManifest.from_dict(read_json(manifest_path(self.paths, job)))
+        self.dep = self._dep_info(dep_id)
+        self._poll("/ready", lambda: self._http_ok("/ready"), 60)
+
+    def _dep_info(self, dep_id: str) -> dict | None:
+        reply = self.admin("deployments", 20)
+        if not reply.ok:
+            return None
+        return next((d for d in reply.data["deployments"] if d["deployment_id"] == dep_id), None)
+
+    def _http_ok(self, path: str) -> bool:
+        try:
+            return httpx.get(self.url + path, timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    # --- clients -----------------------------------------------------------------------
+
+    def _client_loop(self, i: int) -> None:
+        rng = random.Random(self.seed * 1000 + i)
+        with httpx.Client(timeout=httpx.Timeout(READ_TIMEOUT_S + 10, connect=5)) as http:
+            n = 0
+            while not self.stop_clients.is_set():
+                if self.paused.is_set():
+                    time.sleep(0.05)
+                    continue
+                n += 1
+                key = i * 1_000_000 + n
+                with self.lock:
+                    self.in_flight[key] = time.monotonic()
+                try:
+                    outcome = self.stream_once(http, rng.randint(8, 160),
+                                               disconnect=rng.random() < 0.15)
+                finally:
+                    with self.lock:
+                        self.in_flight.pop(key, None)
+                self._record(outcome)
+                if outcome.startswith("error"):
+                    time.sleep(0.2)  # no service: don't spin on 503s
+
+    def _record(self, outcome: str) -> None:
+        kind = outcome.split(":", 1)[0]
+        with self.lock:
+            self.stats.outcomes[kind] += 1
+            if kind not in SERVING_OUTCOMES:
+                self.stats.bad.append(outcome)
+
+    def stream_once(self, http: httpx.Client, max_tokens: int, *, disconnect: bool) -> str:
+        """One streaming completion; returns content | abort | error:<code> | disconnect,
+        or hang:/broken:<why> (both fail the soak)."""
+        model = (self.dep or {}).get("model", "tiny")
+        body = {"model": model, "prompt": "the quick brown fox", "max_tokens": max_tokens,
+                "temperature": 0, "stream": True}
+        deadline = time.monotonic() + STREAM_DEADLINE_S
+        try:
+            with http.stream("POST", self.url + "/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    try:
+                        err = resp.json()["error"]
+                        assert {"message", "type", "param", "code"} <= set(err)
+                        return f"error:{resp.status_code}:{err['code']}"
+                    except Exception:  # noqa: BLE001
+                        return f"broken:status {resp.status_code} body {resp.text[:200]!r}"
+                finish, done, got = None, False, 0
+                for kind, data in sse_lines(resp):
+                    if time.monotonic() > deadline:
+                        return f"hang:stream open after {STREAM_DEADLINE_S}s"
+                    if kind != "data":
+                        continue
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    if "error" in data:
+                        finish = f"error:stream:{data['error'].get('code')}"
+                        continue
+                    for ch in data.get("choices") or []:
+                        got += len(ch.get("text") or "")
+                        finish = ch.get("finish_reason") or finish
+                    if disconnect and got:
+                        return "disconnect"
+                if not done:
+                    return f"broken:no [DONE] (finish {finish})"
+                if finish in ("stop", "length"):
+                    return "content"
+                if finish == "abort" or (finish or "").startswith("error"):
+                    return finish.split(":")[0] if finish == "abort" else finish
+                return f"broken:finish_reason {finish!r}"
+        except httpx.ReadTimeout:
+            return "hang:read timeout"
+        except httpx.HTTPError as exc:
+            return f"broken:{type(exc).__name__}: {exc}"
+
+    # --- faults ------------------------------------------------------------------------
+
+    def _ranks(self) -> list:
+        if not self.dep:
+            return []
+        return self.jobs[self.dep["job_id"]].ranks
+
+    def fault(self, kind: str) -> None:
+        self.stats.faults[kind] += 1
+        self.log.append(f"{time.monotonic():.1f} {kind} on {self.dep and self.dep['deployment_id']}")
+        getattr(self, f"_f_{kind}")()
+
+    def _f_client_disconnect(self) -> None:
+        with httpx.Client(timeout=30) as http:
+            self._record(self.stream_once(http, 200, disconnect=True))
+
+    def _f_sigkill_rank(self) -> None:
+        r = self.rng.choice(self._ranks())
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(r.pid, signal.SIGKILL)
+        self._expect_down()
+
+    def _stop_for(self, seconds: float) -> None:
+        r = self.rng.choice(self._ranks())
+        os.kill(r.pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)  # the fault's duration, not synchronisation
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(r.pid, signal.SIGCONT)
+
+    def _f_sigstop_short(self) -> None:
+        self._stop_for(self.rng.uniform(0.3, 1.2))
+
+    def _f_sigstop_long(self) -> None:
+        r = self.rng.choice(self._ranks())
+        os.kill(r.pid, signal.SIGSTOP)  # left stopped: the teardown must SIGKILL it
+        self._expect_down()
+
+    def _f_kill_supervisor(self) -> None:
+        p = self.procs["supervisor"]
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+        if self.dep:
+            self.dead_jobs.add(self.dep["job_id"])
+        self.dep = None
+        self.stats.supervisor_restarts += 1
+        self.start_supervisor()  # its own start reaps too; the reaper service may be first
+
+    def _f_forge(self) -> None:
+        targets = {"admin": self.admin_ep, "report": f"tcp://127.0.0.1:{self.ports['report']}"}
+        if self.dep:
+            targets["requests"] = self.dep["requests_endpoint"]
+            spec = RankSpec.load(self.paths.runtime / "jobs" / self.dep["job_id"]
+                                 / "rank-0.spec.json")
+            targets["plan"] = spec.plan_endpoint
+        wrong = Signer(Key.from_secret(secrets.token_bytes(32)), "mallory")
+        dep_id = (self.dep or {}).get("deployment_id", "x")
+        job = (self.dep or {}).get("job_id", "x")
+        bodies = [msgs.AdminRequest("rogue", "status", {}),
+                  msgs.Generate("rogue-" + secrets.token_hex(4), [1, 2, 3], 4),
+                  msgs.AuthHello(dep_id, job, 1, secrets.token_bytes(16))]
+        socks = []
+        for name, ep in targets.items():
+            s = self.zctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDHWM, 1000)
+            s.connect(ep)
+            socks.append(s)
+            for _ in range(self.rng.randint(10, 40)):
+                roll = self.rng.random()
+                if roll < 0.4:
+                    frames = [os.urandom(self.rng.randint(1, 400))]
+                elif roll < 0.55:
+                    frames = [os.urandom(20) for _ in range(self.rng.randint(2, 5))]
+                else:
+                    frames = [wrong.encode(self.rng.choice(bodies))]
+                with contextlib.suppress(zmq.Again):
+                    s.send_multipart(frames, zmq.NOBLOCK)
+            self.log.append(f"  forged to {name} {ep}")
+        time.sleep(0.3)  # let the frames reach the sockets before closing ours
+        for s in socks:
+            s.close(0)
+
+    def _expect_down(self) -> None:
+        """The fault kills the deployment: wait until the supervisor says so."""
+        dep_id = self.dep["deployment_id"]
+        state = self._poll(f"{dep_id} to be reported down",
+                           lambda: (d := self._dep_info(dep_id)) is not None
+                           and d["state"] in ("failed", "teardown_failed") and d["state"],
+                           GRACE_S + 30, interval=0.2)
+        self.log.append(f"  {dep_id} -> {state}")
+
+    # --- restore and invariants --------------------------------------------------------
+
+    def restore(self) -> None:
+        """Service back: a live supervisor and one serving deployment."""
+        if self.procs["supervisor"].poll() is not None:
+            raise SoakFailure(self._why("the supervisor died without being killed"))
+        if self.dep is not None:
+            info = self._dep_info(self.dep["deployment_id"])
+            if info is not None and info["state"] == "serving":
+                self.dep = info
+                return
+            self.dead_jobs.add(self.dep["job_id"])
+            if info is not None:
+                self._stop(info["deployment_id"])
+            self.dep = None
+        # old deployments (e.g. from before a supervisor kill) must be gone: reaped
+        for d in self.admin("deployments", 20).data["deployments"]:
+            self.dead_jobs.add(d["job_id"])
+            self._stop(d["deployment_id"])
+        self.stats.redeploys += 1
+        self.deploy()
+
+    def _stop(self, dep_id: str) -> None:
+        def attempt():
+            reply = self.admin("stop", 120, deployment_id=dep_id, force=True)
+            if reply.ok or reply.code == "not_found":
+                return True
+            if reply.code in ("conflict", "teardown_failed"):
+                return False  # busy with its own teardown, or retry the proof
+            raise SoakFailure(self._why(f"stop {dep_id}: {reply.code} {reply.message}"))
+        self._poll(f"a verified stop of {dep_id}", attempt, 60, interval=0.5)
+
+    def check_invariants(self) -> None:
+        self.stats.invariant_checks += 1
+        # 1. no process of a stopped deployment alive
+        def dead_ranks_gone():
+            return not [(j, r.rank, r.pid) for j in self.dead_jobs if j in self.jobs
+                        for r in self.jobs[j].ranks if not _gone(r.pid, r.start_time)]
+        self._poll("every rank of a stopped deployment to be gone", dead_ranks_gone, 30)
+        # 2. no manifest without a live supervisor
+        def manifests_owned():
+            for f in self.paths.manifests.glob("*.json"):
+                try:
+                    m = read_json(f)
+                except (OSError, ValueError):
+                    continue  # being rewritten; an unreadable one shows up in the reaper
+                if _gone(m["supervisor_pid"], m["supervisor_start_time"]):
+                    return False
+            return True
+        self._poll("every manifest to have a live supervisor", manifests_owned, 30)
+        # 3. client streams: none hangs; then quiescent counts agree
+        self.paused.set()
+        try:
+            self._poll("every client stream to end", lambda: not self.in_flight,
+                       STREAM_DEADLINE_S + 15)
+            self._poll("gateway active == ranks' active", self._counts_agree, 30, interval=0.2)
+        finally:
+            self.paused.clear()
+        # 4. every stream so far ended with content, abort or a clear error
+        if self.stats.bad:
+            raise SoakFailure(self._why(f"bad client outcomes: {self.stats.bad[:5]}"))
+
+    def _counts_agree(self) -> bool:
+        r = httpx.get(self.url + "/admin/api/cluster/status", timeout=10,
+                      headers={"authorization": f"Bearer {self.token}"})
+        if r.status_code != 200:
+            return False
+        st = r.json()
+        gw = st["gateway"]["active"]
+        dep = next((d for d in st["deployments"]
+                    if self.dep and d["deployment_id"] == self.dep["deployment_id"]), None)
+        if dep is None:
+            return gw == 0
+        ranks = [x["active"] for x in dep["ranks"]]
+        self._last_counts = (gw, ranks)
+        return all(a == gw for a in ranks)
+
+    # --- run ---------------------------------------------------------------------------
+
+    def run(self) -> Stats:
+        t0 = time.monotonic()
+        self.start()
+        self.check_invariants()
+        n = 0
+        while n < self.budget.faults and time.monotonic() - t0 < self.budget.seconds:
+            kind = self.rng.choices(FAULTS, WEIGHTS)[0]
+            time.sleep(self.rng.uniform(0.2, 1.5))  # let the clients get streams going
+            self.fault(kind)
+            n += 1
+            self.restore()
+            self.check_invariants()
+        # the end: a verified stop of the last deployment, then the invariants again
+        if self.dep:
+            self.dead_jobs.add(self.dep["job_id"])
+            self._stop(self.dep["deployment_id"])
+            self.dep = None
+        self.stop_clients.set()
+        for t in self.workers:
+            t.join(STREAM_DEADLINE_S + 10)
+            if t.is_alive():
+                raise SoakFailure(self._why(f"{t.name} still in a request"))
+        self.check_invariants()
+        left = list(self.paths.manifests.glob("*.json"))
+        if left:
+            raise SoakFailure(self._why(f"manifests left after the final stop: {left}"))
+        self.elapsed = time.monotonic() - t0
+        return self.stats
+
+    def close(self) -> None:
+        self.stop_clients.set()
+        self.paused.clear()
+        sup = self.procs.get("supervisor")
+        if sup is not None and sup.poll() is None and self.dep:
+            with contextlib.suppress(Exception):
+                self.admin("stop", 60, deployment_id=self.dep["deployment_id"], force=True)
+        for p in self.all_procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+        for p in self.all_procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+        for m in self.jobs.values():
+            for r in m.ranks:
+                if not _gone(r.pid, r.start_time):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(r.pid, signal.SIGKILL)
+        for t in self.workers:
+            t.join(STREAM_DEADLINE_S + 10)
+        self.zctx.term()
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def _why(self, what: str) -> str:
+        return (f"{what} [LOCKSTEP_SOAK_SEED={self.seed}; faults {dict(self.stats.faults)}; "
+                f"last events {self.log[-6:]}; logs in {self.tmp}]")
+
+    def _poll(self, what: str, fn, timeout: float, interval: float = 0.1):
+        deadline = time.monotonic() + timeout
+        while True:
+            value = fn()
+            if value:
+                return value
+            if time.monotonic() >= deadline:
+                extra = f" (counts {getattr(self, '_last_counts', None)})" \
+                    if "active" in what else ""
+                raise SoakFailure(self._why(f"timed out after {timeout:.0f}s waiting for "
+                                            f"{what}{extra}"))
+            time.sleep(interval)
+
+
+def seed_from_env() -> int:
+    raw = os.environ.get("LOCKSTEP_SOAK_SEED")
+    return int(raw) if raw else secrets.randbelow(2**31)
+
+
+def summary(s: Soak) -> str:
+    return json.dumps({"seed": s.seed, "elapsed_s": round(getattr(s, "elapsed", 0.0), 1),
+                       "faults": dict(s.stats.faults), "outcomes": dict(s.stats.outcomes),
+                       "redeploys": s.stats.redeploys,
+                       "supervisor_restarts": s.stats.supervisor_restarts,
+                       "invariant_checks": s.stats.invariant_checks})

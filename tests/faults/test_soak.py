@@ -1,0 +1,51 @@
+"""The fault soak (issue 8), driven by tests/faults/soak.py: a live gateway + supervisor +
+reaper on loopback, real TP=2 MLX ranks, concurrent streaming clients, and a seeded
+random schedule of faults (client disconnects, SIGKILL / SIGSTOP of random ranks, short
+and beyond the peer grace, supervisor SIGKILL + restart, forged frames on every listening
+ROUTER: admin, report, requests, plan), with the invariants checked after every fault.
+
+- `test_fault_soak_short`: ~12 faults, runs in the normal suite (`make test`).
+- `test_fault_soak_full` (`@pytest.mark.soak`, `make soak`): 200 faults or 10 minutes.
+
+The seed is printed; rerun one with LOCKSTEP_SOAK_SEED=N. Partitions: see
+tests/netns/test_partitions.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.faults.soak import Budget, Soak, seed_from_env, summary
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    from common.tinymodel import build_model
+
+    return build_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+def _run(tmp_path: Path, model: Path, budget: Budget) -> None:
+    seed = seed_from_env()
+    print(f"\nLOCKSTEP_SOAK_SEED={seed}")
+    soak = Soak(tmp_path, model, seed, budget)
+    try:
+        soak.run()
+    finally:
+        soak.close()
+        print("soak:", summary(soak))
+    assert soak.stats.outcomes["content"] > 0, summary(soak)
+
+
+@pytest.mark.timeout(300)
+def test_fault_soak_short(tmp_path: Path, model: Path) -> None:
+    _run(tmp_path, model, Budget(faults=int(os.environ.get("LOCKSTEP_SOAK_FAULTS", "12")),
+                                 seconds=150.0))
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1200)
+def test_fault_soak_full(tmp_path: Path, model: Path) -> None:
+    _run(tmp_path, model, Budget(faults=200, seconds=600.0))
