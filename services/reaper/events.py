@@ -11,7 +11,7 @@ import socket
 
 import zmq
 
-from common.bus import Channel, configure
+from common.bus import PUB_MAX_SIZE, Channel, configure
 from common.envelope import Key
 from common.messages import EVENTS, Event
 
@@ -25,7 +25,7 @@ class EventPublisher:
         self.channel = Channel("reaper", "events",
                                sender=f"reaper:{socket.gethostname()}:{os.getpid()}",
                                send_key=key, accept=EVENTS)
-        self.sock = configure(self.ctx.socket(zmq.PUB))
+        self.sock = configure(self.ctx.socket(zmq.PUB), max_size=PUB_MAX_SIZE)  # subscriptions
         try:
             if port:
                 self.sock.bind(f"tcp://{host}:{port}")

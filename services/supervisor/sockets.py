@@ -34,12 +34,13 @@ import zmq.asyncio
 
 from common.admission import Budget
 from common.bus import PUB_MAX_SIZE, Channel, configure, configure_listener
-from common.envelope import DEFAULT_MAX_SIZE, Key, Message
+from common.envelope import Key, Message
 from common.messages import ADMIN_IN, EVENTS, Event
 from services.supervisor.admission import REPORT_MAX, ReportAdmission
 
 log = logging.getLogger("lockstep.supervisor")
 EVENTS_TOPIC = b"events"
+ADMIN_MAX = 1024 * 1024  # admin requests are small (deploy args with a hosts list at most)
 
 AdminHandler = Callable[[bytes, Message], Awaitable[None]]
 ReportHandler = Callable[[Any, Message], None]  # (route, message)
@@ -85,11 +86,11 @@ class SupervisorSockets:
         sender = f"supervisor:{socket.gethostname()}:{os.getpid()}"
         self.sender = sender
         self.admin_channel = Channel("supervisor", "admin", sender=sender, send_key=cluster_key,
-                                     accept=ADMIN_IN)
+                                     accept=ADMIN_IN, max_size=ADMIN_MAX)
         self.events_channel = Channel("supervisor", "events", sender=sender,
                                       send_key=cluster_key, accept=EVENTS)
         self.admin_channel.budget = Budget()
-        self.admin = configure_listener(ctx.socket(zmq.ROUTER), max_size=DEFAULT_MAX_SIZE)
+        self.admin = configure_listener(ctx.socket(zmq.ROUTER), max_size=ADMIN_MAX)
         self.events = configure(ctx.socket(zmq.PUB), max_size=PUB_MAX_SIZE)
         self.control = configure(ctx.socket(zmq.PUB), max_size=PUB_MAX_SIZE)
         self.report = configure_listener(ctx.socket(zmq.ROUTER), max_size=REPORT_MAX)

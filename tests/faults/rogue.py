@@ -30,7 +30,7 @@ from common import messages as m
 from common.envelope import Key, Signer
 
 HALF_OPEN = 1000
-SILENT = 200
+SILENT = 100
 
 
 def key(hex_: str) -> Key:
@@ -164,21 +164,27 @@ class Rogue:
         answer the challenge (half with a wrong key, half with the launch's key and a
         taken rank), plus SILENT connections that never speak at all."""
         socks, sent = [], {}
-        for t in self.targets:
-            if t.get("body", "auth") != "auth":
-                continue
-            for i in range(HALF_OPEN):
-                s = self.dealer(t["endpoint"])
-                signer = t["signers"]["right"] if (i % 2 and t["signers"]["right"]) \
-                    else t["signers"]["wrong"]
-                s.send(signer.encode(body_for(t)), zmq.NOBLOCK)
-                socks.append(s)
-            sent[t["name"]] = HALF_OPEN
-        for t in self.targets + self.pubs:
-            for _ in range(SILENT):
-                socks.append(self.dealer(t["endpoint"]) if t in self.targets
-                             else self._sub(t["endpoint"]))
+        try:
+            for t in self.targets:
+                if t.get("body", "auth") != "auth":
+                    continue
+                for i in range(HALF_OPEN):
+                    s = self.dealer(t["endpoint"])
+                    signer = t["signers"]["right"] if (i % 2 and t["signers"]["right"]) \
+                        else t["signers"]["wrong"]
+                    s.send(signer.encode(body_for(t)), zmq.NOBLOCK)
+                    socks.append(s)
+                    sent[t["name"]] = sent.get(t["name"], 0) + 1
+            for t in self.targets + self.pubs:
+                for _ in range(SILENT):
+                    socks.append(self.dealer(t["endpoint"]) if t in self.targets
+                                 else self._sub(t["endpoint"]))
+        except zmq.ZMQError as exc:  # out of descriptors: hold what we have
+            print(f"halfopen: stopped at {len(socks)} sockets "
+                  f"({len(os.listdir('/proc/self/fd'))} fds): {exc}", file=sys.stderr)
         time.sleep(seconds)
+        print(f"halfopen: {len(socks)} sockets, {len(os.listdir('/proc/self/fd'))} fds",
+              file=sys.stderr, flush=True)
         self.drain(socks)
         for s in socks:
             s.close(0)

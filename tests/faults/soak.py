@@ -78,6 +78,7 @@ class Budget:
 class Stats:
     faults: Counter = field(default_factory=Counter)
     outcomes: Counter = field(default_factory=Counter)
+    errors: Counter = field(default_factory=Counter)
     redeploys: int = 0
     supervisor_restarts: int = 0
     invariant_checks: int = 0
@@ -226,12 +227,14 @@ class Soak:
                         self.in_flight.pop(key, None)
                 self._record(outcome)
                 if outcome.startswith("error"):
-                    time.sleep(0.2)  # no service: don't spin on 503s
+                    time.sleep(0.5)  # no service: don't spin on 503s
 
     def _record(self, outcome: str) -> None:
         kind = outcome.split(":", 1)[0]
         with self.lock:
             self.stats.outcomes[kind] += 1
+            if kind == "error":
+                self.stats.errors[outcome] += 1
             if kind not in SERVING_OUTCOMES:
                 self.stats.bad.append(outcome)
 
@@ -330,7 +333,16 @@ class Soak:
         self.stats.supervisor_restarts += 1
         self.start_supervisor()  # its own start reaps too; the reaper service may be first
 
+    def _rejected(self) -> dict[str, int]:
+        """Rejected bus frames by service ("supervisor", "rank"), from admin status."""
+        reply = self.admin("status", 20)
+        out: Counter = Counter()
+        for row in reply.data.get("rejections") or [] if reply.ok else []:
+            out[row["service"]] += row["count"]
+        return out
+
     def _f_forge(self) -> None:
+        before = self._rejected()
         targets = {"admin": self.admin_ep, "report": f"tcp://127.0.0.1:{self.ports['report']}"}
         if self.dep:
             targets["requests"] = self.dep["requests_endpoint"]
@@ -361,7 +373,12 @@ class Soak:
                 with contextlib.suppress(zmq.Again):
                     s.send_multipart(frames, zmq.NOBLOCK)
             self.log.append(f"  forged to {name} {ep}")
-        time.sleep(0.3)  # let the frames reach the sockets before closing ours
+        # Evidence they were read and refused (counted), not silently lost: the
+        # supervisor's own sockets, and the ranks' (telemetry) when a deployment runs.
+        services = ["supervisor", "rank"] if self.dep else ["supervisor"]
+        self._poll("the forged frames to be counted as rejected",
+                   lambda: (now := self._rejected())
+                   and all(now[sv] > before[sv] for sv in services), 15, interval=0.3)
         for s in socks:
             s.close(0)
 
@@ -537,6 +554,7 @@ def seed_from_env() -> int:
 def summary(s: Soak) -> str:
     return json.dumps({"seed": s.seed, "elapsed_s": round(getattr(s, "elapsed", 0.0), 1),
                        "faults": dict(s.stats.faults), "outcomes": dict(s.stats.outcomes),
+                       "errors": dict(s.stats.errors),
                        "redeploys": s.stats.redeploys,
                        "supervisor_restarts": s.stats.supervisor_restarts,
                        "invariant_checks": s.stats.invariant_checks})

@@ -27,6 +27,7 @@ from common.envelope import DEFAULT_MAX_SIZE, Signer
 from common.handshake import Initiator, session_keys
 from services.rank.io import PLAN_IN_MAX
 from services.supervisor.admission import REPORT_MAX
+from services.supervisor.sockets import ADMIN_MAX
 from tests.e2e.rank_harness import REPO
 from tests.support.requests import RequestsClient
 from tests.support.supervisor import RunningSupervisor, fake_settings, poll_for
@@ -40,7 +41,7 @@ ATTACKS = ["burn", "garbage", "multipart", "raw_tcp", "wrong_key", "replay", "st
 PHASES = [p for a in ATTACKS for p in ("quiet", a)] + ["quiet"]
 PHASE_S = 1.0
 QUIET_SETTLE_S = 0.3  # the first part of a quiet window may still drain a backlog
-MIN_RATIO = 0.25  # rank 0's step rate during attacks / during the quiet windows
+MIN_RATIO = 0.15  # rank 0 step rate, attacks / quiet windows (a floor: this box is shared)
 
 EXPECTED = {  # (service, socket) -> reasons that must have been counted
     ("rank", "plan"): {"bad_magic", "bad_frames", "unknown_key", "replay", "stale",
@@ -143,7 +144,7 @@ def test_rogue_flood_against_a_live_tp2_deployment(tmp_path):
              "key": keys.report.secret.hex(), "old_key": old_keys.report.secret.hex(),
              "auth_rank": 0, "cap": REPORT_MAX, "replay": [rep_frame.hex()]},
             {**common, "name": "admin", "endpoint": sk.admin_endpoint, "key": rs.key.secret.hex(),
-             "body": "admin", "cap": DEFAULT_MAX_SIZE, "replay": [adm_frame.hex()]},
+             "body": "admin", "cap": ADMIN_MAX, "replay": [adm_frame.hex()]},
             {"name": "control", "endpoint": sk.control_endpoint, "type": "pub"},
             {"name": "events", "endpoint": sk.events_endpoint, "type": "pub"},
         ]}
@@ -192,6 +193,7 @@ def test_rogue_flood_against_a_live_tp2_deployment(tmp_path):
             ranks[0]["rejects"].get("requests.replay")
 
         report["sent"] = {p["phase"]: p["sent"] for p in phases if p["phase"] != "quiet"}
+        assert report["sent"]["halfopen"] == {"plan": 1000, "report": 1000}, report["sent"]
         report["rejections"] = {f"{r['service']}/{r['socket']}/{r['reason']}": r["count"]
                                 for r in rows}
         print("\nflood report:", json.dumps(report, indent=1))

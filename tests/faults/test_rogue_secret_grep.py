@@ -136,6 +136,9 @@ def test_launch_secret_is_nowhere_but_its_0600_file(tmp_path):
                 assert mode & 0o077 == 0, f"{f} has mode {mode:o}"  # keys and state: 0600
         if hits := leaks(out_path.read_bytes(), ns):
             found["lockstep up output"] = hits
+        said = out_path.read_bytes() + b"".join(
+            f.read_bytes() for f in (home / "runtime" / "logs").glob("gateway*.log"))
+        assert b"loopback only" in said  # the gateway says where it binds (127.0.0.1)
         assert found == {}, f"secrets found: {found}"
         assert stat.S_IMODE(secret_path.parent.stat().st_mode) & 0o077 == 0
     finally:

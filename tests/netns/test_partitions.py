@@ -42,6 +42,7 @@ pytestmark = pytest.mark.netns
 
 A, B = 0, 1
 GRACE_S = 6.0  # peer_abort_grace: re-probing after the abort stage
+FLAP_EXTRA_S = 1.5  # link kept down this long after the abort stage (well inside the grace)
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 # rank 0 sleeps this long before each step (test seam), so a long generation is in flight
 # for tens of seconds on the tiny model
@@ -129,6 +130,9 @@ def test_flap_shorter_than_grace_aborts_stream_and_keeps_serving(netns_cluster, 
                      lambda: (client.pump(), client.finish_reason(rid))[1],
                      GRACE_S - 1.5, interval=0.05)
             aborted_after = time.monotonic() - t0
+            # stay cut off into the re-probe window (the fault's length, not a wait for
+            # anything): rank 0 must keep re-probing and recover within the grace
+            time.sleep(FLAP_EXTRA_S)
         finally:
             c.link_up(B)
         down_s = time.monotonic() - t0
