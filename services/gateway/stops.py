@@ -1,5 +1,5 @@
-"""Stop strings, cut exactly: the text up to (not including) the first occurrence of any
-stop string is emitted, nothing after it. Text that might be the start of a stop string
+"""Stop strings, cut exactly: the text up to (not including) the first stop string to
+complete is emitted, nothing after it. Text that might be the start of a stop string
 is held back until it is decided, so a stop split across tokens is still found."""
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ class StopMatcher:
         if not self.stops:
             return text
         buf = self._held + text
-        first, which = -1, None
+        # The model stops at the first stop string it *completes*; of several ending at the
+        # same character the longest wins. Earliest end, not earliest start, so the cut
+        # does not depend on how the text was split into tokens.
+        first, which, best = -1, None, None
         for s in self.stops:
             i = buf.find(s)
-            if i != -1 and (first == -1 or i < first):
-                first, which = i, s
+            if i != -1 and (best is None or (i + len(s), i) < best):
+                first, which, best = i, s, (i + len(s), i)
         if first != -1:
             self.stopped, self.matched, self._held = True, which, ""
             return buf[:first]

@@ -129,7 +129,9 @@ def _settled_identity(child: subprocess.Popen[bytes], argv: list[str]) -> Proces
         if ident is not None and ident.cmdline == tuple(argv):
             return ident
         if child.poll() is not None:
-            return None
+            # Exited before we saw its command line. It is our unreaped child, so the pid is
+            # still ours: its start time read now is its own.
+            return ident and ProcessIdentity(ident.pid, ident.start_time, tuple(argv))
         if time.monotonic() >= deadline:  # a program that rewrites its own argv
             return ident if ident is not None and ident.cmdline else None
         time.sleep(0.002)
@@ -164,7 +166,12 @@ def cmd_spawn(args: argparse.Namespace) -> Any:
     # failure, not as a started process: give it a moment to do so.
     time.sleep(SPAWN_GRACE_S)
     if child.poll() is not None:
-        raise AgentError(f"spawn: {argv[0]!r} exited at once with status {child.returncode}; see {log}")
+        if child.returncode != 0 or ident is None:
+            raise AgentError(f"spawn: {argv[0]!r} exited at once with status "
+                             f"{child.returncode}; see {log}")
+        # A short command that already finished cleanly (on a loaded host the identity can
+        # settle late): report it, its exit proven by our own wait.
+        return {**identity_to_dict(ident), "pgid": child.pid, "exited": 0}
     if ident is None:
         # Running but its identity never settled: we could not prove later that a pid is
         # this child, so do not leave it behind unrecorded.

@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     except (StateFileError, SchemaError, OSError) as exc:
         print(f"rank: cannot read spec {args.spec}: {exc}", file=sys.stderr)
         return 2
-    from services.rank.boot import run
+    from services.rank.limits import keep_fd_limit
+
+    with keep_fd_limit():  # importing mlx_lm lowers RLIMIT_NOFILE (services/rank/limits.py)
+        from services.rank.boot import run
 
     run(spec)  # never returns: every path ends in RankRuntime.exit
     return 1

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import secrets
 import socket
+import subprocess
 import sys
 import time
 
@@ -162,33 +164,49 @@ class Rogue:
     def halfopen(self, seconds: float) -> dict[str, int]:
         """HALF_OPEN connections per auth target that send one AUTH_HELLO and never
         answer the challenge (half with a wrong key, half with the launch's key and a
-        taken rank), plus SILENT connections that never speak at all."""
-        socks, sent = [], {}
-        try:
-            for t in self.targets:
-                if t.get("body", "auth") != "auth":
-                    continue
-                for i in range(HALF_OPEN):
-                    s = self.dealer(t["endpoint"])
-                    signer = t["signers"]["right"] if (i % 2 and t["signers"]["right"]) \
-                        else t["signers"]["wrong"]
-                    s.send(signer.encode(body_for(t)), zmq.NOBLOCK)
-                    socks.append(s)
-                    sent[t["name"]] = sent.get(t["name"], 0) + 1
-            for t in self.targets + self.pubs:
-                for _ in range(SILENT):
-                    socks.append(self.dealer(t["endpoint"]) if t in self.targets
-                                 else self._sub(t["endpoint"]))
-        except zmq.ZMQError as exc:  # out of descriptors: hold what we have
-            print(f"halfopen: stopped at {len(socks)} sockets "
-                  f"({len(os.listdir('/proc/self/fd'))} fds): {exc}", file=sys.stderr)
-        time.sleep(seconds)
-        print(f"halfopen: {len(socks)} sockets, {len(os.listdir('/proc/self/fd'))} fds",
-              file=sys.stderr, flush=True)
+        taken rank), plus SILENT connections per socket that never speak at all. One
+        child process per auth target: a ZeroMQ socket costs two descriptors, and a
+        process that imported mlx_lm hands its children RLIMIT_NOFILE (2048, 4096)."""
+        auth = [t for t in self.targets if t.get("body", "auth") == "auth"]
+        children = []
+        for t in auth:
+            c = subprocess.Popen([sys.executable, "-m", "tests.faults.rogue", "--halfopen"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            plain = {k: v for k, v in t.items() if k not in ("signers", "unauth_body")}
+            c.stdin.write(json.dumps({"target": plain, "seconds": seconds}))
+            c.stdin.close()
+            children.append(c)
+        socks = [self.dealer(t["endpoint"]) if t in self.targets else self._sub(t["endpoint"])
+                 for t in self.targets + self.pubs if t not in auth for _ in range(SILENT)]
+        sent: dict[str, int] = {}
+        for c in children:
+            got = json.loads(c.stdout.read() or "{}")
+            c.wait()
+            sent.update(got.get("sent", {}))
+            self.received += got.get("received", 0)
         self.drain(socks)
         for s in socks:
             s.close(0)
         return sent
+
+    def halfopen_one(self, seconds: float) -> dict:
+        """The child: HALF_OPEN handshakes and SILENT connections against one target."""
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        t = self.targets[0]
+        socks = []
+        for i in range(HALF_OPEN):
+            s = self.dealer(t["endpoint"])
+            signer = t["signers"]["right"] if (i % 2 and t["signers"]["right"]) \
+                else t["signers"]["wrong"]
+            s.send(signer.encode(body_for(t)), zmq.NOBLOCK)
+            socks.append(s)
+        socks += [self.dealer(t["endpoint"]) for _ in range(SILENT)]
+        time.sleep(seconds)
+        self.drain(socks)
+        for s in socks:
+            s.close(0)
+        return {"sent": {t["name"]: HALF_OPEN}, "received": self.received}
 
     def _sub(self, endpoint: str) -> zmq.Socket:
         s = self.ctx.socket(zmq.XSUB)
@@ -244,6 +262,12 @@ class Rogue:
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--halfopen"]:  # a child of the halfopen phase
+        job = json.load(sys.stdin)
+        r = Rogue({"targets": [job["target"]]})
+        print(json.dumps(r.halfopen_one(float(job["seconds"]))), flush=True)
+        r.ctx.destroy(0)
+        return 0
     Rogue(json.load(sys.stdin)).run()
     return 0
 

@@ -86,11 +86,14 @@ def test_spawn_detaches_takes_env_from_stdin_and_identify_sees_it(spawned, tmp_p
 
 def test_env_replace_gives_exactly_the_object(spawned, tmp_path):
     argv = ["/usr/bin/env"]
-    # /usr/bin/env exits at once: spawn reports that as an error, with the log named.
-    with pytest.raises(SshError) as err:
-        spawned(argv, env={"ONLY": "this"}, log=tmp_path / "env.log", extra=["--env-replace"])
-    assert "exited at once" in str(err.value)
+    # /usr/bin/env finishes at once with status 0: reported as started and already exited.
+    info = spawned(argv, env={"ONLY": "this"}, log=tmp_path / "env.log", extra=["--env-replace"])
+    assert info["exited"] == 0
     assert (tmp_path / "env.log").read_text() == "ONLY=this\n"
+    # a command that fails at once is an error naming its log
+    with pytest.raises(SshError) as err:
+        spawned(["/bin/false"], log=tmp_path / "false.log")
+    assert "exited at once with status 1" in str(err.value)
 
 
 def test_signal_needs_the_exact_identity(spawned, tmp_path):

@@ -164,3 +164,19 @@ def test_fuzz_initiator_link_trusts_nothing_unproven(seq):
         assert link.on_message(msg) is None  # nothing passes before rank 0's proof
     assert not link.peer_verified and not link.accepted
     assert set(chan.rejects.snapshot()) <= {r.value for r in Reason}
+
+
+def test_rank_keeps_its_descriptor_limit_when_mlx_lm_is_imported():
+    """mlx_lm.utils lowers RLIMIT_NOFILE to (2048, 4096) on import; a rank must not lose
+    its limit to that (each connection to rank 0's listening sockets is a descriptor)."""
+    import subprocess
+    import sys
+
+    code = ("import resource; before = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "from services.rank.limits import keep_fd_limit\n"
+            "with keep_fd_limit():\n    import mlx_lm.utils\n"
+            "after = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "assert after == before, (before, after)\n"
+            "assert resource.setrlimit.__name__ == 'setrlimit'\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
