@@ -236,8 +236,8 @@ class RankIO:
             self._telemetry_at = now
         if now >= self._telemetry_at:
             self._telemetry_at = now + self.spec.settings.telemetry_interval_s
+            self.rt.write_marker()  # first: a reader that saw the report finds the file
             self.reporting.send(self.rt.telemetry())
-            self.rt.write_marker()
         deadline = min(self._telemetry_at, self.session.timers(now), auth_at)
         if self._ready_msg is not None and not self._served:
             if now >= self._ready_at:

@@ -323,7 +323,9 @@ def test_forged_and_wrong_key_messages_are_dropped_and_counted(deployment, refer
                                                 "plan.unknown_key", "plan.bad_mac")) and rj
     rejects = poll_until(counted, 10, "the forged messages to be counted")
     assert rejects.get("requests.too_short", 0) >= 1 and rejects.get("plan.too_short", 0) >= 1
-    assert d.marker(0)["extra"]["rejects"]  # the marker carries the same counts
+    # The marker carries the same counts (written on the telemetry tick, so poll).
+    poll_until(lambda: (d.marker(0) or {}).get("extra", {}).get("rejects"), 10,
+               "the marker to carry the reject counts")
     # Serving continues, and nothing forged reached the batch.
     assert d.generate(*PROMPTS[0]).tokens == reference[0]
     assert all(r["request_id"] != "evil" for r in d.removals(0))
