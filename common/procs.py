@@ -3,6 +3,12 @@
 A pid alone names nothing: it is reused. Every signal here goes only to a process whose
 recorded identity still matches, and every "it exited" is observed, not assumed.
 
+The start time is read so that a wall-clock step cannot change it: on Linux it is the
+kernel's own start tick (seconds since the host booted, from /proc/PID/stat), not
+psutil's create_time, which adds the boot time as the wall clock sees it *now* and so
+moves with every NTP step or manual `date -s`. Every reader (supervisor, reaper, rank,
+host agent) is on the same host as the process it names, so they all agree.
+
 A zombie counts as exited (it holds no memory) and is never signalled: on these machines
 PID 1 does not promptly reap orphans, so a killed orphan can stay a zombie for a while.
 """
@@ -17,8 +23,10 @@ from dataclasses import dataclass, field
 
 import psutil
 
-# psutil's create_time has clock-tick resolution (1/100 s on Linux).
+# Start times have clock-tick resolution (1/100 s on Linux).
 START_TIME_TOLERANCE = 0.01
+_PROC_STAT = "/proc/{pid}/stat"
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 POLL_INTERVAL = 0.025
 _EXITED = frozenset({psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD})
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
@@ -30,7 +38,7 @@ Sleep = Callable[[float], None]
 @dataclass(frozen=True)
 class ProcessIdentity:
     pid: int
-    start_time: float  # psutil create_time
+    start_time: float  # see start_time_of: boot-relative on Linux
     cmdline: tuple[str, ...]
 
     def __post_init__(self) -> None:
@@ -43,12 +51,36 @@ class ProcessIdentity:
 Kill = Callable[[ProcessIdentity | int, int], None]
 
 
+def _boot_relative_start(pid: int) -> float | None:
+    """Seconds from host boot to the process's start (Linux), or None elsewhere."""
+    try:
+        with open(_PROC_STAT.format(pid=pid), "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            raise psutil.NoSuchProcess(pid) from None
+        return None
+    except OSError:
+        return None
+    # comm (field 2) may hold spaces and parentheses: fields resume after the last ')'.
+    # starttime is field 22, i.e. the 20th after comm.
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return int(fields[19]) / _CLOCK_TICKS
+
+
+def start_time_of(proc: psutil.Process) -> float:
+    """The start time identities record: boot-relative on Linux (immune to wall-clock
+    steps), psutil's create_time where there is no /proc (macOS)."""
+    rel = _boot_relative_start(proc.pid)
+    return proc.create_time() if rel is None else rel
+
+
 def _identity_of(proc: psutil.Process) -> ProcessIdentity | None:
     try:
         with proc.oneshot():
             if proc.status() in _EXITED:
                 return None
-            return ProcessIdentity(proc.pid, proc.create_time(), tuple(proc.cmdline()))
+            return ProcessIdentity(proc.pid, start_time_of(proc), tuple(proc.cmdline()))
     except _GONE:
         return None
 

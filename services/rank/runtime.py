@@ -53,7 +53,9 @@ def _start_time(pid: int) -> float:
     try:
         import psutil
 
-        return float(psutil.Process(pid).create_time())
+        from common.procs import start_time_of
+
+        return start_time_of(psutil.Process(pid))
     except Exception:  # noqa: BLE001 - identity is best effort here; the manifest has it
         return time.time()
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from common.procs import START_TIME_TOLERANCE
+from common.procs import START_TIME_TOLERANCE, start_time_of
 
 
 def poll_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.02) -> Any:
@@ -43,7 +43,7 @@ def process_gone(pid: int, start_time: float | None = None) -> bool:
         p = psutil.Process(pid)
         if p.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
             return True
-        return start_time is not None and abs(p.create_time() - start_time) > START_TIME_TOLERANCE
+        return start_time is not None and abs(start_time_of(p) - start_time) > START_TIME_TOLERANCE
     except psutil.NoSuchProcess:
         return True
 

@@ -38,7 +38,7 @@ import zmq
 from common import messages as msgs
 from common.envelope import Key, Signer
 from common.keys import generate_key_file, load_cluster_key
-from common.procs import START_TIME_TOLERANCE
+from common.procs import START_TIME_TOLERANCE, start_time_of
 from common.rankspec import RankSpec
 from common.state import LaunchManifest, Paths, manifest_path, read_json
 from services.admin_cli import AdminClient
@@ -63,7 +63,7 @@ def _gone(pid: int, start: float) -> bool:
     try:
         p = psutil.Process(pid)
         return (p.status() == psutil.STATUS_ZOMBIE
-                or abs(p.create_time() - start) > START_TIME_TOLERANCE)
+                or abs(start_time_of(p) - start) > START_TIME_TOLERANCE)
     except psutil.NoSuchProcess:
         return True
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from common.procs import START_TIME_TOLERANCE
+from common.procs import START_TIME_TOLERANCE, start_time_of
 from common.state import Paths
 from tests.netns.hosts import PYTHON, REPO_ROOT, NetnsCluster
 
@@ -42,7 +42,7 @@ def gone_locally(pid: int, start_time: float) -> bool:
     try:
         p = psutil.Process(pid)
         return (p.status() == psutil.STATUS_ZOMBIE
-                or abs(p.create_time() - start_time) > START_TIME_TOLERANCE)
+                or abs(start_time_of(p) - start_time) > START_TIME_TOLERANCE)
     except psutil.NoSuchProcess:
         return True
 

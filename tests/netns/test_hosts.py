@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from common import ssh as sshmod
+from common.procs import start_time_of
 from common.ssh import SshTarget
 from tests.netns.hosts import PYTHON, REPO_ROOT, NetnsCluster, leftovers_of
 
@@ -232,7 +233,7 @@ def test_close_removes_everything_it_made(netns_required):
     except psutil.NoSuchProcess:
         pass
     assert (stray_proc is None or stray_proc.status() == psutil.STATUS_ZOMBIE
-            or abs(stray_proc.create_time() - stray["start_time"]) > 0.01)
+            or abs(start_time_of(stray_proc) - stray["start_time"]) > 0.01)
     assert cluster.close().killed == []  # idempotent
 
 

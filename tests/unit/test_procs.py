@@ -129,7 +129,8 @@ def test_identify_names_a_running_process(spawn: Spawn, program: Path) -> None:
     ident = identify(proc.pid)
     assert ident is not None
     assert ident.cmdline == (sys.executable, str(program), "obedient")
-    assert abs(ident.start_time - psutil.Process(proc.pid).create_time()) < 0.01
+    # Boot-relative: the wall-clock create_time minus the boot time psutil reads now.
+    assert abs(ident.start_time - (psutil.Process(proc.pid).create_time() - psutil.boot_time())) < 0.02
     assert is_same_process(ident) and is_alive(ident)
     # Lists from a manifest compare equal to tuples.
     assert ProcessIdentity(ident.pid, ident.start_time, list(ident.cmdline)) == ident  # type: ignore[arg-type]
@@ -309,3 +310,23 @@ def test_wait_and_ladder_honour_deadlines_on_a_fake_clock() -> None:
     assert outcome.survivors == [me]
     assert calls == [signal.SIGTERM, signal.SIGKILL, signal.SIGKILL]
     assert now[0] == pytest.approx(20.0)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(sys.platform != "linux", reason="btime and /proc/PID/stat are Linux's")
+def test_identity_survives_a_wall_clock_step(spawn: Spawn, program: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wall-clock step moves the boot time the kernel reports (btime = now - uptime),
+    and with it psutil's create_time of every process. The recorded identity must not
+    move: otherwise a live rank would read as exited and its manifest be removed."""
+    import psutil._pslinux as pslinux
+
+    proc = spawn()
+    ident = identify(proc.pid)
+    assert ident is not None
+    before = psutil.Process(proc.pid).create_time()
+    real = pslinux.boot_time
+    monkeypatch.setattr(pslinux, "boot_time", lambda: real() + 3600.0)  # clock set 1 h ahead
+    assert psutil.Process(proc.pid).create_time() - before > 3599  # psutil's view moved
+    assert identify(proc.pid) == ident
+    assert is_alive(ident) and is_same_process(ident)

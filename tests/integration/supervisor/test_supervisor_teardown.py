@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from common.procs import ProcessIdentity
+from common.procs import ProcessIdentity, start_time_of
 from common.state import Paths, manifest_path, marker_dir
 from services.supervisor.teardown import TeardownSeams
 from tests.support.supervisor import pid_gone, poll_for
@@ -144,9 +144,9 @@ def test_reused_pid_in_marker_is_never_signalled(start_supervisor, home, model_d
         d = marker_dir(Paths(home), "reuse")
         base = json.loads((d / "rank-0.json").read_text())
         # Same pid number, different start time: the pid was reused by someone else.
-        reused = dict(base, rank=7, pid=bystander.pid, start_time=proc.create_time() - 50.0)
+        reused = dict(base, rank=7, pid=bystander.pid, start_time=start_time_of(proc) - 50.0)
         # Right pid and start time, but a command line that names no rank of this job.
-        foreign = dict(base, rank=8, pid=bystander.pid, start_time=proc.create_time())
+        foreign = dict(base, rank=8, pid=bystander.pid, start_time=start_time_of(proc))
         (d / "rank-7.json").write_text(json.dumps(reused))
         (d / "rank-8.json").write_text(json.dumps(foreign))
         stop = rs.ok("stop", deployment_id="reuse")
