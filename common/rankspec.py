@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.schema import decode_into, to_wire
-from common.state import read_json, write_json_atomic
+from common.statefiles import read_json, write_json_atomic
 
 SCHEMA_VERSION = 1
 

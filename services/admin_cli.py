@@ -31,7 +31,7 @@ from common.config import default_home
 from common.envelope import Key
 from common.keys import KeyFileError, load_cluster_key
 from common.messages import ADMIN_OUT, AdminReply, AdminRequest
-from common.state import StateFileError, read_json
+from common.statefiles import StateFileError, read_json
 
 LONG_COMMANDS = {"deploy": 900.0, "stop": 120.0, "replan": 900.0, "abort_all": 120.0,
                  "cancel": 60.0, "reap": 120.0}

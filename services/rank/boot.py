@@ -22,7 +22,7 @@ import mlx.core as mx
 from common.keys import KeyFileError, LaunchKeys, read_secret_file
 from common.messages import RankReady
 from common.rankspec import RankSpec
-from common.state import Phase
+from common.records import Phase
 from services.rank import events as ev
 from services.rank.engine import Engine
 from services.rank.errors import StartupError

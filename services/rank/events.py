@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.messages import Abort, Cancel, Generate, Lease, Plan, Serve, Shutdown
-from common.state import Phase
+from common.records import Phase
 
 
 @dataclass

@@ -13,7 +13,7 @@ import logging
 import time
 
 from common.messages import Plan
-from common.state import Phase
+from common.records import Phase
 from services.rank import events as ev
 from services.rank.engine import Divergence
 from services.rank.loop import RankLoop

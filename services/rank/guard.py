@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from common.messages import Ping
-from common.state import Phase
+from common.records import Phase
 from services.rank.events import ExitEv
 from services.rank.watchdogs import (
     LauncherWatchdog,

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from common.messages import Generate, Plan, PlanInsert, PlanRemove, Tokens
-from common.state import Phase
+from common.records import Phase
 from services.rank import events as ev
 from services.rank.engine import Divergence, Emitted
 from services.rank.loop import RankLoop

@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from common.messages import CancelAck, Plan
 from common.rankspec import RankSettings
-from common.state import Phase
+from common.records import Phase
 from services.rank import events as ev
 from services.rank.engine import Engine, Finished
 from services.rank.io import RankIO

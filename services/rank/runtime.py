@@ -30,7 +30,8 @@ import mlx.core as mx
 from common.envelope import BOOT_ID
 from common.messages import Telemetry
 from common.rankspec import RankSpec
-from common.state import Paths, Phase, RankMarker, marker_path, write_marker
+from common.records import Phase, RankMarker
+from common.state import Paths, marker_path, write_marker
 from services.rank.guard import parent_gone
 from services.rank.leaving import cache_memory, flush_logs, kernel_alarm, release_memory
 from services.rank.seams import TestSeams

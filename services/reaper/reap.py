@@ -41,14 +41,8 @@ from common.procs import (
     identify,
     terminate_ladder,
 )
-from common.state import (
-    LaunchManifest,
-    Paths,
-    RankRecord,
-    read_manifests,
-    remove_manifest,
-    write_manifest,
-)
+from common.records import LaunchManifest, RankRecord
+from common.state import Paths, read_manifests, remove_manifest, write_manifest
 from services.reaper.markers import protected_deployments, sweep_markers
 
 log = logging.getLogger("lockstep.reaper")

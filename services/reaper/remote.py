@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from common.procs import ProcessIdentity
+from common.records import LaunchManifest, RankRecord
 from common.ssh import SshError, SshTarget
-from common.state import LaunchManifest, Paths, RankRecord, read_manifests
+from common.state import Paths, read_manifests
 from services.hostagent import client
 from services.hostagent.client import STEPS, Ladder, RemoteHost
 from services.reaper.reap import RemoteOutcome

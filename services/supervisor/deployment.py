@@ -12,7 +12,7 @@ from common.bus import Channel
 from common.envelope import Key
 from common.keys import LaunchKeys, seal_key
 from common.procs import ProcessIdentity, is_alive
-from common.state import LaunchManifest
+from common.records import LaunchManifest
 from services.supervisor.plan import DeployPlan
 
 STATES = ("launching", "loading", "canary", "serving", "stopping", "stopped", "failed",

@@ -24,7 +24,8 @@ from common.keys import LaunchKeys, new_launch_secret
 from common.messages import REPORT
 from common.rankspec import SCHEMA_VERSION as SPEC_VERSION
 from common.rankspec import RankSettings, RankSpec
-from common.state import LaunchManifest, Paths, RankRecord, write_manifest
+from common.records import LaunchManifest, RankRecord
+from common.state import Paths, write_manifest
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.errors import LaunchError
 from services.supervisor.hosts import Member

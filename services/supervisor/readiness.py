@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 from common.messages import Serve
 from common.procs import START_TIME_TOLERANCE, identify
-from common.state import Paths, RankMarker, read_markers
+from common.records import RankMarker
+from common.state import Paths, read_markers
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.errors import LaunchError
 from services.supervisor.launcher import log_tail

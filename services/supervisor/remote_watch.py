@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from common.records import RankMarker
 from common.ssh import SshError
-from common.state import RankMarker, StateFileError
+from common.statefiles import StateFileError
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.remote import RemoteHost, idents_json
 

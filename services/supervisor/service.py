@@ -17,7 +17,8 @@ from common.envelope import BOOT_ID, Message
 from common.keys import load_cluster_key
 from common.messages import AdminRequest, CancelAck, Event, Lease, RankReady, Telemetry
 from common.procs import START_TIME_TOLERANCE, identify
-from common.state import SCHEMA_VERSION, Paths, write_json_atomic
+from common.state import Paths
+from common.statefiles import SCHEMA_VERSION, write_json_atomic
 from services.supervisor import commands, ops
 from services.supervisor.broadcast import Broadcaster
 from services.supervisor.deployment import LIVE, Deployment

@@ -40,7 +40,8 @@ from common.bus import PUB_MAX_SIZE, Channel, configure, configure_listener
 from common.handshake import Gate, Responder, session_keys
 from common.keys import LaunchKeys, new_launch_secret
 from common.rankspec import SCHEMA_VERSION, RankSettings, RankSpec
-from common.state import Paths, marker_path, read_json
+from common.state import Paths, marker_path
+from common.statefiles import read_json
 from services.rank.env import rank_environment
 from services.rank.removals import read_removals, removals_path, token_digest
 

@@ -29,17 +29,16 @@ from typing import Any
 
 from common.keys import new_launch_secret
 from common.procs import ProcessIdentity, identify, terminate_ladder
+from common.records import LaunchManifest, RankRecord
 from common.state import (
-    LaunchManifest,
     Paths,
-    RankRecord,
     marker_dir,
     marker_path,
     remove_manifest,
     retire_markers,
-    write_json_atomic,
     write_manifest,
 )
+from common.statefiles import write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -45,7 +45,8 @@ from common.messages import (
 )
 from common.procs import identify
 from common.rankspec import RankSpec
-from common.state import Paths, Phase, RankMarker, write_marker
+from common.records import Phase, RankMarker
+from common.state import Paths, write_marker
 from services.rank.auth import InitiatorLink, new_identity
 
 

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from common.procs import identify
-from common.state import Paths, Phase, RankMarker, write_marker
+from common.records import Phase, RankMarker
+from common.state import Paths, write_marker
 
 
 def main(argv: list[str] | None = None) -> int:

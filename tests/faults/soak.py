@@ -40,7 +40,9 @@ from common.envelope import Key, Signer
 from common.keys import generate_key_file, load_cluster_key
 from common.procs import START_TIME_TOLERANCE, start_time_of
 from common.rankspec import RankSpec
-from common.state import LaunchManifest, Paths, manifest_path, read_json
+from common.records import LaunchManifest
+from common.state import Paths, manifest_path
+from common.statefiles import read_json
 from services.admin_cli import AdminClient
 from tests.gwutil import free_port, sse_lines
 

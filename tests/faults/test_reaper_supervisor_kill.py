@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from common.keys import generate_key_file, load_cluster_key
-from common.state import LaunchManifest, Paths, manifest_path, marker_dir, read_json
+from common.records import LaunchManifest
+from common.state import Paths, manifest_path, marker_dir
+from common.statefiles import read_json
 from tests.fakes.procwatch import poll_file, poll_for, process_gone
 from tests.support.requests import RequestsClient
 from tests.support.supervisor import FAKE_RANK

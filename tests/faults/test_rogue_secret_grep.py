@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from common.keys import CHANNELS, LaunchKeys, load_cluster_key, read_secret_file
-from common.state import read_json
+from common.statefiles import read_json
 from tests.gwutil import free_port, poll_until
 
 ROOT = Path(__file__).resolve().parents[2]

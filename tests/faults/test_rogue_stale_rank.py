@@ -24,7 +24,8 @@ import pytest
 
 from common.keys import new_launch_secret
 from common.rankspec import RankSpec
-from common.state import Paths, marker_path, read_json
+from common.state import Paths, marker_path
+from common.statefiles import read_json
 from tests.e2e.rank_harness import REPO, Deployment, poll_until
 
 AUTH_TIMEOUT_S = 4.0

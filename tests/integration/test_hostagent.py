@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from common import ssh
+from common.records import Phase, RankMarker
 from common.ssh import SshError
-from common.state import Paths, Phase, RankMarker, write_marker
+from common.state import Paths, write_marker
 from services.hostagent import agent_argv, parse_signal
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from common.keys import generate_key_file
-from common.state import Paths, manifest_path, read_json
+from common.state import Paths, manifest_path
+from common.statefiles import read_json
 from tests.fakes.fake_launcher import ROOT, FakeSupervisor
 from tests.fakes.procwatch import free_port, poll_for, process_gone
 

@@ -17,18 +17,10 @@ import pytest
 
 from common import ssh
 from common.procs import identify
+from common.records import LaunchManifest, Phase, RankMarker, RankRecord
 from common.ssh import SshError
-from common.state import (
-    LaunchManifest,
-    Paths,
-    Phase,
-    RankMarker,
-    RankRecord,
-    manifest_path,
-    read_json,
-    write_manifest,
-    write_marker,
-)
+from common.state import Paths, manifest_path, write_manifest, write_marker
+from common.statefiles import read_json
 from services.hostagent import agent_argv
 from services.reaper.reap import reap_orphans
 from services.reaper.remote import SshRemoteReaper

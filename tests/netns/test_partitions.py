@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 
 from common.keys import load_cluster_key
-from common.state import LaunchManifest, Paths, manifest_path, read_json
+from common.records import LaunchManifest
+from common.state import Paths, manifest_path
+from common.statefiles import read_json
 from services.admin_cli import AdminClient
 from tests.e2e.rank_harness import model_dir
 from tests.netns.hosts import REPO_ROOT

@@ -18,7 +18,9 @@ import pytest
 
 from common.keys import load_cluster_key
 from common.rankspec import RankSpec
-from common.state import LaunchManifest, Paths, manifest_path, read_json
+from common.records import LaunchManifest
+from common.state import Paths, manifest_path
+from common.statefiles import read_json
 from services.admin_cli import AdminClient
 from tests.netns.hosts import REPO_ROOT
 from tests.netns.remote_support import (

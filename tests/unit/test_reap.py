@@ -16,18 +16,9 @@ import pytest
 
 from common.messages import Event
 from common.procs import identify
-from common.state import (
-    LaunchManifest,
-    Paths,
-    Phase,
-    RankMarker,
-    RankRecord,
-    manifest_path,
-    marker_dir,
-    read_json,
-    write_manifest,
-    write_marker,
-)
+from common.records import LaunchManifest, Phase, RankMarker, RankRecord
+from common.state import Paths, manifest_path, marker_dir, write_manifest, write_marker
+from common.statefiles import read_json
 from services.reaper.reap import REMOTE_UNAVAILABLE, reap_orphans, supervisor_state
 from tests.fakes.procwatch import poll_for, process_gone, process_running
 

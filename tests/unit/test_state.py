@@ -19,23 +19,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common import state
+from common.records import LaunchManifest, Phase, RankMarker, RankRecord
 from common.state import (
-    LaunchManifest,
     Paths,
-    Phase,
-    RankMarker,
-    RankRecord,
-    StateFileError,
     manifest_path,
     marker_path,
-    read_json,
     read_manifests,
     read_markers,
     retire_markers,
-    write_json_atomic,
     write_manifest,
     write_marker,
 )
+from common.statefiles import StateFileError, read_json, write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -261,7 +256,7 @@ def test_read_json_names_the_file_and_the_reason(tmp_path: Path, content: bytes 
 WRITER = r"""
 import sys
 sys.path.insert(0, sys.argv[2])
-from common.state import write_json_atomic
+from common.statefiles import write_json_atomic
 payload = ["x" * 90] * 20000   # ~2 MB: a write takes long enough to be interrupted
 seq = 0
 while True:

@@ -18,7 +18,8 @@ import zmq
 from common.bus import Channel, configure
 from common.keys import generate_key_file, load_cluster_key
 from common.messages import EVENTS, Event
-from common.state import Paths, read_json, read_manifests
+from common.state import Paths, read_manifests
+from common.statefiles import read_json
 from tests.support.supervisor import FAKE_RANK, pid_gone, poll_for
 
 REPO = Path(__file__).resolve().parents[3]
