@@ -229,6 +229,11 @@ def wire_default(obj: Any) -> Any:
         if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
             raise TypeError(f"cannot serialize {type(obj).__name__}")
         fields = _fields(obj)
+    # Hot path (every message): a frozen dataclass's __dict__ holds exactly its init
+    # fields in declaration order, so it is packed as is; anything else is rebuilt.
+    d = getattr(obj, "__dict__", None)
+    if d is not None and len(d) == len(fields):
+        return d
     return {f.name: getattr(obj, f.name) for f in fields}
 
 
