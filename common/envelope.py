@@ -81,6 +81,9 @@ class Reason(str, enum.Enum):
     HANDSHAKE_EXPIRED = "handshake_expired"
     HANDSHAKE_EVICTED = "handshake_evicted"  # pending table full: oldest dropped
     RETIRED_KEY = "retired_key"  # signed with the key of a launch that has ended
+    # Transport (common/zmtp_watch.py): a connection libzmq closed before the ZMTP
+    # handshake completed (raw bytes, not ZeroMQ, or silent past the handshake timeout).
+    NO_ZMTP = "no_zmtp"
 
 
 class Rejected(Exception):

@@ -33,6 +33,7 @@ from common.bus import Channel, configure, configure_listener
 from common.envelope import DEFAULT_MAX_SIZE
 from common.keys import LaunchKeys
 from common.rankspec import RankSpec
+from common.zmtp_watch import ZmtpWatch
 from services.rank import events as ev
 from services.rank.auth import InitiatorLink, ReportSession, leader_gate, new_identity
 from services.rank.intake import Intake
@@ -75,6 +76,7 @@ class RankIO:
         self.reporting = ReportSession(spec, keys, self.rep, self.report, self.wire,
                                        on_fail=lambda why: self.inbox.put(ev.IoFailed(why)))
         self.requests = None
+        self.watches: list[ZmtpWatch] = []
         if self.leader:  # the two listening sockets: admission budgets (services.rank.intake)
             self.pln.budget, self.req.budget = Budget(), Budget()
             self.plan = configure_listener(self.ctx.socket(zmq.ROUTER), max_size=PLAN_IN_MAX)
@@ -84,6 +86,9 @@ class RankIO:
                                                max_size=DEFAULT_MAX_SIZE, rcvhwm=REQUESTS_RCVHWM)
             self.requests.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.requests.bind(spec.requests_endpoint)
+            # Connections libzmq closes before any frame (raw bytes, silence) are counted.
+            self.watches = [ZmtpWatch(self.plan, self.pln.rejects),
+                            ZmtpWatch(self.requests, self.req.rejects)]
             self.session = LeaderSession(spec, rt, self.plan, self.pln, self.wire, self.inbox)
             self.session.gate = leader_gate(
                 spec, keys, self.pln,
@@ -169,6 +174,8 @@ class RankIO:
         intake.add(self.report, self.reporting.on_frames)
         if self.requests is not None:
             intake.add(self.requests, self._on_requests, self.req.budget)
+        for watch in self.watches:
+            intake.add(watch.monitor, watch.on_frames)
         poller.register(self._sig_r.fileno(), zmq.POLLIN)
         poller.register(self._waker.rfd, zmq.POLLIN)
         while True:
@@ -222,6 +229,8 @@ class RankIO:
             self._end_streams("error", f"rank 0 {why}")
         if not self.report.closed:
             self.reporting.send(self.rt.telemetry())
+        for watch in self.watches:
+            watch.close()
         for s in (self.control, self.report, self.plan, self.requests):
             if s is not None:
                 s.close(linger=1000)

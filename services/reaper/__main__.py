@@ -28,16 +28,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import select
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import zmq
 
 from common.config import ConfigError, load_settings
 from common.keys import KeyFileError, load_cluster_key
 from common.state import Paths, default_home
+from common.zmtp_watch import ZmtpWatch
 from services.reaper.events import EventPublisher
 from services.reaper.reap import Publish, ReapReport, reap_orphans
 from services.reaper.remote import SshRemoteReaper
@@ -77,9 +80,19 @@ class _StopFlag:
     def _handler(self, signum: int, frame: object) -> None:
         self.stop = True
 
-    def sleep(self, seconds: float) -> None:
-        if not self.stop:
-            select.select([self._r], [], [], seconds)
+    def sleep(self, seconds: float, watch: ZmtpWatch | None = None) -> None:
+        """Wait `seconds` (or until a signal), feeding `watch` its monitor events."""
+        poller = zmq.Poller()
+        poller.register(self._r.fileno(), zmq.POLLIN)
+        if watch is not None:
+            poller.register(watch.monitor, zmq.POLLIN)
+        deadline = time.monotonic() + seconds
+        while not self.stop and (left := deadline - time.monotonic()) > 0:
+            ready = dict(poller.poll(int(left * 1000) + 1))
+            if watch is not None and watch.monitor in ready:
+                watch.drain()
+            if self._r.fileno() in ready:
+                break
         try:
             while self._r.recv(64):
                 pass
@@ -149,7 +162,7 @@ def _serve(paths: Paths, s: ReaperSettings) -> int:
     try:
         while not flag.stop:
             _run_pass(paths, s, publisher.publish if publisher else None)
-            flag.sleep(s.reaper_interval)
+            flag.sleep(s.reaper_interval, publisher.watch if publisher else None)
     finally:
         flag.close()
         if publisher is not None:

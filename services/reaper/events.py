@@ -14,6 +14,7 @@ import zmq
 from common.bus import PUB_MAX_SIZE, Channel, configure
 from common.envelope import Key
 from common.messages import EVENTS, Event
+from common.zmtp_watch import ZmtpWatch
 
 TOPIC = b"events"
 
@@ -36,11 +37,15 @@ class EventPublisher:
             self.close()
             raise
         self.endpoint = f"tcp://{host}:{self.port}"
+        # Connections libzmq closes before any frame (raw bytes, silence) are counted.
+        self.watch = ZmtpWatch(self.sock, self.channel.rejects)
 
     def publish(self, event: Event) -> None:
         self.sock.send_multipart([TOPIC, self.channel.pack(event)], flags=zmq.NOBLOCK)
 
     def close(self) -> None:
+        if hasattr(self, "watch"):
+            self.watch.close()
         self.sock.close(0)
         if self._own_ctx:
             self.ctx.term()

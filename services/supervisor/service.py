@@ -83,7 +83,7 @@ class Supervisor:
         self._write_runtime_file()
         self._loops = [asyncio.create_task(c) for c in (
             self.sockets.admin_loop(self._on_admin), self.sockets.report_loop(self._on_report),
-            self._lease_loop(), self._monitor_loop())]
+            self.sockets.watch_loop(), self._lease_loop(), self._monitor_loop())]
         try:
             await self.reap()
         except AdminError as exc:  # reported in status; launches stay blocked until fixed

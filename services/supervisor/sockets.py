@@ -34,8 +34,9 @@ import zmq.asyncio
 
 from common.admission import Budget
 from common.bus import PUB_MAX_SIZE, Channel, configure, configure_listener
-from common.envelope import Key, Message
+from common.envelope import Key, Message, RejectCounter
 from common.messages import ADMIN_IN, EVENTS, Event
+from common.zmtp_watch import ZmtpWatch
 from services.supervisor.admission import REPORT_MAX, ReportAdmission
 
 log = logging.getLogger("lockstep.supervisor")
@@ -107,6 +108,11 @@ class SupervisorSockets:
         self.admission = ReportAdmission(send_report)
         self.report_rejects = self.admission.rejects
         self.all = (self.admin, self.events, self.control, self.report)
+        # Connections libzmq closes before any frame (raw bytes, silence) are counted.
+        self.watches = [ZmtpWatch(self.admin, self.admin_channel.rejects),
+                        ZmtpWatch(self.report, self.report_rejects),
+                        ZmtpWatch(self.control, RejectCounter("supervisor", "control")),
+                        ZmtpWatch(self.events, self.events_channel.rejects)]
         try:
             self.admin_endpoint = _bind(self.admin, bind_host, admin_port)
             self.events_endpoint = _bind(self.events, bind_host, events_port)
@@ -203,7 +209,23 @@ class SupervisorSockets:
                 except Exception:  # noqa: BLE001 - one bad report must not stop the loop
                     log.exception("report handler failed")
 
+    async def watch_loop(self) -> None:
+        """Feed every listener's monitor events to its ZmtpWatch."""
+        poller = zmq.asyncio.Poller()
+        by_monitor = {w.monitor: w for w in self.watches}
+        for mon in by_monitor:
+            poller.register(mon, zmq.POLLIN)
+        while True:
+            try:
+                ready = await poller.poll()
+                for mon, _ in ready:
+                    by_monitor[mon].on_frames(await mon.recv_multipart())
+            except (zmq.ZMQError, asyncio.CancelledError):
+                return
+
     def close(self) -> None:
+        for w in self.watches:
+            w.close()
         for s in self.all:
             s.close(0)
 
