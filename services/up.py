@@ -40,6 +40,7 @@ from common.keys import KeyFileError, ensure_cluster_key
 from common.messages import ADMIN_OUT, AdminRequest
 from common.procs import identify, is_alive, snapshot_children, terminate_ladder
 from common.state import Paths
+from services.up_preflight import busy_ports, supervisor_busy
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,18 @@ class Up:
             backend = str(obj["backend"])
         return hosts, envs, backend
 
+    def preflight(self) -> None:
+        s = self.s
+        problems = [why] if (why := supervisor_busy(self.paths)) else []
+        problems += busy_ports([
+            ("--port", s.host, s.port), ("--admin-port", "127.0.0.1", s.admin_port),
+            ("--events-port", "127.0.0.1", s.events_port),
+            ("--control-port", "127.0.0.1", s.control_port),
+            ("--report-port", "127.0.0.1", s.report_port),
+            ("--reaper-events-port", "127.0.0.1", s.reaper_events_port)])
+        if problems:
+            raise UpError("cannot start:\n  - " + "\n  - ".join(problems))
+
     def run(self) -> int:
         s = self.s
         key = ensure_cluster_key(self.paths.cluster_key)
@@ -361,9 +374,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         up = Up(s)
+        up.preflight()  # nothing started yet: nothing to stop if it fails
     except OSError as exc:
         print(f"lockstep up: cannot use home {s.home}: {exc}", file=sys.stderr)
         return 2
+    except UpError as exc:
+        print(f"lockstep up: {exc}", file=sys.stderr)
+        return 1
 
     def on_signal(signum, frame) -> None:  # only sets a flag: the main loop does the work
         up.stop_flag.set()

@@ -19,8 +19,11 @@ import types
 import typing
 from pathlib import Path
 
+import zmq
+
 from common.config import ConfigError
 from common.keys import KeyFileError
+from services.supervisor.homelock import SupervisorBusy
 from services.supervisor.hosts import HostsError
 from services.supervisor.settings import SupervisorSettings, load
 
@@ -70,8 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load(args)
         return asyncio.run(_run(settings))
-    except (ConfigError, KeyFileError, HostsError) as exc:
+    except (ConfigError, KeyFileError, HostsError, SupervisorBusy) as exc:
         print(f"lockstep supervisor: {exc}", file=sys.stderr)
+        return 2
+    except zmq.ZMQError as exc:  # a port taken by another program (or supervisor)
+        print(f"lockstep supervisor: cannot bind its sockets: {exc}; choose other ports "
+              "(--admin-port, --events-port, --control-port, --report-port)", file=sys.stderr)
         return 2
 
 

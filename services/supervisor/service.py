@@ -24,6 +24,7 @@ from services.supervisor.broadcast import Broadcaster
 from services.supervisor.deployment import LIVE, Deployment
 from services.supervisor.epochs import EpochStore
 from services.supervisor.errors import AdminError
+from services.supervisor.homelock import hold_home_lock
 from services.supervisor.hosts import read_hosts_file
 from services.supervisor.launch import SupervisorIdentity
 from services.supervisor.launcher import Launcher, LocalLauncher
@@ -67,6 +68,7 @@ class Supervisor:
 
     async def start(self) -> None:
         self.paths.ensure()
+        self._lock_fd = hold_home_lock(self.paths)  # one supervisor per home
         self.cluster_key = load_cluster_key(self.paths.cluster_key)  # fail closed
         self.epochs = EpochStore(self.paths.state / "cancel_epoch.json")
         self.ctx = zmq.asyncio.Context()
@@ -118,6 +120,7 @@ class Supervisor:
         self.ctx.term()
         with contextlib.suppress(FileNotFoundError):
             self.runtime_file.unlink()
+        os.close(self._lock_fd)
         self._closed.set()
 
     async def wait_closed(self) -> None:
