@@ -4,7 +4,6 @@ gateway on a real uvicorn server, SSE reading."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -12,11 +11,9 @@ from typing import Any
 
 import httpx
 
+from tests.support.ports import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["GatewayThread", "free_port", "poll_until", "sse_lines"]
 
 
 def poll_until(fn: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:

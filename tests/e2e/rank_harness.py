@@ -5,10 +5,10 @@ on the real MLX ring backend over loopback, talking signed ZeroMQ.
     with Deployment(tmp_path, mode="tp") as d:      # mode: single | tp | pp
         r = d.generate([1, 2, 3], max_tokens=8)     # Result(tokens, finish_reason, ...)
 
-The stub thread owns every harness socket (control PUB, report ROUTER, requests DEALER):
-it publishes LEASE every 0.5 s, answers each rank's report handshake (common.handshake)
-and then collects RANK_READY / TELEMETRY / CANCEL_ACK from authenticated ranks, re-sends
-cancels until every live rank acked, and routes TOKENS into per-request streams.
+The stub thread (tests/e2e/rank_harness_stub.py) owns every harness socket: leases,
+the report handshake, cancels re-sent until acked, TOKENS routed into per-request
+streams. Starting, signalling and proving the rank processes gone is in
+tests/e2e/rank_harness_process.py.
 
 Watchdog tests: `pause_leases()` stops the LEASE renewals; `Deployment(..., launcher=True)`
 starts the ranks through a stand-in launcher process (tests/e2e/rank_launcher.py) instead
@@ -18,37 +18,39 @@ of as children of the test (SIGKILL `d.launcher_proc` to orphan them); `rank_env
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-import zmq
-
 from common import messages as m
-from common.bus import PUB_MAX_SIZE, Channel, configure, configure_listener
-from common.handshake import Gate, Responder, session_keys
 from common.keys import LaunchKeys, new_launch_secret
 from common.rankspec import SCHEMA_VERSION, RankSettings, RankSpec
 from common.state import Paths, marker_path
 from common.statefiles import read_json
 from services.rank.env import rank_environment
 from services.rank.removals import read_removals, removals_path, token_digest
+from tests.e2e.rank_harness_process import (
+    REPO,
+    Orphanable,
+    assert_groups_gone,
+    poll_until,
+    signal_groups,
+    spawn_rank,
+    start_launcher,
+)
+from tests.e2e.rank_harness_stub import Stub
+from tests.support.ports import free_ports
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL_CACHE = Path(os.environ.get("LOCKSTEP_TEST_MODEL_CACHE",
                                   Path(tempfile.gettempdir()) / "lockstep-models"))
-__all__ = ["Deployment", "Result", "model_dir", "token_digest"]
+__all__ = ["REPO", "Deployment", "Result", "model_dir", "poll_until", "token_digest"]
 
 
 def model_dir(preset: str = "tiny") -> Path:
@@ -56,28 +58,6 @@ def model_dir(preset: str = "tiny") -> Path:
     from common.tinymodel import build_model
 
     return build_model(MODEL_CACHE / f"{preset}-0", preset=preset, seed=0)
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def poll_until(pred, timeout: float, what: str, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 @dataclass
@@ -93,171 +73,6 @@ class Result:
     @property
     def digest(self) -> str:
         return token_digest(self.tokens)
-
-
-class _Stub(threading.Thread):
-    def __init__(self, d: Deployment) -> None:
-        super().__init__(name="harness-stub", daemon=True)
-        self.d = d
-        self.ctx = zmq.Context()
-        k = d.keys
-        self.ctl = Channel("harness", "control", sender="supervisor", send_key=k.control)
-        self.rep = Channel("harness", "report", sender="supervisor", send_key=k.report,
-                           accept=m.REPORT)
-        self.req = Channel("harness", "requests", sender="gateway", send_key=k.requests,
-                           accept=m.REQUESTS_OUT)
-        self.pub = configure(self.ctx.socket(zmq.PUB), max_size=PUB_MAX_SIZE)
-        self.pub.bind(d.control_endpoint)
-        self.router = configure_listener(self.ctx.socket(zmq.ROUTER), max_size=256 * 1024)
-        self.router.bind(d.report_endpoint)
-        # Like the supervisor: a rank's reports count only after the session handshake.
-        self.gate = Gate(self.rep, Responder("report", d.deployment_id, d.job_id,
-                                             range(d.world), lambda r: session_keys(k, r),
-                                             on_drop=self.rep.reject), self._send_report)
-        self.dealer = configure(self.ctx.socket(zmq.DEALER))
-        self.dealer.connect(d.requests_endpoint)
-        addr = f"inproc://harness-{id(self)}"
-        self.wake_rx = self.ctx.socket(zmq.PAIR)
-        self.wake_rx.bind(addr)
-        self.wake_tx = self.ctx.socket(zmq.PAIR)
-        self.wake_tx.connect(addr)
-        self.cmds: collections.deque = collections.deque()
-        self.cv = threading.Condition()
-        self.ready: dict[int, m.RankReady] = {}
-        self.telemetry: dict[int, m.Telemetry] = {}
-        self.acks: dict[int, dict[int, m.CancelAck]] = collections.defaultdict(dict)
-        self.streams: dict[str, list[m.Tokens]] = collections.defaultdict(list)
-        self.ended: dict[str, threading.Event] = collections.defaultdict(threading.Event)
-        self.stats: dict[str, m.Stats] = {}
-        self.resend: dict[int, tuple[m.Cancel, float]] = {}  # epoch → (cancel, until)
-        self.lease_seq = 0
-        self.leases_paused = False
-        self.stopped = False
-
-    def post(self, *cmds: tuple) -> None:
-        with self.cv:
-            self.cmds.extend(cmds)
-            self.wake_tx.send(b"")
-
-    def publish(self, body) -> None:
-        self.pub.send_multipart([self.d.topic, self.ctl.pack(body)])
-
-    def run(self) -> None:
-        poller = zmq.Poller()
-        for s in (self.router, self.dealer, self.wake_rx):
-            poller.register(s, zmq.POLLIN)
-        next_lease = next_resend = 0.0
-        while not self.stopped:
-            now = time.monotonic()
-            if now >= next_lease and not self.leases_paused:
-                next_lease = now + 0.5
-                self.lease_seq += 1
-                self.publish(m.Lease(self.d.deployment_id, self.d.job_id, self.lease_seq,
-                                     45.0, self.d.lease_epoch))
-            if now >= next_resend:
-                next_resend = now + 0.25
-                for epoch, (c, until) in list(self.resend.items()):
-                    live = self.d.live_ranks()
-                    if now > until or live <= set(self.acks[epoch]):
-                        del self.resend[epoch]
-                    else:
-                        self.publish(c)
-            ready = dict(poller.poll(100))
-            if self.router in ready:
-                self._drain(self.router, self._on_report)
-            if self.dealer in ready:
-                self._drain(self.dealer, self._on_requests)
-            if self.wake_rx in ready:
-                self._drain(self.wake_rx, lambda _f: None)
-            with self.cv:
-                cmds, self.cmds = list(self.cmds), collections.deque()
-            for cmd in cmds:
-                if cmd[0] == "req":
-                    self.dealer.send(self.req.pack(cmd[1]))
-                elif cmd[0] == "pub":
-                    self.publish(cmd[1])
-                elif cmd[0] == "cancel":
-                    self.resend[cmd[1].epoch] = (cmd[1], time.monotonic() + cmd[2])
-                    self.publish(cmd[1])
-                    next_resend = time.monotonic() + 0.25
-        for s in (self.pub, self.router, self.dealer, self.wake_rx, self.wake_tx):
-            s.close(0)
-
-    def _drain(self, sock, handler) -> None:
-        while True:
-            try:
-                handler(sock.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                return
-
-    def _send_report(self, ident: bytes, body) -> None:
-        try:
-            self.router.send_multipart([ident, self.rep.pack(body)], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
-
-    def _on_report(self, frames) -> None:
-        got = self.gate.admit(frames)
-        if got is None:
-            return
-        body = got[1].body
-        with self.cv:
-            if isinstance(body, m.RankReady):
-                self.ready[body.rank] = body
-            elif isinstance(body, m.Telemetry):
-                self.telemetry[body.rank] = body
-            elif isinstance(body, m.CancelAck):
-                self.acks[body.epoch][body.rank] = body
-            self.cv.notify_all()
-
-    def _on_requests(self, frames) -> None:
-        msg = self.req.unpack_dealer(frames)
-        if msg is None:
-            return
-        with self.cv:
-            if isinstance(msg.body, m.Tokens):
-                self.streams[msg.body.request_id].append(msg.body)
-                if msg.body.finish_reason is not None:
-                    self.ended[msg.body.request_id].set()
-            elif isinstance(msg.body, m.Stats):
-                self.stats[msg.body.request_id] = msg.body
-            self.cv.notify_all()
-
-
-class _Orphanable:
-    """A rank started by the stand-in launcher: not our child, so it is judged by psutil.
-    A zombie counts as exited (PID 1 may never reap it); its exit code is unknown (-1)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-        self._proc = psutil.Process(pid)
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                if self._proc.status() == psutil.STATUS_ZOMBIE:
-                    self.returncode = -1
-            except psutil.NoSuchProcess:
-                self.returncode = -1
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        poll_until(lambda: self.poll() is not None, 1e9 if timeout is None else timeout,
-                   f"pid {self.pid} to exit")
-        return self.returncode
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes in process group `pgid`."""
-    out = []
-    for p in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            pass
-    return out
 
 
 class Deployment:
@@ -292,8 +107,8 @@ class Deployment:
         self.lease_epoch = cancel_epoch_floor if lease_epoch is None else lease_epoch
         self.epoch = self.lease_epoch
         self.backend = backend if self.world > 1 else "none"
-        self.procs: dict[int, subprocess.Popen] = {}
-        self.stub: _Stub | None = None
+        self.procs: dict[int, subprocess.Popen | Orphanable] = {}
+        self.stub: Stub | None = None
         self.teardown_path: str | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -320,7 +135,7 @@ class Deployment:
         return env
 
     def start(self, timeout: float = 120.0) -> Deployment:
-        self.stub = _Stub(self)
+        self.stub = Stub(self)
         self.stub.start()
         (self.root / "logs").mkdir(exist_ok=True)
         plan = []
@@ -332,10 +147,7 @@ class Deployment:
                 plan.append({"argv": argv, "env": self.rank_env(r), "cwd": str(REPO),
                              "log": str(self.log_path(r))})
                 continue
-            with open(self.log_path(r), "wb") as log:
-                self.procs[r] = subprocess.Popen(
-                    argv, cwd=REPO, env=self.rank_env(r), stdout=log,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.procs[r] = spawn_rank(argv, self.rank_env(r), self.log_path(r))
         if plan:
             self._start_launcher(plan)
         try:
@@ -349,18 +161,11 @@ class Deployment:
         return self
 
     def _start_launcher(self, plan: list[dict]) -> None:
-        path = self.root / "launch-plan.json"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(plan, f)
-        self.launcher_proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.e2e.rank_launcher", str(path)], cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL, start_new_session=True)
+        self.launcher_proc = start_launcher(self.root / "launch-plan.json", plan)
         pids = json.loads(self.launcher_proc.stdout.readline() or "[]")
         if len(pids) != self.world:
             raise RuntimeError(f"the stand-in launcher started {pids}, not {self.world} ranks")
-        self.procs = {r: _Orphanable(pid) for r, pid in enumerate(pids)}
+        self.procs = {r: Orphanable(pid) for r, pid in enumerate(pids)}
 
     def __enter__(self) -> Deployment:
         return self.start()
@@ -391,24 +196,11 @@ class Deployment:
             for sig, wait in ((None, 10.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
                 if sig is not None and self.live_ranks():
                     self.teardown_path = sig.name
-                    for p in self.procs.values():
-                        try:
-                            os.killpg(p.pid, sig)
-                        except ProcessLookupError:
-                            pass
+                    signal_groups(self.procs.values(), sig)
                 deadline = time.monotonic() + wait
                 while self.live_ranks() and time.monotonic() < deadline:
                     time.sleep(0.02)
-            for p in self.procs.values():
-                p.wait(timeout=5)
-                if isinstance(p, _Orphanable):  # orphans may linger as zombies
-                    assert not group_members(p.pid), f"process group {p.pid} has members"
-                    continue
-                try:
-                    os.killpg(p.pid, 0)  # the group must be empty too
-                    raise AssertionError(f"process group {p.pid} still has members")
-                except ProcessLookupError:
-                    pass
+            assert_groups_gone(self.procs.values())
         finally:
             if self.launcher_proc is not None:
                 if self.launcher_proc.poll() is None:

@@ -6,10 +6,8 @@ stop `lockstep up` with SIGINT."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,6 +23,7 @@ from common.keys import load_cluster_key, requests_key_of
 from common.messages import REQUESTS_OUT, StatsRequest
 from common.procs import snapshot_children
 from tests.gwutil import free_port, poll_until, sse_lines
+from tests.support.processes import interrupt, up_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_S = 240.0
@@ -35,10 +34,7 @@ def live(tmp_path_factory):
     home = tmp_path_factory.mktemp("uphome")
     port = free_port()
     log = open(home / "up.out", "wb")  # noqa: SIM115
-    cmd = [sys.executable, "-m", "services.cli", "up", "--home", str(home), "--port", str(port),
-           "--admin-port", "0", "--events-port", "0", "--control-port", "0",
-           "--report-port", "0", "--reaper-events-port", "0"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(up_argv(home, port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     st = {"proc": proc, "home": home, "url": url, "out": home / "up.out"}
@@ -57,13 +53,7 @@ def live(tmp_path_factory):
         st["model"] = st["dep"]["model"]
         yield st
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        interrupt(proc, 90)
         log.close()
 
 

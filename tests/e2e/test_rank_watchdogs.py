@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from tests.e2e.rank_harness import Deployment, poll_until
+from tests.support.processes import process_gone
 
 PROBE_S = 0.2
 GRACE_S = 1.5
@@ -63,13 +64,6 @@ def busy(pids, window: float = 1.0, threshold: float = 50.0) -> dict[int, float]
         except psutil.NoSuchProcess:
             pass
     return out
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def report(what: str, seconds: float) -> None:
@@ -171,7 +165,7 @@ def test_sigstop_for_good_rank_0_leaves_in_bounded_time(tmp_path, grace):
         exited(d, 1, timeout=15)
         assert d.marker(1)["phase"] == "peer_lost", d.marker(1)
         report("SIGCONT orphaned follower -> gone", time.monotonic() - t1)
-        assert gone(pid0) and gone(pid1)
+        assert process_gone(pid0) and process_gone(pid1)
 
 
 # -- launcher watchdog ------------------------------------------------------------------
@@ -187,7 +181,7 @@ def test_killed_launcher_orphans_end_themselves_as_launcher_lost(tmp_path):
         d.launcher_proc.wait(5)
         outcomes = ended(d, rids, timeout=10)
         assert set(outcomes.values()) <= {"abort", "error"}, outcomes
-        poll_until(lambda: all(gone(p) for p in pids), 15, "every orphaned rank to exit")
+        poll_until(lambda: all(process_gone(p) for p in pids), 15, "every orphaned rank to exit")
         report("launcher SIGKILL -> both ranks gone", time.monotonic() - t0)
         for k in (0, 1):
             marker = d.marker(k)

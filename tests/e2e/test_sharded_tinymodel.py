@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +14,8 @@ import pytest
 
 from common.tinymodel import build_model
 from tests.e2e.ring_sharded_check import greedy_ids
+from tests.support.ports import free_ports
+from tests.support.processes import kill_group
 
 SCRIPT = Path(__file__).with_name("ring_sharded_check.py")
 DEADLINE_S = 120.0
@@ -34,35 +34,15 @@ def reference(model_dir) -> list[int]:
     return greedy_ids(model, tokenizer)
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _logs(tmp_path: Path) -> dict[int, str]:
     return {r: (tmp_path / f"rank{r}.log").read_text(errors="replace")[-4000:] for r in range(2)}
-
-
-def _kill_group(p: subprocess.Popen) -> None:
-    # Each rank leads its own session, so this reaches anything it spawned too.
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    p.wait()
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("mode", ["tp", "pp"])
 def test_ring_sharded_matches_single_process(mode, model_dir, reference, tmp_path):
     hostfile = tmp_path / "hosts.json"
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in _free_ports(2)]))
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(2)]))
     out = tmp_path / "tokens.json"
     procs: list[subprocess.Popen] = []
     try:
@@ -87,8 +67,8 @@ def test_ring_sharded_matches_single_process(mode, model_dir, reference, tmp_pat
             pytest.fail(f"{mode} ranks still running after {DEADLINE_S}s: {_logs(tmp_path)}")
         assert [p.returncode for p in procs] == [0, 0], _logs(tmp_path)
     finally:
-        for p in procs:
-            _kill_group(p)
+        for p in procs:  # each rank leads its own session: this reaches its children too
+            kill_group(p)
     result = json.loads(out.read_text())
     assert result["size"] == 2
     assert result["tokens"] == reference

@@ -7,34 +7,23 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
 from common.procs import snapshot_children
 from tests.gwutil import free_port, poll_until
+from tests.support.processes import process_gone, up_argv
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.mark.timeout(300)
 def test_up_redeploys_after_a_rank_dies_then_stops_cleanly(tmp_path):
     port = free_port()
     out = tmp_path / "up.out"
-    cmd = [sys.executable, "-m", "services.cli", "up", "--home", str(tmp_path / "home"),
-           "--port", str(port), "--admin-port", "0", "--events-port", "0",
-           "--control-port", "0", "--report-port", "0", "--reaper-events-port", "0",
-           "--restarts", "1"]
+    cmd = up_argv(tmp_path / "home", port, "--restarts", "1")
     with open(out, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -52,7 +41,8 @@ def test_up_redeploys_after_a_rank_dies_then_stops_cleanly(tmp_path):
 
         poll_until(lambda: text().count("Press Ctrl-C") == 2, 240, "the redeploy's banner", 0.5)
         assert "redeploying (0 restart(s) left)" in text()
-        poll_until(lambda: all(_gone(p) for p in pids), 30, "the failed launch's ranks to be gone")
+        poll_until(lambda: all(process_gone(p) for p in pids), 30,
+                   "the failed launch's ranks to be gone")
         r = httpx.post(url + "/v1/completions", timeout=60,
                        json={"model": first["model"], "prompt": "a", "max_tokens": 4})
         assert r.status_code == 200, r.text
@@ -65,7 +55,8 @@ def test_up_redeploys_after_a_rank_dies_then_stops_cleanly(tmp_path):
         tree = snapshot_children(proc.pid)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(90) == 0, text()[-3000:]
-        poll_until(lambda: all(_gone(i.pid) for i in tree), 15, "every process of lockstep up")
+        poll_until(lambda: all(process_gone(i.pid) for i in tree), 15,
+                   "every process of lockstep up")
         assert "every process stopped" in text()
     finally:
         if proc.poll() is None:

@@ -39,16 +39,9 @@ from common.state import (
     write_manifest,
 )
 from common.statefiles import write_json_atomic
+from tests.support.polling import poll_for
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _deadline_wait(what: str, check: Any, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what} did not happen within {timeout}s")
-        time.sleep(0.02)
 
 
 def _settled_identity(pid: int, argv: list[str], timeout: float = 10.0) -> ProcessIdentity:
@@ -97,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("LOCKSTEP_FAKE_NO_MARKER") != "1":
         for r in range(args.ranks):
             p = marker_path(paths, args.deployment, r)
-            _deadline_wait(f"marker {p}", p.exists, 30.0)
+            poll_for(p.exists, 30.0, f"marker {p}", 0.02, error=TimeoutError)
     write_json_atomic(args.ready_file, {"schema_version": 1, "pid": me.pid,
                                         "start_time": me.start_time,
                                         "ranks": [rec.to_dict() for rec in manifest.ranks]})
@@ -136,8 +129,8 @@ class FakeSupervisor:
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdin=subprocess.DEVNULL)
         try:
-            _deadline_wait(f"fake launcher {job_id} ready",
-                           lambda: ready.exists() or proc.poll() is not None, timeout)
+            poll_for(lambda: ready.exists() or proc.poll() is not None, timeout,
+                     f"fake launcher {job_id} ready", 0.02, error=TimeoutError)
         except TimeoutError:
             proc.kill()
             raise

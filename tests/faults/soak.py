@@ -12,7 +12,8 @@ fault the driver restores service if the fault took it down, then checks the inv
 
 The seed is printed and settable with LOCKSTEP_SOAK_SEED; every failure names it.
 Partitions are not injected here (loopback has no link to pull): they are the netns
-tests in tests/netns/test_partitions.py.
+tests in tests/netns/test_partitions.py. The clients are in tests/faults/soak_clients.py,
+the faults in tests/faults/soak_faults.py.
 """
 
 from __future__ import annotations
@@ -25,49 +26,30 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import psutil
 import zmq
 
-from common import messages as msgs
-from common.envelope import Key, Signer
+from common.envelope import Key
 from common.keys import generate_key_file, load_cluster_key
-from common.procs import START_TIME_TOLERANCE, start_time_of
-from common.rankspec import RankSpec
 from common.records import LaunchManifest
 from common.state import Paths, manifest_path
 from common.statefiles import read_json
 from services.admin_cli import AdminClient
-from tests.gwutil import free_port, sse_lines
-
-REPO = Path(__file__).resolve().parents[2]
-GRACE_S = 3.0  # LOCKSTEP_PEER_ABORT_GRACE
-READ_TIMEOUT_S = 20.0  # gateway request_read_timeout: a stalled stream ends with 504
-STREAM_DEADLINE_S = 60.0  # a client stream still open after this is a hang
-CLIENTS = 3
-FAULTS = ("client_disconnect", "sigkill_rank", "sigstop_short", "sigstop_long",
-          "kill_supervisor", "forge")
-WEIGHTS = (3, 2, 2, 1, 1, 3)
-SERVING_OUTCOMES = ("content", "abort", "error", "disconnect")
+from tests.faults.soak_clients import READ_TIMEOUT_S, STREAM_DEADLINE_S, Clients
+from tests.faults.soak_faults import FAULTS, GRACE_S, WEIGHTS, Faults
+from tests.support.polling import poll_for
+from tests.support.ports import free_port
+from tests.support.processes import REPO, lockstep_env, process_gone
+from tests.support.supervisor import runtime_names
 
 
 class SoakFailure(AssertionError):
     pass
-
-
-def _gone(pid: int, start: float) -> bool:
-    try:
-        p = psutil.Process(pid)
-        return (p.status() == psutil.STATUS_ZOMBIE
-                or abs(start_time_of(p) - start) > START_TIME_TOLERANCE)
-    except psutil.NoSuchProcess:
-        return True
 
 
 @dataclass
@@ -87,7 +69,7 @@ class Stats:
     bad: list[str] = field(default_factory=list)
 
 
-class Soak:
+class Soak(Faults):
     def __init__(self, tmp: Path, model: Path, seed: int, budget: Budget) -> None:
         self.tmp, self.model, self.seed, self.budget = tmp, model, seed, budget
         self.rng = random.Random(seed)
@@ -111,24 +93,16 @@ class Soak:
         self.n_deploys = 0
         self.stats = Stats()
         self.log: list[str] = []
-        # clients
-        self.stop_clients = threading.Event()
-        self.paused = threading.Event()
-        self.lock = threading.Lock()
-        self.in_flight: dict[int, float] = {}
-        self.workers: list[threading.Thread] = []
+        self.clients = Clients(self.url, seed, self.stats,
+                               lambda: (self.dep or {}).get("model", "tiny"))
         self.zctx = zmq.Context()
 
     # --- processes ---------------------------------------------------------------------
 
-    def _env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
-        env.update(PYTHONPATH=str(REPO), LOCKSTEP_HOME=str(self.home))
-        return env
-
     def _spawn(self, name: str, argv: list[str], **env: str) -> subprocess.Popen:
         log = open(self.tmp / f"{name}-{len(self.all_procs)}.log", "wb")  # noqa: SIM115
-        p = subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO, env={**self._env(), **env},
+        p = subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO,
+                             env=lockstep_env(self.home, **env),
                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                              start_new_session=True)
         log.close()
@@ -154,8 +128,7 @@ class Soak:
                         LOCKSTEP_RANK_TELEMETRY_INTERVAL_S="0.3",
                         LOCKSTEP_ABORT_ALL_TIMEOUT="10", LOCKSTEP_RANK_TEST_SEAMS="true")
         self._poll("the supervisor's runtime file",
-                   lambda: p.poll() is not None or runtime.exists()
-                   and read_json(runtime)["pid"] == p.pid, 60)
+                   lambda: p.poll() is not None or runtime_names(runtime, p), 60)
         if p.poll() is not None:
             raise SoakFailure(self._why(f"supervisor exited {p.returncode}"))
 
@@ -170,11 +143,7 @@ class Soak:
                     LOCKSTEP_ORPHAN_GRACE_S="2", LOCKSTEP_KEEPALIVE_S="2")
         self._poll("the gateway", lambda: self._http_ok("/health"), 60)
         self.deploy()
-        for i in range(CLIENTS):
-            t = threading.Thread(target=self._client_loop, args=(i,), daemon=True,
-                                 name=f"soak-client-{i}")
-            t.start()
-            self.workers.append(t)
+        self.clients.start()
 
     def admin(self, command: str, timeout: float = 60.0, **args):
         c = AdminClient(self.admin_ep, self.key, ctx=self.zctx)
@@ -206,192 +175,6 @@ class Soak:
             return httpx.get(self.url + path, timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
-
-    # --- clients -----------------------------------------------------------------------
-
-    def _client_loop(self, i: int) -> None:
-        rng = random.Random(self.seed * 1000 + i)
-        with httpx.Client(timeout=httpx.Timeout(READ_TIMEOUT_S + 10, connect=5)) as http:
-            n = 0
-            while not self.stop_clients.is_set():
-                if self.paused.is_set():
-                    time.sleep(0.05)
-                    continue
-                n += 1
-                key = i * 1_000_000 + n
-                with self.lock:
-                    self.in_flight[key] = time.monotonic()
-                try:
-                    outcome = self.stream_once(http, rng.randint(8, 160),
-                                               disconnect=rng.random() < 0.15)
-                finally:
-                    with self.lock:
-                        self.in_flight.pop(key, None)
-                self._record(outcome)
-                if outcome.startswith("error"):
-                    time.sleep(0.5)  # no service: don't spin on 503s
-
-    def _record(self, outcome: str) -> None:
-        kind = outcome.split(":", 1)[0]
-        with self.lock:
-            self.stats.outcomes[kind] += 1
-            if kind == "error":
-                self.stats.errors[outcome] += 1
-            if kind not in SERVING_OUTCOMES:
-                self.stats.bad.append(outcome)
-
-    def stream_once(self, http: httpx.Client, max_tokens: int, *, disconnect: bool) -> str:
-        """One streaming completion; returns content | abort | error:<code> | disconnect,
-        or hang:/broken:<why> (both fail the soak)."""
-        model = (self.dep or {}).get("model", "tiny")
-        body = {"model": model, "prompt": "the quick brown fox", "max_tokens": max_tokens,
-                "temperature": 0, "stream": True}
-        deadline = time.monotonic() + STREAM_DEADLINE_S
-        try:
-            with http.stream("POST", self.url + "/v1/completions", json=body) as resp:
-                if resp.status_code != 200:
-                    resp.read()
-                    try:
-                        err = resp.json()["error"]
-                        assert {"message", "type", "param", "code"} <= set(err)
-                        return f"error:{resp.status_code}:{err['code']}"
-                    except Exception:  # noqa: BLE001
-                        return f"broken:status {resp.status_code} body {resp.text[:200]!r}"
-                finish, done, got = None, False, 0
-                for kind, data in sse_lines(resp):
-                    if time.monotonic() > deadline:
-                        return f"hang:stream open after {STREAM_DEADLINE_S}s"
-                    if kind != "data":
-                        continue
-                    if data == "[DONE]":
-                        done = True
-                        break
-                    if "error" in data:
-                        finish = f"error:stream:{data['error'].get('code')}"
-                        continue
-                    for ch in data.get("choices") or []:
-                        got += len(ch.get("text") or "")
-                        finish = ch.get("finish_reason") or finish
-                    if disconnect and got:
-                        return "disconnect"
-                if not done:
-                    return f"broken:no [DONE] (finish {finish})"
-                if finish in ("stop", "length"):
-                    return "content"
-                if finish == "abort" or (finish or "").startswith("error"):
-                    return finish.split(":")[0] if finish == "abort" else finish
-                return f"broken:finish_reason {finish!r}"
-        except httpx.ReadTimeout:
-            return "hang:read timeout"
-        except httpx.HTTPError as exc:
-            return f"broken:{type(exc).__name__}: {exc}"
-
-    # --- faults ------------------------------------------------------------------------
-
-    def _ranks(self) -> list:
-        if not self.dep:
-            return []
-        return self.jobs[self.dep["job_id"]].ranks
-
-    def fault(self, kind: str) -> None:
-        self.stats.faults[kind] += 1
-        self.log.append(f"{time.monotonic():.1f} {kind} on {self.dep and self.dep['deployment_id']}")
-        getattr(self, f"_f_{kind}")()
-
-    def _f_client_disconnect(self) -> None:
-        with httpx.Client(timeout=30) as http:
-            self._record(self.stream_once(http, 200, disconnect=True))
-
-    def _f_sigkill_rank(self) -> None:
-        r = self.rng.choice(self._ranks())
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(r.pid, signal.SIGKILL)
-        self._expect_down()
-
-    def _stop_for(self, seconds: float) -> None:
-        r = self.rng.choice(self._ranks())
-        os.kill(r.pid, signal.SIGSTOP)
-        try:
-            time.sleep(seconds)  # the fault's duration, not synchronisation
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(r.pid, signal.SIGCONT)
-
-    def _f_sigstop_short(self) -> None:
-        self._stop_for(self.rng.uniform(0.3, 1.2))
-
-    def _f_sigstop_long(self) -> None:
-        r = self.rng.choice(self._ranks())
-        os.kill(r.pid, signal.SIGSTOP)  # left stopped: the teardown must SIGKILL it
-        self._expect_down()
-
-    def _f_kill_supervisor(self) -> None:
-        p = self.procs["supervisor"]
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(10)
-        if self.dep:
-            self.dead_jobs.add(self.dep["job_id"])
-        self.dep = None
-        self.stats.supervisor_restarts += 1
-        self.start_supervisor()  # its own start reaps too; the reaper service may be first
-
-    def _rejected(self) -> dict[str, int]:
-        """Rejected bus frames by service ("supervisor", "rank"), from admin status."""
-        reply = self.admin("status", 20)
-        out: Counter = Counter()
-        for row in reply.data.get("rejections") or [] if reply.ok else []:
-            out[row["service"]] += row["count"]
-        return out
-
-    def _f_forge(self) -> None:
-        before = self._rejected()
-        targets = {"admin": self.admin_ep, "report": f"tcp://127.0.0.1:{self.ports['report']}"}
-        if self.dep:
-            targets["requests"] = self.dep["requests_endpoint"]
-            spec = RankSpec.load(self.paths.runtime / "jobs" / self.dep["job_id"]
-                                 / "rank-0.spec.json")
-            targets["plan"] = spec.plan_endpoint
-        wrong = Signer(Key.from_secret(secrets.token_bytes(32)), "mallory")
-        dep_id = (self.dep or {}).get("deployment_id", "x")
-        job = (self.dep or {}).get("job_id", "x")
-        bodies = [msgs.AdminRequest("rogue", "status", {}),
-                  msgs.Generate("rogue-" + secrets.token_hex(4), [1, 2, 3], 4),
-                  msgs.AuthHello(dep_id, job, 1, secrets.token_bytes(16))]
-        socks = []
-        for name, ep in targets.items():
-            s = self.zctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.SNDHWM, 1000)
-            s.connect(ep)
-            socks.append(s)
-            for _ in range(self.rng.randint(10, 40)):
-                roll = self.rng.random()
-                if roll < 0.4:
-                    frames = [os.urandom(self.rng.randint(1, 400))]
-                elif roll < 0.55:
-                    frames = [os.urandom(20) for _ in range(self.rng.randint(2, 5))]
-                else:
-                    frames = [wrong.encode(self.rng.choice(bodies))]
-                with contextlib.suppress(zmq.Again):
-                    s.send_multipart(frames, zmq.NOBLOCK)
-            self.log.append(f"  forged to {name} {ep}")
-        # Evidence they were read and refused (counted), not silently lost: the
-        # supervisor's own sockets, and the ranks' (telemetry) when a deployment runs.
-        services = ["supervisor", "rank"] if self.dep else ["supervisor"]
-        self._poll("the forged frames to be counted as rejected",
-                   lambda: (now := self._rejected())
-                   and all(now[sv] > before[sv] for sv in services), 15, interval=0.3)
-        for s in socks:
-            s.close(0)
-
-    def _expect_down(self) -> None:
-        """The fault kills the deployment: wait until the supervisor says so."""
-        dep_id = self.dep["deployment_id"]
-        state = self._poll(f"{dep_id} to be reported down",
-                           lambda: (d := self._dep_info(dep_id)) is not None
-                           and d["state"] in ("failed", "teardown_failed") and d["state"],
-                           GRACE_S + 30, interval=0.2)
-        self.log.append(f"  {dep_id} -> {state}")
 
     # --- restore and invariants --------------------------------------------------------
 
@@ -430,7 +213,7 @@ class Soak:
         # 1. no process of a stopped deployment alive
         def dead_ranks_gone():
             return not [(j, r.rank, r.pid) for j in self.dead_jobs if j in self.jobs
-                        for r in self.jobs[j].ranks if not _gone(r.pid, r.start_time)]
+                        for r in self.jobs[j].ranks if not process_gone(r.pid, r.start_time)]
         self._poll("every rank of a stopped deployment to be gone", dead_ranks_gone, 30)
         # 2. no manifest without a live supervisor
         def manifests_owned():
@@ -439,18 +222,18 @@ class Soak:
                     m = read_json(f)
                 except (OSError, ValueError):
                     continue  # being rewritten; an unreadable one shows up in the reaper
-                if _gone(m["supervisor_pid"], m["supervisor_start_time"]):
+                if process_gone(m["supervisor_pid"], m["supervisor_start_time"]):
                     return False
             return True
         self._poll("every manifest to have a live supervisor", manifests_owned, 30)
         # 3. client streams: none hangs; then quiescent counts agree
-        self.paused.set()
+        self.clients.paused.set()
         try:
-            self._poll("every client stream to end", lambda: not self.in_flight,
+            self._poll("every client stream to end", lambda: not self.clients.in_flight,
                        STREAM_DEADLINE_S + 15)
             self._poll("gateway active == ranks' active", self._counts_agree, 30, interval=0.2)
         finally:
-            self.paused.clear()
+            self.clients.paused.clear()
         # 4. every stream so far ended with content, abort or a clear error
         if self.stats.bad:
             raise SoakFailure(self._why(f"bad client outcomes: {self.stats.bad[:5]}"))
@@ -489,8 +272,8 @@ class Soak:
             self.dead_jobs.add(self.dep["job_id"])
             self._stop(self.dep["deployment_id"])
             self.dep = None
-        self.stop_clients.set()
-        for t in self.workers:
+        self.clients.stop.set()
+        for t in self.clients.workers:
             t.join(STREAM_DEADLINE_S + 10)
             if t.is_alive():
                 raise SoakFailure(self._why(f"{t.name} still in a request"))
@@ -502,8 +285,8 @@ class Soak:
         return self.stats
 
     def close(self) -> None:
-        self.stop_clients.set()
-        self.paused.clear()
+        self.clients.stop.set()
+        self.clients.paused.clear()
         sup = self.procs.get("supervisor")
         if sup is not None and sup.poll() is None and self.dep:
             with contextlib.suppress(Exception):
@@ -521,10 +304,10 @@ class Soak:
                 p.wait(10)
         for m in self.jobs.values():
             for r in m.ranks:
-                if not _gone(r.pid, r.start_time):
+                if not process_gone(r.pid, r.start_time):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(r.pid, signal.SIGKILL)
-        for t in self.workers:
+        for t in self.clients.workers:
             t.join(STREAM_DEADLINE_S + 10)
         self.zctx.term()
 
@@ -535,17 +318,10 @@ class Soak:
                 f"last events {self.log[-6:]}; logs in {self.tmp}]")
 
     def _poll(self, what: str, fn, timeout: float, interval: float = 0.1):
-        deadline = time.monotonic() + timeout
-        while True:
-            value = fn()
-            if value:
-                return value
-            if time.monotonic() >= deadline:
-                extra = f" (counts {getattr(self, '_last_counts', None)})" \
-                    if "active" in what else ""
-                raise SoakFailure(self._why(f"timed out after {timeout:.0f}s waiting for "
-                                            f"{what}{extra}"))
-            time.sleep(interval)
+        def failure(message: str) -> SoakFailure:
+            extra = f" (counts {getattr(self, '_last_counts', None)})" if "active" in what else ""
+            return SoakFailure(self._why(message + extra))
+        return poll_for(fn, timeout, what, interval, error=failure)
 
 
 def seed_from_env() -> int:

@@ -20,16 +20,11 @@ from common.records import LaunchManifest
 from common.state import Paths, manifest_path, marker_dir
 from common.statefiles import read_json
 from tests.fakes.procwatch import poll_file, poll_for, process_gone
+from tests.support.processes import lockstep_env, reaper_once
 from tests.support.requests import RequestsClient
-from tests.support.supervisor import FAKE_RANK
+from tests.support.supervisor import FAKE_RANK, PORTS_0_ENV, runtime_names
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
-    env.update(PYTHONPATH=str(REPO), LOCKSTEP_HOME=str(home), **extra)
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -52,21 +47,19 @@ class Cluster:
         log = self.logs / f"{name}-{len(self.procs)}.log"
         with open(log, "wb") as out:
             p = subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO,
-                                 env=_env(self.home, **env), stdout=out, stderr=subprocess.STDOUT)
+                                 env=lockstep_env(self.home, **env), stdout=out,
+                                 stderr=subprocess.STDOUT)
         self.procs.append(p)
         return p, log
 
     def supervisor(self, **env: str) -> subprocess.Popen:
         runtime = self.paths.runtime / "supervisor.json"
         runtime.unlink(missing_ok=True)
-        settings = dict(LOCKSTEP_ADMIN_PORT="0", LOCKSTEP_EVENTS_PORT="0",
-                        LOCKSTEP_CONTROL_PORT="0", LOCKSTEP_REPORT_PORT="0",
-                        LOCKSTEP_LOAD_TIMEOUT="150", LOCKSTEP_STOP_TIMEOUT="5",
+        settings = dict(PORTS_0_ENV, LOCKSTEP_LOAD_TIMEOUT="150", LOCKSTEP_STOP_TIMEOUT="5",
                         LOCKSTEP_KILL_TIMEOUT="3", LOCKSTEP_CANARY_WINDOW_S="0.5")
         p, log = self._spawn("supervisor", ["services.supervisor"], **{**settings, **env})
         poll_for("runtime/supervisor.json of the new supervisor",
-                 lambda: runtime.exists() and read_json(runtime)["pid"] == p.pid
-                 or p.poll() is not None, 30)
+                 lambda: runtime_names(runtime, p) or p.poll() is not None, 30)
         assert p.poll() is None, log.read_text()[-3000:]
         return p
 
@@ -75,7 +68,8 @@ class Cluster:
 
     def admin(self, *args: str, timeout: float = 240) -> dict:
         out = subprocess.run([sys.executable, "-m", "services.cli", "admin", "--home",
-                              str(self.home), "--json", *args], cwd=REPO, env=_env(self.home),
+                              str(self.home), "--json", *args], cwd=REPO,
+                             env=lockstep_env(self.home),
                              capture_output=True, text=True, timeout=timeout)
         assert out.stdout, out.stderr
         return json.loads(out.stdout)
@@ -153,10 +147,8 @@ def test_sigkill_supervisor_tp2_then_reaper_once(cluster: Cluster, model: Path) 
         sup.kill()
         sup.wait(timeout=10)
         assert all(not process_gone(r.pid, r.start_time) for r in m.ranks)
-        res = subprocess.run([sys.executable, "-m", "services.reaper", "--home",
-                              str(cluster.home), "--once", "--json", "--term-timeout", "1",
-                              "--kill-timeout", "3"], cwd=REPO, env=_env(cluster.home),
-                             capture_output=True, text=True, timeout=120)
+        res = reaper_once(cluster.home, "--term-timeout", "1", "--kill-timeout", "3",
+                          timeout=120, env=lockstep_env(cluster.home))
     finally:
         client.close()
     assert res.returncode == 0, res.stdout + res.stderr

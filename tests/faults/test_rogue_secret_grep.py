@@ -9,8 +9,6 @@ itself (and the 0600 cluster key file for the cluster key). After the verified t
 from __future__ import annotations
 
 import json
-import os
-import signal
 import stat
 import subprocess
 import sys
@@ -23,6 +21,7 @@ import pytest
 from common.keys import CHANNELS, LaunchKeys, load_cluster_key, read_secret_file
 from common.statefiles import read_json
 from tests.gwutil import free_port, poll_until
+from tests.support.processes import interrupt, up_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_S = 240.0
@@ -59,10 +58,7 @@ def test_launch_secret_is_nowhere_but_its_0600_file(tmp_path):
     port = free_port()
     out_path = tmp_path / "up.out"
     log = open(out_path, "wb")  # noqa: SIM115 - closed below
-    cmd = [sys.executable, "-m", "services.cli", "up", "--home", str(home), "--port", str(port),
-           "--admin-port", "0", "--events-port", "0", "--control-port", "0",
-           "--report-port", "0", "--reaper-events-port", "0"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(up_argv(home, port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     secret_path = None
@@ -142,13 +138,7 @@ def test_launch_secret_is_nowhere_but_its_0600_file(tmp_path):
         assert found == {}, f"secrets found: {found}"
         assert stat.S_IMODE(secret_path.parent.stat().st_mode) & 0o077 == 0
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        interrupt(proc, 120)
         log.close()
     # Verified teardown on Ctrl-C: the secret file is gone, and no file holds the secret.
     assert proc.returncode == 0, out_path.read_text()[-3000:]

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from common import ssh
 from common.records import Phase, RankMarker
 from common.ssh import SshError
 from common.state import Paths, write_marker
 from services.hostagent import agent_argv, parse_signal
+from tests.support.hostagent import agent, ident_of
+from tests.support.hostagent import spawn as agent_spawn
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCAL = "127.0.0.1"
 # A child that starts a grandchild in its own group, then ignores SIGTERM (after the
 # start: an ignored signal stays ignored across exec); both sleep.
 TREE = ("import signal, subprocess, sys, time; "
@@ -29,28 +29,13 @@ TREE = ("import signal, subprocess, sys, time; "
         "print(p.pid, flush=True); time.sleep(600)")
 
 
-def agent(command: str, *args: str, input: bytes | None = None):
-    return ssh.run_json(LOCAL, agent_argv(sys.executable, command, *args), input=input,
-                        timeout=60)
-
-
-def ident_of(info: dict) -> dict:
-    return {k: info[k] for k in ("pid", "start_time", "cmdline")}
-
-
 @pytest.fixture
 def spawned():
     """spawn(argv, env=None) through the agent; every child is SIGKILLed at the end."""
     infos: list[dict] = []
 
     def spawn(argv: list[str], env: dict | None = None, **kw) -> dict:
-        log = kw.pop("log")
-        args = ["--cwd", str(kw.pop("cwd", ROOT)), "--log", str(log)]
-        if env is not None:
-            args.append("--env-json-stdin")
-        args += kw.pop("extra", [])
-        info = agent("spawn", *args, "--", *argv,
-                     input=None if env is None else json.dumps(env).encode())
+        info = agent_spawn(argv, env=env, **kw)
         infos.append(info)
         return info
 

@@ -22,6 +22,7 @@ from common.state import Paths, manifest_path, marker_dir, read_manifests
 from services.reaper.reap import reap_orphans
 from tests.fakes.fake_launcher import ROOT, FakeSupervisor
 from tests.fakes.procwatch import poll_file, poll_for, process_gone, process_running
+from tests.support.processes import reaper_once
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -54,18 +55,12 @@ def _ranks_gone(f: FakeSupervisor) -> bool:
     return all(process_gone(r["pid"], r["start_time"]) for r in f.ranks)
 
 
-def _reaper_once(paths: Paths, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.reaper", "--home", str(paths.home),
-                           "--once", "--json", *extra], cwd=ROOT, env=ENV, capture_output=True,
-                          text=True, timeout=60)
-
-
 @pytest.mark.timeout(60)
 def test_killed_supervisor_is_reaped_by_cli(paths: Paths, fakes) -> None:
     f = _start(fakes, paths, "job-a")
     assert all(process_running(p) for p in f.rank_pids)
     f.kill()
-    res = _reaper_once(paths, "--term-timeout", "2", "--kill-timeout", "2")
+    res = reaper_once(paths.home, "--term-timeout", "2", "--kill-timeout", "2", env=ENV)
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     assert report["reaped"] == ["job-a"] and report["blocking"] is False
@@ -92,7 +87,7 @@ def test_live_supervisor_never_touched(paths: Paths, fakes) -> None:
     f = _start(fakes, paths, "job-live")
     before = manifest_path(paths, "job-live").read_bytes()
     for _ in range(3):
-        assert _reaper_once(paths).returncode == 0
+        assert reaper_once(paths.home, env=ENV).returncode == 0
         report = reap_orphans(paths, term_timeout=0.1, kill_timeout=0.1)
         assert report.active == ["job-live"] and not report.reaped
     assert all(not process_gone(r["pid"], r["start_time"]) for r in f.ranks)
@@ -109,7 +104,7 @@ def test_unreadable_manifest_blocks_cli(paths: Paths, fakes) -> None:
     bad.write_text("{ not json")
     f = _start(fakes, paths, "job-c")
     f.kill()
-    res = _reaper_once(paths)
+    res = reaper_once(paths.home, env=ENV)
     assert res.returncode == 1
     report = json.loads(res.stdout)
     assert report["blocking"] and report["unreadable"][0]["path"] == str(bad)

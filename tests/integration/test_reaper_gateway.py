@@ -14,17 +14,12 @@ import pytest
 
 from common.keys import generate_key_file
 from common.state import Paths, manifest_path
-from common.statefiles import read_json
 from tests.fakes.fake_launcher import ROOT, FakeSupervisor
 from tests.fakes.procwatch import free_port, poll_for, process_gone
+from tests.support.processes import lockstep_env
+from tests.support.supervisor import PORTS_0_ENV, runtime_names
 
 TOKEN = "reaper-test-token"
-
-
-def _env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
-    env.update(PYTHONPATH=str(ROOT), LOCKSTEP_HOME=str(home), **extra)
-    return env
 
 
 @pytest.mark.timeout(120)
@@ -39,18 +34,16 @@ def test_gateway_admin_reap(tmp_path: Path) -> None:
             sup = subprocess.Popen(
                 [sys.executable, "-m", "services.supervisor", "--log-level", "WARNING"],
                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                env=_env(paths.home, LOCKSTEP_ADMIN_PORT="0", LOCKSTEP_EVENTS_PORT="0",
-                         LOCKSTEP_CONTROL_PORT="0", LOCKSTEP_REPORT_PORT="0",
-                         LOCKSTEP_STOP_TIMEOUT="2", LOCKSTEP_KILL_TIMEOUT="2"))
+                env=lockstep_env(paths.home, **PORTS_0_ENV, LOCKSTEP_STOP_TIMEOUT="2",
+                                 LOCKSTEP_KILL_TIMEOUT="2"))
         procs.append(sup)
-        poll_for("supervisor.json", lambda: runtime.exists()
-                 and read_json(runtime)["pid"] == sup.pid, 30)
+        poll_for("supervisor.json", lambda: runtime_names(runtime, sup), 30)
         port = free_port()
         with open(tmp_path / "gateway.log", "wb") as out:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "services.gateway", "--port", str(port)], cwd=ROOT,
                 stdout=out, stderr=subprocess.STDOUT,
-                env=_env(paths.home, LOCKSTEP_ADMIN_TOKEN=TOKEN)))
+                env=lockstep_env(paths.home, LOCKSTEP_ADMIN_TOKEN=TOKEN)))
         base = f"http://127.0.0.1:{port}"
 
         def health() -> bool:

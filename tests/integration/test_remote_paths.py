@@ -15,26 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from common import ssh
 from common.procs import identify
 from common.records import LaunchManifest, Phase, RankMarker, RankRecord
 from common.ssh import SshError
 from common.state import Paths, manifest_path, write_manifest, write_marker
 from common.statefiles import read_json
-from services.hostagent import agent_argv
 from services.reaper.reap import reap_orphans
 from services.reaper.remote import SshRemoteReaper
 from services.supervisor.remote import remote_env, remote_rank_argv
 from tests.fakes.procwatch import process_gone
+from tests.support.hostagent import LOCAL, agent
+from tests.support.hostagent import spawn as agent_spawn
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = Path(__file__).resolve().parents[2]
-LOCAL = "127.0.0.1"
-
-
-def agent(command: str, *args: str, input: bytes | None = None):
-    return ssh.run_json(LOCAL, agent_argv(sys.executable, command, *args), input=input,
-                        timeout=60)
 
 
 @pytest.fixture
@@ -42,11 +36,7 @@ def spawned():
     infos: list[dict] = []
 
     def spawn(argv: list[str], log: Path, env: dict | None = None, *extra: str) -> dict:
-        args = ["--cwd", str(ROOT), "--log", str(log), *extra]
-        if env is not None:
-            args.append("--env-json-stdin")
-        info = agent("spawn", *args, "--", *argv,
-                     input=None if env is None else json.dumps(env).encode())
+        info = agent_spawn(argv, log=log, cwd=ROOT, env=env, extra=extra)
         infos.append(info)
         return info
 
@@ -54,10 +44,6 @@ def spawned():
     for info in infos:
         agent("signal", str(info["pid"]), repr(info["start_time"]), "KILL", "--cmdline-json",
               json.dumps(info["cmdline"]))
-
-
-def _ident(info: dict) -> dict:
-    return {k: info[k] for k in ("pid", "start_time", "cmdline")}
 
 
 def test_probe_tells_alive_gone_reused_and_ambiguous(tmp_path):

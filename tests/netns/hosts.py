@@ -26,12 +26,13 @@ does not hold the cluster): it stops the sshds, kills whatever still runs in the
 namespaces (and reports it: a test should have cleaned up itself), deletes the veths,
 the namespaces and the bridge, removes the run directory, and then checks, with a
 deadline (namespace teardown in the kernel is asynchronous), that nothing is left.
+That teardown is tests/netns/hosts_teardown.py; running `ip` and picking the subnet,
+tests/netns/iproute.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import getpass
 import ipaddress
 import json
@@ -40,23 +41,24 @@ import random
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from common import procs
 from common import ssh as sshmod
 from common.ssh import SshTarget
 from services.hostagent import agent_argv
+from tests.netns.hosts_teardown import Made, TeardownReport, leftovers_of, teardown
+from tests.netns.iproute import NetnsError, die_with_parent, ip, pick_subnet
+
+__all__ = ["DEFAULT_TOPOLOGY", "PYTHON", "REPO_ROOT", "NetnsCluster", "NetnsError",
+           "TeardownReport", "address_plan", "host_name", "hosts_document", "leftovers_of",
+           "missing_requirements"]
 
 # The topology the harness builds by default, and the one docker-compose.test.yml
 # describes: one control host (supervisor + reaper + gateway), two rank hosts.
@@ -66,17 +68,9 @@ PYTHON = sys.executable  # the same interpreter (and venv) on every namespace "h
 SSHD = "/usr/sbin/sshd"  # sshd refuses to start unless run by its absolute path
 REQUIRED_TOOLS = ("ip", "ssh", "ssh-keygen")
 SSH_PORT = 22
-SUBNET_PREFIX = "10.213"
 MAX_HOSTS = 26
 SSHD_READY_S = 10.0
-STOP_GRACE_S = 5.0
-GONE_DEADLINE_S = 10.0
 _PREFIX_RE = re.compile(r"[a-z][a-z0-9]{0,3}")
-_PR_SET_PDEATHSIG = 1
-
-
-class NetnsError(RuntimeError):
-    """The harness could not build (or fully remove) its hosts; says what and why."""
 
 
 def host_name(i: int) -> str:
@@ -121,179 +115,6 @@ def hosts_document(names: list[str], addresses: list[str], *, user: str = "root"
                       for n, a in zip(names, addresses, strict=True)]}
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    cp = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-    if check and cp.returncode != 0:
-        raise NetnsError(f"ip {' '.join(args)}: {cp.stderr.strip() or cp.returncode}")
-    return cp
-
-
-def _used_networks() -> list[ipaddress.IPv4Network]:
-    nets = []
-    for cmd in (["-j", "-4", "addr", "show"], ["-j", "-4", "route", "show", "table", "all"]):
-        for entry in json.loads(_ip(*cmd).stdout or "[]"):
-            for a in entry.get("addr_info", []):
-                nets.append(ipaddress.ip_network(f"{a['local']}/{a['prefixlen']}", strict=False))
-            dst = entry.get("dst")
-            if dst and dst != "default":
-                with contextlib.suppress(ValueError):
-                    nets.append(ipaddress.ip_network(dst, strict=False))
-    return nets
-
-
-def _pick_subnet(rng: random.Random) -> ipaddress.IPv4Network:
-    """A 10.213.X.0/24 that no address or route on this machine overlaps."""
-    used = _used_networks()
-    for x in rng.sample(range(256), 256):
-        net = ipaddress.ip_network(f"{SUBNET_PREFIX}.{x}.0/24")
-        if not any(net.overlaps(u) for u in used):
-            return net
-    raise NetnsError(f"no free /24 left in {SUBNET_PREFIX}.0.0/16")
-
-
-# Resolved here, not in a forked child; Linux only (this module is imported on macOS too,
-# for its topology constants).
-_prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
-
-
-def _die_with_parent() -> None:
-    # In the child before exec: if the harness is killed outright (no atexit), its
-    # sshds get SIGTERM instead of running on. Survives the exec of `ip` and of sshd.
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
-def _netns_pids(ns: str) -> list[int]:
-    cp = _ip("netns", "pids", ns, check=False)
-    return [int(p) for p in cp.stdout.split() if p.isdigit()] if cp.returncode == 0 else []
-
-
-def _proc_desc(pid: int) -> str:
-    try:
-        return f"{pid} {' '.join(psutil.Process(pid).cmdline()).strip()[:160]}"
-    except psutil.Error:
-        return str(pid)
-
-
-@dataclass
-class _Made:
-    """What one run created, recorded as it is created: the teardown removes exactly
-    this. Held by the finalizer, never the cluster itself."""
-
-    run_dir: Path | None = None
-    bridge: str | None = None
-    veths: list[str] = field(default_factory=list)
-    namespaces: list[str] = field(default_factory=list)
-    sshds: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    closed: bool = False
-
-
-@dataclass
-class TeardownReport:
-    killed: list[str] = field(default_factory=list)  # processes left in a namespace
-    errors: list[str] = field(default_factory=list)  # what could not be removed
-    seconds: float = 0.0
-
-    @property
-    def clean(self) -> bool:
-        return not self.errors
-
-
-def _teardown(made: _Made) -> TeardownReport:
-    """Remove what `made` records. Never raises (it also runs at interpreter exit):
-    every failure is in the report."""
-    report = TeardownReport()
-    if made.closed:
-        return report
-    made.closed = True
-    start = time.monotonic()
-    for step in (_stop_sshds, _kill_namespace_processes, _delete_links_and_namespaces,
-                 _prove_gone):
-        try:
-            step(made, report)
-        except Exception as e:  # keep going: the next step may still remove something
-            report.errors.append(f"{step.__name__}: {type(e).__name__}: {e}")
-    report.seconds = time.monotonic() - start
-    return report
-
-
-def _stop_sshds(made: _Made, report: TeardownReport) -> None:
-    # Polite first (sshd closes its listener), then for sure.
-    for proc in made.sshds:
-        with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
-    for proc in made.sshds:
-        try:
-            proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            try:
-                proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                report.errors.append(f"sshd {proc.pid} survived SIGKILL")
-
-
-def _kill_namespace_processes(made: _Made, report: TeardownReport) -> None:
-    # Whatever still runs in one of our namespaces: sshd sessions, what a test left
-    # behind. Only processes inside our namespaces are touched (zombies are not listed).
-    killed: list[procs.ProcessIdentity] = []
-    for ns in made.namespaces:
-        for pid in _netns_pids(ns):
-            ident = procs.identify(pid)
-            if ident is not None and procs.signal_identity(ident, signal.SIGKILL):
-                report.killed.append(f"{ns}: {pid} {' '.join(ident.cmdline).strip()[:160]}")
-                killed.append(ident)
-    # A killed orphan may stay a zombie (PID 1 here does not reap): that is exited.
-    for ident in procs.wait_exit(killed, STOP_GRACE_S):
-        report.errors.append(f"process {_proc_desc(ident.pid)} survived SIGKILL")
-
-
-def _delete_links_and_namespaces(made: _Made, report: TeardownReport) -> None:
-    # Deleting a veth removes both ends; then the namespaces, the bridge, the files.
-    gone_markers = ("Cannot find device", "No such file")
-    commands = ([("link", "del", v) for v in made.veths]
-                + [("netns", "del", ns) for ns in made.namespaces]
-                + ([("link", "del", made.bridge)] if made.bridge else []))
-    for cmd in commands:
-        cp = _ip(*cmd, check=False)
-        if cp.returncode != 0 and not any(m in cp.stderr for m in gone_markers):
-            report.errors.append(f"ip {' '.join(cmd)}: {cp.stderr.strip()}")
-    if made.run_dir is not None:
-        shutil.rmtree(made.run_dir, ignore_errors=True)
-
-
-def _prove_gone(made: _Made, report: TeardownReport) -> None:
-    # The kernel removes a namespace and its devices asynchronously: poll.
-    deadline = time.monotonic() + GONE_DEADLINE_S
-    while True:
-        left = leftovers_of(made.bridge, made.veths, made.namespaces, made.run_dir)
-        if not left or time.monotonic() >= deadline:
-            break
-        time.sleep(0.05)
-    report.errors += [f"still present: {what}" for what in left]
-
-
-def leftovers_of(bridge: str | None, veths: list[str], namespaces: list[str],
-                 run_dir: Path | None) -> list[str]:
-    """What of a run still exists: links, namespaces, its run directory, and processes
-    (not zombies) whose command line names the run directory (its sshds)."""
-    left = []
-    links = {e.get("ifname") for e in json.loads(_ip("-j", "link", "show").stdout or "[]")}
-    left += [f"link {n}" for n in [bridge, *veths] if n and n in links]
-    listed = set(_ip("netns", "list").stdout.split())
-    left += [f"namespace {ns}" for ns in namespaces if ns in listed]
-    if run_dir is not None:
-        if run_dir.exists():
-            left.append(f"directory {run_dir}")
-        needle = str(run_dir)
-        for p in psutil.process_iter(["pid", "cmdline", "status"]):
-            if p.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if any(needle in a for a in (p.info["cmdline"] or [])):
-                left.append(f"process {_proc_desc(p.info['pid'])}")
-    return left
-
-
 class NetnsCluster:
     """n rank hosts as network namespaces with sshd, plus the root namespace as the
     control host. See the module doc."""
@@ -317,9 +138,9 @@ class NetnsCluster:
         self.veths = [f"{prefix}{self.token}v{i}" for i in range(n_hosts)]
         self.names = [host_name(i) for i in range(n_hosts)]
         self.timings: dict[str, float] = {}
-        self._made = _Made()
+        self._made = Made()
         # Runs at close() or at interpreter exit, whichever is first; holds no `self`.
-        self._finalizer = weakref.finalize(self, _teardown, self._made)
+        self._finalizer = weakref.finalize(self, teardown, self._made)
         t0 = time.monotonic()
         try:
             self._build()
@@ -334,7 +155,7 @@ class NetnsCluster:
         made = self._made
         made.run_dir = Path(tempfile.mkdtemp(prefix=f"lockstep-netns-{self.token}-"))
         self.run_dir = made.run_dir
-        self.subnet = _pick_subnet(random.Random(secrets.randbits(32)))
+        self.subnet = pick_subnet(random.Random(secrets.randbits(32)))
         # .1 is the bridge in the root namespace (the control host), .2+i host i.
         self.control_address, self.addresses = address_plan(str(self.subnet), self.n_hosts)
         plen = self.subnet.prefixlen
@@ -344,21 +165,21 @@ class NetnsCluster:
         self.authorized_keys = self.run_dir / "authorized_keys"
         self.authorized_keys.write_text(Path(f"{self.client_key}.pub").read_text())
 
-        _ip("link", "add", self.bridge, "type", "bridge")
+        ip("link", "add", self.bridge, "type", "bridge")
         made.bridge = self.bridge
-        _ip("addr", "add", f"{self.control_address}/{plen}", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        ip("addr", "add", f"{self.control_address}/{plen}", "dev", self.bridge)
+        ip("link", "set", self.bridge, "up")
         for i, (ns, veth, addr) in enumerate(zip(self.namespaces, self.veths, self.addresses,
                                                  strict=True)):
-            _ip("netns", "add", ns)
+            ip("netns", "add", ns)
             made.namespaces.append(ns)
             # The inner end is created inside the namespace: "eth0" there, no clash here.
-            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
             made.veths.append(veth)
-            _ip("link", "set", veth, "master", self.bridge, "up")
-            _ip("-n", ns, "addr", "add", f"{addr}/{plen}", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
+            ip("link", "set", veth, "master", self.bridge, "up")
+            ip("-n", ns, "addr", "add", f"{addr}/{plen}", "dev", "eth0")
+            ip("-n", ns, "link", "set", "eth0", "up")
+            ip("-n", ns, "link", "set", "lo", "up")
             self._start_sshd(i)
         self._write_client_files()
         for i in range(self.n_hosts):
@@ -415,7 +236,7 @@ class NetnsCluster:
                 ["ip", "netns", "exec", self.namespaces[i], SSHD, "-D", "-f", str(config),
                  "-E", str(log)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent)
+                start_new_session=True, preexec_fn=die_with_parent)
         self._made.sshds.append(proc)
 
     def _wait_sshd(self, i: int) -> None:
@@ -503,15 +324,15 @@ class NetnsCluster:
 
     def link_down(self, i: int) -> None:
         """Pull host i's cable: its root-side veth goes down, nothing reaches it."""
-        _ip("link", "set", self.veths[i], "down")
+        ip("link", "set", self.veths[i], "down")
 
     def link_up(self, i: int) -> None:
         """Plug it back in; returns once both ends report the link up."""
-        _ip("link", "set", self.veths[i], "up")
+        ip("link", "set", self.veths[i], "up")
         deadline = time.monotonic() + 5.0
         while True:
-            outer = json.loads(_ip("-j", "link", "show", self.veths[i]).stdout)[0]
-            inner = json.loads(_ip("-n", self.namespaces[i], "-j", "link", "show",
+            outer = json.loads(ip("-j", "link", "show", self.veths[i]).stdout)[0]
+            inner = json.loads(ip("-n", self.namespaces[i], "-j", "link", "show",
                                    "eth0").stdout)[0]
             if outer.get("operstate") == "UP" and inner.get("operstate") == "UP":
                 return

@@ -5,16 +5,18 @@ share this machine's pid space and file system)."""
 
 from __future__ import annotations
 
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from common.procs import START_TIME_TOLERANCE, start_time_of
+from common.procs import START_TIME_TOLERANCE
 from common.state import Paths
 from tests.netns.hosts import PYTHON, REPO_ROOT, NetnsCluster
+from tests.support.polling import wait_for as poll_for
+from tests.support.processes import netns_of
+from tests.support.processes import process_gone as gone_locally
+
+__all__ = ["assert_nothing_left", "gone_locally", "gone_over_ssh", "host_record", "hosts_doc",
+           "launch_files", "netns_of", "poll_for", "remote_home"]
 
 
 def remote_home(c: NetnsCluster, i: int) -> Path:
@@ -30,21 +32,6 @@ def host_record(c: NetnsCluster, i: int, **extra: Any) -> dict[str, Any]:
 
 def hosts_doc(c: NetnsCluster, hosts: list[int], **extra: Any) -> dict[str, Any]:
     return {"backend": "ring", "envs": [], "hosts": [host_record(c, i, **extra) for i in hosts]}
-
-
-def netns_of(pid: int) -> str:
-    return subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True,
-                          text=True, timeout=10).stdout.strip()
-
-
-def gone_locally(pid: int, start_time: float) -> bool:
-    """psutil's view: no process with that pid and start time (a zombie has exited)."""
-    try:
-        p = psutil.Process(pid)
-        return (p.status() == psutil.STATUS_ZOMBIE
-                or abs(start_time_of(p) - start_time) > START_TIME_TOLERANCE)
-    except psutil.NoSuchProcess:
-        return True
 
 
 def gone_over_ssh(c: NetnsCluster, host: int, pid: int, start_time: float) -> bool:
@@ -68,14 +55,3 @@ def assert_nothing_left(c: NetnsCluster, ranks: list[dict[str, Any]], job_id: st
         assert gone_locally(r["pid"], r["start_time"]), r
     for h in sorted({r["host"] for r in ranks}):
         assert launch_files(c, h, job_id, deployment_id) == [], c.names[h]
-
-
-def poll_for(what: str, check, timeout: float, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)

@@ -19,27 +19,13 @@ from common import ssh as sshmod
 from common.procs import start_time_of
 from common.ssh import SshTarget
 from tests.netns.hosts import PYTHON, REPO_ROOT, NetnsCluster, leftovers_of
+from tests.support.polling import wait_for
+from tests.support.processes import netns_of
 
 pytestmark = pytest.mark.netns
 
 A, B = 0, 1
 SECRET = "s3cret-value-that-must-not-be-on-a-command-line"
-
-
-def poll_for(what: str, check, timeout: float, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def netns_of(pid: int) -> str:
-    return subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True,
-                          text=True, timeout=10).stdout.strip()
 
 
 @pytest.mark.timeout(60)
@@ -98,7 +84,7 @@ def test_spawn_identify_signal_wait_over_ssh(netns_cluster, remote_procs):
     assert ident == {k: info[k] for k in ("pid", "start_time", "cmdline")}
     # Host A has the same pid space here (namespaces share it), so identity, not the
     # host, is what this proves; the markers below are host B's own files.
-    scan = poll_for("the sleeper's marker on host B", lambda: c.agent(
+    scan = wait_for("the sleeper's marker on host B", lambda: c.agent(
         B, "read-markers", "--home", str(home), "--deployment", "dep1")["markers"], 20)
     assert [(m["marker"]["rank"], m["marker"]["pid"]) for m in scan] == [(1, pid)]
 
@@ -150,7 +136,7 @@ def test_link_down_fails_within_connect_timeout_and_link_up_restores(netns_clust
     finally:
         c.link_up(B)
     t0 = time.monotonic()
-    poll_for("ssh to host B after link_up",
+    wait_for("ssh to host B after link_up",
              lambda: c.ssh(B, ["true"], timeout=c.connect_timeout + 20).returncode == 0, 20)
     print(f"ssh back {time.monotonic() - t0:.2f}s after link_up")
 
@@ -180,7 +166,7 @@ def test_mlx_ring_all_sum_across_two_hosts(netns_cluster, remote_procs):
 
     t0 = time.monotonic()
     try:
-        poll_for("both ranks' results", lambda: all(o.exists() for o in outs), 120, 0.1)
+        wait_for("both ranks' results", lambda: all(o.exists() for o in outs), 120, 0.1)
     except AssertionError as e:
         raise AssertionError(f"{e}\n{logs()}") from None
     print(f"\nring all_sum across 2 hosts: results after {time.monotonic() - t0:.1f}s")

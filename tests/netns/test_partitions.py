@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -37,8 +36,14 @@ from tests.netns.remote_support import (
     poll_for,
     remote_home,
 )
+from tests.support.processes import reaper_once
 from tests.support.requests import RequestsClient
-from tests.support.supervisor import RunningSupervisor, ensure_key, fake_settings
+from tests.support.supervisor import (
+    RunningSupervisor,
+    ensure_key,
+    fake_settings,
+    supervisor_argv,
+)
 
 pytestmark = pytest.mark.netns
 
@@ -211,11 +216,9 @@ def test_sigkill_supervisor_real_ranks_reaped_over_ssh(netns_cluster, tmp_path):
     ensure_key(home)
     hosts_file = tmp_path / "hosts.json"
     hosts_file.write_text(json.dumps(hosts_doc(c, [A, B])))
-    argv = [sys.executable, "-m", "services.supervisor", "--home", str(home),
-            "--admin-port", "0", "--events-port", "0", "--control-port", "0",
-            "--report-port", "0", "--hosts", str(hosts_file), "--lease-ttl", "120",
-            "--load-timeout", "300", "--canary-window-s", "1", "--ssh-connect-timeout", "3",
-            "--rank-telemetry-interval-s", "0.5"]
+    argv = supervisor_argv(home, "--hosts", str(hosts_file), "--lease-ttl", "120",
+                           "--load-timeout", "300", "--canary-window-s", "1",
+                           "--ssh-connect-timeout", "3", "--rank-telemetry-interval-s", "0.5")
     log = open(tmp_path / "sup.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
                             start_new_session=True)
@@ -238,9 +241,7 @@ def test_sigkill_supervisor_real_ranks_reaped_over_ssh(netns_cluster, tmp_path):
     placed = _placed(manifest, [A, B])
     assert not any(gone_locally(r["pid"], r["start_time"]) for r in placed)
     t0 = time.monotonic()
-    cp = subprocess.run([sys.executable, "-m", "services.reaper", "--once", "--json", "--home",
-                         str(home), "--term-timeout", "5", "--kill-timeout", "3"],
-                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    cp = reaper_once(home, "--term-timeout", "5", "--kill-timeout", "3", timeout=120)
     reap_s = time.monotonic() - t0
     assert cp.returncode == 0, cp.stdout + cp.stderr
     report = json.loads(cp.stdout)

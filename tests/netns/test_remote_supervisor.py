@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -33,8 +32,15 @@ from tests.netns.remote_support import (
     poll_for,
     remote_home,
 )
+from tests.support.processes import reaper_once
 from tests.support.requests import RequestsClient
-from tests.support.supervisor import FAKE_RANK, RunningSupervisor, ensure_key, fake_settings
+from tests.support.supervisor import (
+    FAKE_RANK,
+    RunningSupervisor,
+    ensure_key,
+    fake_settings,
+    supervisor_argv,
+)
 
 pytestmark = pytest.mark.netns
 
@@ -163,11 +169,10 @@ def test_remote_rank_ignoring_sigterm_is_killed_over_ssh(netns_cluster, supervis
 
 def _start_supervisor_process(home: Path, hosts_file: Path, log: Path) -> tuple:
     ensure_key(home)
-    argv = [sys.executable, "-m", "services.supervisor", "--home", str(home),
-            "--admin-port", "0", "--events-port", "0", "--control-port", "0",
-            "--report-port", "0", "--rank-command", FAKE_RANK, "--hosts", str(hosts_file),
-            "--lease-ttl", "120", "--load-timeout", "60", "--canary-window-s", "0.2",
-            "--ssh-connect-timeout", "3", "--rank-telemetry-interval-s", "0.2"]
+    argv = supervisor_argv(home, "--rank-command", FAKE_RANK, "--hosts", str(hosts_file),
+                           "--lease-ttl", "120", "--load-timeout", "60",
+                           "--canary-window-s", "0.2", "--ssh-connect-timeout", "3",
+                           "--rank-telemetry-interval-s", "0.2")
     out = open(log, "w")  # noqa: SIM115 - closed by the caller
     proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=out, text=True,
                             start_new_session=True)
@@ -200,9 +205,7 @@ def test_reaper_reaps_remote_ranks_of_a_killed_supervisor(netns_cluster, model_d
     placed = _placed(manifest, [B, B])
     assert not any(gone_over_ssh(c, B, r["pid"], r["start_time"]) for r in placed)
     t0 = time.monotonic()
-    cp = subprocess.run([sys.executable, "-m", "services.reaper", "--once", "--json", "--home",
-                         str(home), "--term-timeout", "5", "--kill-timeout", "3"],
-                        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    cp = reaper_once(home, "--term-timeout", "5", "--kill-timeout", "3", timeout=120)
     reap_s = time.monotonic() - t0
     assert cp.returncode == 0, cp.stdout + cp.stderr
     report = json.loads(cp.stdout)

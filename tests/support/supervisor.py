@@ -1,44 +1,50 @@
 """Test helpers: a real supervisor on port-0 sockets, run in a background thread's event
-loop (so tests can inject seams), a real admin client, and deadline polling."""
+loop (so tests can inject seams), a real admin client; and the pieces tests use to start
+`python -m services.supervisor` as a process. Deadline polling and exit checks are
+re-exported from tests/support/polling.py and processes.py."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from common.keys import generate_key_file, load_cluster_key
+from common.statefiles import read_json
 from services.admin_cli import AdminClient
 from services.supervisor.settings import SupervisorSettings
+from tests.support.polling import poll_for
+from tests.support.processes import process_gone as pid_gone
 from tests.support.requests import CLUSTER_KEYS
+
+__all__ = ["FAKE_RANK", "PORTS_0_ENV", "RunningSupervisor", "ensure_key", "fake_settings",
+           "pid_gone", "poll_for", "runtime_names", "supervisor_argv"]
 
 FAKE_RANK = f"{sys.executable} -m tests.fakes.fake_rank"
 
 
-def poll_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
-        time.sleep(interval)
+# Settings for `python -m services.supervisor` with its sockets on free ports (it names
+# them in runtime/supervisor.json).
+PORTS_0_ENV = {"LOCKSTEP_ADMIN_PORT": "0", "LOCKSTEP_EVENTS_PORT": "0",
+               "LOCKSTEP_CONTROL_PORT": "0", "LOCKSTEP_REPORT_PORT": "0"}
 
 
-def pid_gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+def supervisor_argv(home: Path, *options: str) -> list[str]:
+    """`python -m services.supervisor` on `home`, its sockets on free ports: it prints
+    its endpoints as one JSON line on stdout."""
+    return [sys.executable, "-m", "services.supervisor", "--home", str(home),
+            "--admin-port", "0", "--events-port", "0", "--control-port", "0",
+            "--report-port", "0", *options]
+
+
+def runtime_names(runtime: Path, proc: subprocess.Popen) -> bool:
+    """runtime/supervisor.json exists and names `proc`: that supervisor is up."""
+    return runtime.exists() and read_json(runtime)["pid"] == proc.pid
 
 
 def fake_settings(home: Path, **kw: Any) -> SupervisorSettings:

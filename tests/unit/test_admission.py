@@ -21,20 +21,13 @@ from common.keys import KeyFileError, LaunchKeys, requests_key_of, seal_key, uns
 from common.rankspec import SCHEMA_VERSION, RankSpec
 from services.rank.auth import InitiatorLink
 from services.supervisor.admission import ReportAdmission
+from tests.support.clock import FakeClock
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 10.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_budget_refills_and_charges_big_frames_more():
-    clock = Clock()
+    clock = FakeClock(10.0)
     b = Budget(rate=100.0, burst=10.0, clock=clock)
     for _ in range(9):
         b.charge()
@@ -50,7 +43,7 @@ def test_budget_refills_and_charges_big_frames_more():
 
 
 def test_log_limiter_caps_and_summarises(caplog):
-    clock = Clock()
+    clock = FakeClock(10.0)
     lim = LogLimiter(logging.getLogger("t.limit"), lines=3, period_s=10.0, clock=clock)
     with caplog.at_level(logging.WARNING, "t.limit"):
         for i in range(1000):

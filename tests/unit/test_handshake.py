@@ -28,6 +28,7 @@ from common.handshake import (
     transcript,
 )
 from common.keys import LaunchKeys
+from tests.support.clock import FakeClock
 
 SECRET = b"s" * 32
 LK = LaunchKeys(SECRET, "dep-1", "job-1")
@@ -35,17 +36,9 @@ STALE = LaunchKeys(b"t" * 32, "dep-1", "job-1")  # another launch's secret, same
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def responder(channel: str = "plan", *, keys: LaunchKeys = LK, clock=None, **kw) -> Responder:
     return Responder(channel, "dep-1", "job-1", range(1, 4), lambda r: session_keys(keys, r),
-                     clock=clock or Clock(), **kw)
+                     clock=clock or FakeClock(100.0), **kw)
 
 
 def initiator(rank: int = 1, ident: bytes = b"id-1", *, keys: LaunchKeys = LK,
@@ -191,7 +184,7 @@ def test_pending_table_is_bounded_oldest_first():
 
 
 def test_pending_deadline():
-    clock = Clock()
+    clock = FakeClock(100.0)
     resp, init = responder(clock=clock, deadline_s=5.0), initiator()
     ch = resp.on_hello(b"id-1", init.hello())
     clock.now += 5.0

@@ -27,6 +27,8 @@ from common.procs import (
     terminate_ladder,
     wait_exit,
 )
+from tests.support.polling import poll_for
+from tests.support.processes import process_gone as exit_proven
 
 # A small process whose bad behaviours the tests switch on with argv[1] (comma list):
 #   ignore-term  SIGTERM is ignored
@@ -83,21 +85,6 @@ def ping(proc: subprocess.Popen[bytes]) -> None:
     proc.stdin.write(b"ping\n")
     proc.stdin.flush()
     assert readline(proc, 10.0) == "pong"
-
-
-def poll_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
-def exit_proven(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.fixture
@@ -211,8 +198,8 @@ def test_zombie_counts_as_exited_and_is_never_signalled(spawn: Spawn) -> None:
     ident = identify(proc.pid)
     assert ident is not None
     proc.kill()  # and do not wait: it stays a zombie until reaped
-    poll_until(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE, 10.0,
-               "the killed child to become a zombie")
+    poll_for(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE, 10.0,
+             "the killed child to become a zombie")
     assert identify(proc.pid) is None
     assert not is_alive(ident) and not is_same_process(ident)
     assert not signal_identity(ident, signal.SIGKILL)
@@ -283,7 +270,7 @@ def test_snapshot_then_ladder_ends_the_whole_tree(spawn: Spawn) -> None:
                 return os.waitpid(child_pid, os.WNOHANG)[0] == child_pid
             return True  # not our child after all: nothing to reap
 
-        poll_until(reaped, 10.0, "the orphaned grandchild to be reaped")
+        poll_for(reaped, 10.0, "the orphaned grandchild to be reaped")
 
 
 @pytest.mark.timeout(10)

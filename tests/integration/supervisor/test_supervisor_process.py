@@ -20,38 +20,35 @@ from common.keys import generate_key_file, load_cluster_key
 from common.messages import EVENTS, Event
 from common.state import Paths, read_manifests
 from common.statefiles import read_json
-from tests.support.supervisor import FAKE_RANK, pid_gone, poll_for
+from tests.support.processes import lockstep_env
+from tests.support.supervisor import (
+    FAKE_RANK,
+    PORTS_0_ENV,
+    pid_gone,
+    poll_for,
+    runtime_names,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
-    env["PYTHONPATH"] = str(REPO)
-    env.update(extra)
-    return env
-
-
 def _start(home: Path, **settings: str) -> subprocess.Popen:
-    env = _env(LOCKSTEP_HOME=str(home), LOCKSTEP_ADMIN_PORT="0", LOCKSTEP_EVENTS_PORT="0",
-               LOCKSTEP_CONTROL_PORT="0", LOCKSTEP_REPORT_PORT="0",
-               LOCKSTEP_RANK_COMMAND=FAKE_RANK, LOCKSTEP_RANK_TELEMETRY_INTERVAL_S="0.2",
-               LOCKSTEP_CANARY_WINDOW_S="0.2", LOCKSTEP_GRACEFUL_TIMEOUT="2",
-               LOCKSTEP_STOP_TIMEOUT="2", **settings)
+    env = lockstep_env(home, **PORTS_0_ENV, LOCKSTEP_RANK_COMMAND=FAKE_RANK,
+                       LOCKSTEP_RANK_TELEMETRY_INTERVAL_S="0.2", LOCKSTEP_CANARY_WINDOW_S="0.2",
+                       LOCKSTEP_GRACEFUL_TIMEOUT="2", LOCKSTEP_STOP_TIMEOUT="2", **settings)
     runtime = home / "runtime" / "supervisor.json"
     if runtime.exists():
         runtime.unlink()
     p = subprocess.Popen([sys.executable, "-m", "services.supervisor", "--log-level", "WARNING"],
                          env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    poll_for(lambda: runtime.exists() and read_json(runtime)["pid"] == p.pid, 20,
-             "runtime/supervisor.json")
+    poll_for(lambda: runtime_names(runtime, p), 20, "runtime/supervisor.json")
     assert oct(runtime.stat().st_mode & 0o777) == "0o600"
     return p
 
 
 def _admin(home: Path, *args: str, ok: bool = True) -> dict:
     out = subprocess.run([sys.executable, "-m", "services.cli", "admin", "--home", str(home),
-                          "--json", *args], env=_env(), cwd=REPO, capture_output=True,
+                          "--json", *args], env=lockstep_env(), cwd=REPO, capture_output=True,
                          text=True, timeout=60)
     reply = json.loads(out.stdout)
     assert reply["ok"] is ok, reply
@@ -93,8 +90,8 @@ def test_lease_reap_cli_and_sigterm(tmp_path):
         info = _admin(home, "deployments")["data"]["deployments"][0]
         pids = [r["pid"] for r in info["ranks"]]
         human = subprocess.run([sys.executable, "-m", "services.cli", "admin", "--home",
-                                str(home), "status"], env=_env(), cwd=REPO, capture_output=True,
-                               text=True, timeout=30).stdout
+                                str(home), "status"], env=lockstep_env(), cwd=REPO,
+                               capture_output=True, text=True, timeout=30).stdout
         assert "p1" in human and "serving" in human
         os.kill(sup.pid, signal.SIGSTOP)
         poll_for(lambda: all(pid_gone(p) for p in pids), 15, "ranks to exit on a stale lease")

@@ -1,0 +1,30 @@
+"""Rank 0's stream ledger (services/rank/streams.py): every open stream ends once, and
+whatever the main thread sends after that is dropped."""
+
+from __future__ import annotations
+
+from common.messages import Generate, Tokens
+from services.rank.streams import StreamLedger
+
+# -- stream ledger ---------------------------------------------------------------------
+
+
+def test_ledger_ends_every_open_stream_once_and_drops_what_follows():
+    led = StreamLedger()
+    assert led.on_generate(b"a", Generate("r1", [1, 2, 3], 8)) is None
+    assert led.on_generate(b"b", Generate("r2", [4], 8)) is None
+    dup = led.on_generate(b"c", Generate("r1", [9], 8))
+    assert dup.finish_reason == "error" and "duplicate" in dup.error
+    assert led.on_send(Tokens("r1", [7, 8], 0)) and led.on_send(Tokens("r1", [9], 2))
+    finals = dict(led.end_all("abort", "peer lost: rank 1"))
+    assert finals[b"a"].index == 3 and finals[b"a"].finish_reason == "abort"
+    assert finals[b"a"].prompt_tokens == 3 and finals[b"b"].index == 0
+    assert led.end_all("error", "again") == []  # each stream ends once
+    # The step that was in flight, then the main thread's own end: never sent.
+    assert not led.on_send(Tokens("r1", [10], 3))
+    again = led.on_generate(b"a", Generate("r1", [1], 4))
+    assert again.finish_reason == "error" and "cancelled" in again.error
+    assert not led.on_send(Tokens("r1", [], 4, finish_reason="abort"))
+    assert led.on_generate(b"a", Generate("r1", [1], 4)) is None  # the id is free again
+    assert led.dropped == 2
+    assert led.on_send(Tokens("x", [], 0, finish_reason="error"))  # unknown: passes
