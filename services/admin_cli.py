@@ -91,14 +91,25 @@ def _hosts_args(path: str | None) -> dict[str, Any]:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lockstep admin", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--home", type=Path, default=None)
-    ap.add_argument("--endpoint", default=None)
-    ap.add_argument("--timeout", type=float, default=None, help="seconds to wait for a reply")
-    ap.add_argument("--json", action="store_true", help="print the whole reply as JSON")
+    # The common options work before or after the command (`admin status --json`); the
+    # subcommand copies default to SUPPRESS so they never overwrite one given before.
+    common = argparse.ArgumentParser(add_help=False)
+    for parser, default in ((ap, None), (common, argparse.SUPPRESS)):
+        parser.add_argument("--home", type=Path, default=default)
+        parser.add_argument("--endpoint", default=default)
+        parser.add_argument("--timeout", type=float, default=default,
+                            help="seconds to wait for a reply")
+        parser.add_argument("--json", action="store_true",
+                            default=False if default is None else default,
+                            help="print the whole reply as JSON")
     sub = ap.add_subparsers(dest="command", required=True)
+
+    def add(name: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common])
+
     for name in ("ping", "status", "deployments", "reap"):
-        sub.add_parser(name)
-    p = sub.add_parser("deploy")
+        add(name)
+    p = add("deploy")
     p.add_argument("--model", dest="model_path")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
@@ -106,21 +117,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("auto", "ring", "jaccl", "mpi"))
     p.add_argument("--id", dest="deployment_id")
     p.add_argument("--no-wait", dest="wait", action="store_false")
-    p = sub.add_parser("stop")
+    p = add("stop")
     p.add_argument("deployment_id")
     p.add_argument("--force", action="store_true")
-    p = sub.add_parser("cancel")
+    p = add("cancel")
     p.add_argument("deployment_id")
     p.add_argument("--scope", choices=("all", "requests"), default="requests")
     p.add_argument("--request-id", dest="request_ids", action="append", default=[])
     p.add_argument("--reason", default="")
-    p = sub.add_parser("abort-all")
+    p = add("abort-all")
     p.add_argument("deployment_id", nargs="?")
     p.add_argument("--timeout-s", type=float, default=None)
-    p = sub.add_parser("backend-selection")
+    p = add("backend-selection")
     p.add_argument("--hosts", required=True)
     p.add_argument("--backend", choices=("auto", "ring", "jaccl", "mpi"), default=None)
-    p = sub.add_parser("replan")
+    p = add("replan")
     p.add_argument("deployment_id")
     p.add_argument("--backend", choices=("auto", "ring", "jaccl", "mpi"), required=True)
     p.add_argument("--signature")
@@ -185,6 +196,22 @@ def human(cmd: str, data: dict[str, Any]) -> str:
     if cmd == "backend_selection":
         lines = [f"backend {data['backend']} ({len(data['members'])} members)"]
         lines += [f"  blocker {b['member']}: {b['reason']}" for b in data["blockers"]]
+        return "\n".join(lines)
+    if cmd == "ping":
+        return f"supervisor pid {data['pid']} (boot {data['boot_id']}, version {data['version']})"
+    if cmd == "deploy" or (cmd == "replan" and not data.get("preview")):
+        return f"{data['deployment_id']}: {data['state']} (job {data['job_id']})"
+    if cmd == "replan":
+        return (f"preview: {json.dumps(data['current'], sort_keys=True)} -> "
+                f"{json.dumps(data['plan'], sort_keys=True)}\n"
+                f"apply with: --signature {data['signature']}")
+    if cmd == "cancel":
+        return (f"epoch {data['epoch']}: acked by ranks {sorted(data['acked'])}; missing "
+                f"{data['missing']}; dead {data['dead']} ({data['sends']} sends)")
+    if cmd == "reap":
+        lines = [f"reaped {data['reaped'] or 'none'}; active {data['active'] or 'none'}"]
+        lines += [f"  FAILED {f['job_id']}: {f['reason']}" for f in data.get("failures") or []]
+        lines += [f"  UNREADABLE {u['path']}: {u['error']}" for u in data.get("unreadable") or []]
         return "\n".join(lines)
     return json.dumps(data, indent=2, sort_keys=True)
 
