@@ -139,6 +139,10 @@ class Generation:
                     if not body.finish_reason:
                         s.backend.abort(s, "stop_string")
                     finish = "stop"
+                    # The text ends here: what the tool-call parser holds back (a
+                    # possible "<tool_call>" start, an unclosed envelope) is text.
+                    for ev in self._text_events("", final=True):
+                        yield ev
                     break
             if body.finish_reason:
                 finish = body.finish_reason

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from common.messages import Generate
+from services.gateway.detok import ChatTemplateError
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Generation
 from services.gateway.openai_api import (
@@ -80,9 +81,12 @@ async def _prompt_ids(req, tok, chat: bool) -> tuple[list[int], str]:
     if chat:
         msgs, tools = template_messages(req), template_tools(req)
         size = sum(len(m.get("content") or "") for m in msgs)
-        if size > LARGE_PROMPT:
-            return await asyncio.to_thread(tok.chat_prompt, msgs, tools), ""
-        return tok.chat_prompt(msgs, tools), ""
+        try:
+            if size > LARGE_PROMPT:
+                return await asyncio.to_thread(tok.chat_prompt, msgs, tools), ""
+            return tok.chat_prompt(msgs, tools), ""
+        except ChatTemplateError as exc:  # the messages (or the model) do not fit it
+            raise ApiError(400, str(exc), param="messages", code="invalid_value") from None
     p = req.prompt
     if isinstance(p, list) and p and isinstance(p[0], str | list):
         p = p[0]

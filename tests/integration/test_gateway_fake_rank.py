@@ -148,6 +148,22 @@ def test_tool_calls_streamed_and_collected(env):
 
 
 @pytest.mark.timeout(60)
+def test_stop_strings_with_tools_keep_what_the_tool_parser_held(env):
+    """A stop string ends the text; whatever the tool-call parser was still holding back
+    (a possible "<tool_call>" start, an unclosed envelope) is content, cut exactly."""
+    c = client(env)
+    msgs = [{"role": "user", "content": "x"}]
+    for text, stop, want in (("a <STOP b", "STOP", "a <"),
+                             ('x <tool_call>{"name": "f"STOP', "STOP", 'x <tool_call>{"name": "f"')):
+        say(env, text)
+        r = c.chat.completions.create(model=env["model"], tools=TOOLS, messages=msgs, stop=stop)
+        assert (r.choices[0].message.content, r.choices[0].finish_reason) == (want, "stop")
+        chunks = list(c.chat.completions.create(model=env["model"], tools=TOOLS, messages=msgs,
+                                                stop=stop, stream=True))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want
+
+
+@pytest.mark.timeout(60)
 def test_disconnect_mid_stream_aborts_at_once(env):
     rank, gw = env["rank"], env["gw"].gw
     rank.step_s = 0.05
