@@ -15,6 +15,15 @@ from common.statefiles import read_json, write_json_atomic
 
 SCHEMA_VERSION = 1
 
+# Environment variables a rank reads on top of its spec's settings (rank side:
+# services/rank/watchdogs.py). The supervisor strips them from what ranks inherit, so its
+# own resolved settings win; a deployment's explicit envs may still set them.
+WATCHDOG_ENV = {
+    "LOCKSTEP_PEER_ABORT_GRACE": "abort_grace_s",
+    "LOCKSTEP_PROGRESS_STALL_TIMEOUT": "progress_stall_s",
+    "LOCKSTEP_SIGNAL_CLEAR_TIMEOUT": "signal_clear_timeout_s",
+}
+
 
 @dataclass
 class RankSettings:

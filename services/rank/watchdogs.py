@@ -26,14 +26,10 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from common.rankspec import RankSettings
+from common.rankspec import WATCHDOG_ENV, RankSettings
 
 # Environment overrides on the rank (they beat the spec): DESIGN 7.
-ENV_OVERRIDES = {
-    "LOCKSTEP_PEER_ABORT_GRACE": "abort_grace_s",
-    "LOCKSTEP_PROGRESS_STALL_TIMEOUT": "progress_stall_s",
-    "LOCKSTEP_SIGNAL_CLEAR_TIMEOUT": "signal_clear_timeout_s",
-}
+ENV_OVERRIDES = WATCHDOG_ENV
 
 
 class WatchdogConfigError(ValueError):

@@ -23,7 +23,7 @@ from common.bus import Channel
 from common.keys import LaunchKeys, new_launch_secret
 from common.messages import REPORT
 from common.rankspec import SCHEMA_VERSION as SPEC_VERSION
-from common.rankspec import RankSettings, RankSpec
+from common.rankspec import WATCHDOG_ENV, RankSettings, RankSpec
 from common.records import LaunchManifest, RankRecord
 from common.state import Paths, write_manifest
 from services.supervisor.deployment import Deployment, RankState
@@ -158,6 +158,11 @@ def _spec(dep: Deployment, rank: int, paths: Paths, me: SupervisorIdentity,
 def _env(dep: Deployment, rank: int, paths: Paths, settings: SupervisorSettings,
          extra: dict[str, str]) -> dict[str, str]:
     env = rank_env(rank_settings(settings), os.environ)
+    # The rank reads these over its spec; left in the inherited environment they would
+    # beat the supervisor's own resolved settings (its --flags). A deployment's explicit
+    # envs (below) may still set them.
+    for var in WATCHDOG_ENV:
+        env.pop(var, None)
     for item in dep.plan.envs:
         k, _, v = item.partition("=")
         if k:
