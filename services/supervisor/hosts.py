@@ -167,6 +167,9 @@ def _rdma_blockers(m: Member, host_count: int, hosts_used: set[int]) -> list[str
     devices = [d for d in (*m.rdma_devices, *m.rdma_row) if d]
     if not devices:
         reasons.append("no RDMA device")
+    if not m.rdma_row and len(m.rdma_devices) > 1:
+        reasons.append(f"{len(m.rdma_devices)} RDMA devices and no connectivity matrix "
+                       "(rdma): which device reaches which host is unknown")
     if m.rdma_row:
         if len(m.rdma_row) < host_count:
             reasons.append(f"RDMA matrix row has {len(m.rdma_row)} entries for {host_count} hosts")
@@ -175,6 +178,25 @@ def _rdma_blockers(m: Member, host_count: int, hosts_used: set[int]) -> list[str
                 if not m.rdma_row[j]:
                     reasons.append(f"no RDMA link to host {j}")
     return reasons
+
+
+def jaccl_devices(members: list[Member]) -> list[list[str | None]]:
+    """MLX_IBV_DEVICES for jaccl, indexed by rank: row i, column j is the device rank i
+    uses toward rank j (None toward itself). From the host's matrix row when given,
+    else its one device toward every other host (several devices without a matrix is a
+    blocker, see _rdma_blockers)."""
+    out = []
+    for a in members:
+        row: list[str | None] = []
+        for b in members:
+            if a.index == b.index:
+                row.append(None)
+            elif a.rdma_row:
+                row.append(a.rdma_row[b.host_index] if b.host_index < len(a.rdma_row) else None)
+            else:
+                row.append(a.rdma_devices[0] if a.rdma_devices else None)
+        out.append(row)
+    return out
 
 
 def select_backend(members: list[Member], requested: str = "auto") -> Selection:
@@ -195,6 +217,10 @@ def select_backend(members: list[Member], requested: str = "auto") -> Selection:
             continue
         seen.add(m.host_index)
         blockers += [{"member": m.host, "reason": r} for r in _rdma_blockers(m, host_count, used)]
+        per_host = sum(1 for x in members if x.host_index == m.host_index)
+        if per_host > 1:
+            blockers.append({"member": m.host,
+                             "reason": f"{per_host} ranks on one host: jaccl runs one per host"})
     if requested == "auto":
         backend = "ring" if blockers else "jaccl"
     else:

@@ -28,7 +28,7 @@ from common.records import LaunchManifest, RankRecord
 from common.state import Paths, write_manifest
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.errors import LaunchError
-from services.supervisor.hosts import Member
+from services.supervisor.hosts import Member, jaccl_devices
 from services.supervisor.launcher import Launcher, LaunchFailed, Started, free_ports, rank_env
 from services.supervisor.remote import (
     RemoteHost,
@@ -124,7 +124,7 @@ def prepare(dep: Deployment, paths: Paths, me: SupervisorIdentity,
         _write_private(jd / "hostfile.json", json.dumps(hosts))
     elif dep.plan.backend == "jaccl":
         dep.jaccl_coordinator = f"{host0}:{ports[0][2]}"
-        _write_private(jd / "hostfile.json", json.dumps([list(m.rdma_row) for m in members]))
+        _write_private(jd / "hostfile.json", json.dumps(jaccl_devices(members)))
     dep.manifest = LaunchManifest(
         job_id=dep.job_id, deployment_id=dep.deployment_id, supervisor_pid=me.pid,
         supervisor_start_time=me.start_time, supervisor_boot_id=me.boot_id,

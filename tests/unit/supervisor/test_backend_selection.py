@@ -11,6 +11,7 @@ import pytest
 from services.supervisor.errors import AdminError
 from services.supervisor.hosts import (
     HostsError,
+    jaccl_devices,
     members_from_host_records,
     read_hosts_file,
     select_backend,
@@ -51,6 +52,28 @@ def test_rdma_connectivity_matrix():
     sel = select_backend(_members(a, cut))
     assert sel.backend == "ring"
     assert {"member": "b", "reason": "no RDMA link to host 0"} in sel.blockers
+
+
+def test_jaccl_device_file_is_indexed_by_rank():
+    # One device per host and no matrix: that device toward every other host.
+    assert jaccl_devices(_members(dict(READY, rdma_devices=["en3"]),
+                                  dict(READY, rdma_devices=["en4"]))) == [[None, "en3"],
+                                                                        ["en4", None]]
+    a = {"ssh": "localhost", "rdma_ctl": True, "rdma": [None, "en5", "en6"]}
+    b = {"ssh": "localhost", "rdma_ctl": True, "rdma": ["en7", None, "en8"]}
+    c = {"ssh": "localhost", "rdma_ctl": True, "rdma": ["en9", "en10", None]}
+    assert jaccl_devices(_members(a, b, c)) == [[None, "en5", "en6"], ["en7", None, "en8"],
+                                                ["en9", "en10", None]]
+
+
+def test_jaccl_blockers_for_what_the_device_file_cannot_express():
+    sel = select_backend(_members(dict(READY, name="a", rdma_devices=["en3", "en4"]),
+                                  dict(READY, name="b")))
+    assert sel.backend == "ring" and sel.blockers[0]["member"] == "a"
+    assert "no connectivity matrix" in sel.blockers[0]["reason"]
+    sel = select_backend(_members(dict(READY, name="a", ranks_per_host=2), dict(READY, name="b")))
+    assert sel.backend == "ring"
+    assert {"member": "a", "reason": "2 ranks on one host: jaccl runs one per host"} in sel.blockers
 
 
 def test_fewer_than_two_members_is_single_rank():
