@@ -28,6 +28,7 @@ from services.gateway.openai_api import parse_json
 
 router = APIRouter(prefix="/admin/api/cluster")
 DEPLOY_WAIT_S = 600.0
+REAP_WAIT_S = 180.0
 STOP_WAIT_S = 120.0
 
 
@@ -235,10 +236,13 @@ async def backend_selection(request: Request) -> dict:
 async def replan(request: Request) -> dict:
     require_admin(request)
     a = await _args(request, ReplanArgs)
-    return await call(request, "replan", a.model_dump(), timeout=60.0)
+    # Applying (a signature given) is a verified stop plus a whole launch and canary.
+    return await call(request, "replan", a.model_dump(),
+                      timeout=DEPLOY_WAIT_S if a.signature else 60.0)
 
 
 @router.post("/reap")
 async def reap(request: Request) -> dict:
     require_admin(request)
-    return await call(request, "reap", {}, timeout=60.0)
+    # A pass may wait for one already running, then walk SIGTERM -> SIGKILL -> proof.
+    return await call(request, "reap", {}, timeout=REAP_WAIT_S)

@@ -258,10 +258,11 @@ async def stop(sup, deployment_id: str, *, force: bool) -> dict[str, Any]:
 
 
 async def active_requests(sup, dep: Deployment) -> int:
-    """Active requests: telemetry, confirmed by a fresh STATS from rank 0 when telemetry
-    says there are some (telemetry lags by up to one interval; a fresh zero wins)."""
+    """Active requests as rank 0 counts them now (a fresh STATS): telemetry lags by up to
+    one interval either way, so a request admitted since the last report counts too. Only
+    when rank 0 cannot answer (not serving, or no reply in time) does telemetry decide."""
     active = dep.active_requests()
-    if not active or dep.keys is None:
+    if dep.keys is None or (not active and dep.state != "serving"):
         return active
     channel = Channel("supervisor", "stats", sender=sup.me.sender, send_key=dep.keys.requests,
                       accept=REQUESTS_OUT)

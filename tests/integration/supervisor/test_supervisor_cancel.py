@@ -70,3 +70,22 @@ def test_abort_all_evidence_and_forced_unload(start_supervisor, model_dir):
         assert all(pid_gone(p) for p in pids)
     finally:
         client.close()
+
+
+@pytest.mark.timeout(60)
+def test_stop_counts_a_request_admitted_since_the_last_telemetry(start_supervisor, model_dir):
+    """Telemetry every 30 s: it still says 0 active when the request is running, so only a
+    fresh count from rank 0 can refuse the unforced stop."""
+    rs = start_supervisor(rank_telemetry_interval_s=30.0)
+    rs.ok("deploy", model_path=str(model_dir), tp=2, deployment_id="fresh")
+    client = RequestsClient(_dep(rs, "fresh"))
+    try:
+        rid = client.generate([5, 6, 7], 1_000_000)
+        poll_for(lambda: (client.pump(), client.tokens(rid))[1], 10, "the request's first tokens")
+        assert _dep(rs, "fresh")["ranks"][0]["active"] == 0  # telemetry has not caught up
+        refused = rs.call("stop", deployment_id="fresh")
+        assert refused.code == "active_requests" and refused.data["active"] == 1
+        assert rs.ok("stop", deployment_id="fresh", force=True)["outcome"]["proven"]
+        assert client.wait_finished([rid], 5)[rid] == "abort"
+    finally:
+        client.close()
