@@ -41,7 +41,6 @@ class RankSettings:
     peer_abort_grace_s: float = 5.0
     progress_stall_s: float = 120.0
     signal_clear_timeout_s: float = 10.0
-    request_read_timeout_s: float = 300.0
     openblas: bool = True
     auth_timeout_s: float = 30.0  # no mutual authentication with the supervisor by then: fail
     test_seams: bool = False  # allows LOCKSTEP_TEST_* fault switches (tests only)

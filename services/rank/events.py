@@ -45,6 +45,11 @@ class GenerateEv:
     received_at: float  # wall clock at the I/O thread
 
 
+# Removal reason of a request whose requester's connection is gone (rank 0's I/O
+# thread could not deliver its tokens: EHOSTUNREACH on the ROUTER).
+REQUESTER_GONE = "requester_gone"
+
+
 @dataclass
 class AbortEv:
     body: Abort

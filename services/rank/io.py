@@ -201,7 +201,7 @@ class RankIO:
                 self.session.publish(cmd[1])
             elif kind == "req":
                 if self.streams is None or self.streams.on_send(cmd[2]):
-                    self.wire.send_to(self.requests, self.req, cmd[1], cmd[2])
+                    self._send_req(cmd[1], cmd[2])
             elif kind == "report":
                 self.reporting.send(cmd[1])
             elif kind == "ready":
@@ -294,6 +294,13 @@ class RankIO:
             self.inbox.put(ev.ShutdownEv(body))
         elif isinstance(body, m.Cancel):
             self.inbox.put(ev.CancelEv(body))
+
+    def _send_req(self, ident: bytes, body: object) -> None:
+        errno = self.wire.send_to(self.requests, self.req, ident, body)
+        # The requester (a gateway) is gone: nobody reads this stream any more, so the
+        # request leaves the batch at the next step instead of decoding to its cap.
+        if errno == zmq.EHOSTUNREACH and isinstance(body, m.Tokens) and not body.finish_reason:
+            self.inbox.put(ev.AbortEv(m.Abort(body.request_id, ev.REQUESTER_GONE)))
 
     def _on_requests(self, frames: list[bytes]) -> None:
         got = self.req.unpack_router(frames)

@@ -70,8 +70,9 @@ class Leader(RankLoop):
     def handle(self, e: object) -> None:
         if isinstance(e, ev.GenerateEv):
             self.on_generate(e)
-        elif isinstance(e, ev.AbortEv):
-            self.on_abort(e.body.request_id, "abort")
+        elif isinstance(e, ev.AbortEv):  # from the requester, or its disappearance (io)
+            self.on_abort(e.body.request_id,
+                          ev.REQUESTER_GONE if e.body.reason == ev.REQUESTER_GONE else "abort")
         elif isinstance(e, ev.AbortAllEv):
             for rid in list(self.reqs):
                 self.on_abort(rid, e.reason)

@@ -50,11 +50,14 @@ class Wire:
             self.drops[f"{chan.socket_name}.send_{exc.errno}"] += 1
 
     def send_to(self, sock: zmq.Socket, chan: Channel, ident: bytes, body=None,
-                data: bytes | None = None) -> None:
+                data: bytes | None = None) -> int:
+        """0 if sent, else the errno (EHOSTUNREACH: that peer is gone; EAGAIN: full)."""
         try:
             sock.send_multipart([ident, data or chan.pack(body)], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:  # EHOSTUNREACH: that peer is gone
+        except zmq.ZMQError as exc:
             self.drops[f"{chan.socket_name}.send_{exc.errno}"] += 1
+            return exc.errno
+        return 0
 
 
 class LeaderSession:

@@ -332,6 +332,34 @@ def test_forged_and_wrong_key_messages_are_dropped_and_counted(deployment, refer
     assert d.live_ranks() == set(range(d.world))
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("deployment", ["single", "tp"], indirect=True)
+def test_a_requester_that_vanishes_mid_stream_frees_the_batch(deployment):
+    """A gateway that dies (its socket closed, no abort sent) must not leave rank 0
+    decoding to the token cap: the first undeliverable chunk removes the request at the
+    next step, on every rank, with reason `requester_gone`."""
+    d = deployment
+    ctx = zmq.Context.instance()
+    chan = Channel("test", "requests", sender=f"gw-{secrets.token_hex(4)}",
+                   send_key=d.keys.requests, accept=m.REQUESTS_OUT)
+    s = configure(ctx.socket(zmq.DEALER))
+    s.connect(d.requests_endpoint)
+    rid = "gone-" + secrets.token_hex(4)
+    s.send(chan.pack(m.Generate(rid, [3, 4, 5], 100_000)))
+    got = 0
+    while got < 5:  # the stream is running
+        assert s.poll(20_000), "no tokens"
+        msg = chan.unpack(s.recv())
+        assert msg is not None and msg.body.request_id == rid and not msg.body.finish_reason
+        got += len(msg.body.tokens)
+    s.close(linger=0)  # gone, without a word
+    recs = [removal(d, k, rid) for k in range(d.world)]
+    assert {(r["reason"], r["step"]) for r in recs} == {("requester_gone", recs[0]["step"])}
+    assert recs[0]["n_tokens"] < 1000  # left long before its cap of 100000
+    poll_until(lambda: d.stats().active == 0, 10, "rank 0 to have no active request")
+    assert d.generate(*PROMPTS[0]).finish_reason == "length"  # and serving goes on
+
+
 # -- idle --------------------------------------------------------------------------------
 
 
