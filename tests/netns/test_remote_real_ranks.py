@@ -1,7 +1,8 @@
 """Real MLX ranks (`python -m services.rank`) on two network-namespace hosts, started,
 served and stopped by the real supervisor over ssh: TP=2 and PP=2 of the embedded tiny
-model over MLX's ring backend between the hosts. A greedy generation through rank 0 must
-equal the same model's single-process greedy output."""
+model over MLX's ring backend between the hosts. A greedy generation through rank 0, and
+a chat completion through a real gateway (the `openai` client), must equal the same
+model's single-process greedy output."""
 
 from __future__ import annotations
 
@@ -25,18 +26,45 @@ A, B = 0, 1
 
 
 @pytest.fixture(scope="module")
-def reference() -> tuple[list[int], list[int]]:
-    """(prompt ids, greedy ids) of the single-process model, as ring_sharded_check does."""
+def reference() -> tuple[list[int], list[int], str]:
+    """(prompt ids, greedy ids, greedy text) of the single-process model, as
+    ring_sharded_check does."""
     from mlx_lm import load
 
     model, tokenizer = load(str(model_dir()))
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}],
                                            add_generation_prompt=True)
-    return [int(t) for t in prompt], greedy_ids(model, tokenizer)
+    ids = greedy_ids(model, tokenizer)
+    return [int(t) for t in prompt], ids, tokenizer.decode(ids)
+
+
+def _through_the_gateway(rs: RunningSupervisor, home, expected_text: str) -> None:
+    """A real gateway (in this process, on the host) on the supervisor's admin and events
+    sockets; the official client asks for the same greedy chat completion."""
+    import openai
+
+    from services.gateway.settings import GatewaySettings
+    from tests.gwutil import GatewayThread, free_port, poll_until
+
+    sk = rs.sup.sockets
+    gw = GatewayThread(GatewaySettings(home=home, port=free_port(), refresh_s=0.5,
+                                       admin_endpoint=sk.admin_endpoint,
+                                       events_endpoint=sk.events_endpoint), rs.key).start()
+    try:
+        poll_until(lambda: gw.gw.cluster.backends, 30, "the gateway to see the deployment")
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0,
+                               timeout=120)
+        model = client.models.list().data[0].id
+        r = client.chat.completions.create(model=model, temperature=0, max_tokens=MAX_TOKENS,
+                                           messages=[{"role": "user", "content": PROMPT}])
+        assert r.usage.completion_tokens == MAX_TOKENS
+        assert r.choices[0].message.content == expected_text
+    finally:
+        gw.stop()
 
 
 def _serve_and_stop(c, rs: RunningSupervisor, home, mode: str, reference) -> dict:
-    prompt, expected = reference
+    prompt, expected, expected_text = reference
     dep_id = f"real-{mode}"
     t0 = time.monotonic()
     out = rs.ok("deploy", timeout=400, model_path=str(model_dir()), deployment_id=dep_id,
@@ -58,6 +86,7 @@ def _serve_and_stop(c, rs: RunningSupervisor, home, mode: str, reference) -> dic
     finally:
         client.close()
     assert got == expected, f"{mode}=2 across hosts gave {got}, one process {expected}"
+    _through_the_gateway(rs, home, expected_text)
 
     t0 = time.monotonic()
     stop = rs.ok("stop", deployment_id=dep_id, timeout=120)["outcome"]
