@@ -360,6 +360,26 @@ def test_a_requester_that_vanishes_mid_stream_frees_the_batch(deployment):
     assert d.generate(*PROMPTS[0]).finish_reason == "length"  # and serving goes on
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("deployment", ["single", "tp"], indirect=True)
+def test_telemetry_reports_live_activity_and_memory(deployment):
+    """Every rank's heartbeat carries what it is doing: the step counter moves with the
+    work, `active` counts a running request, memory is the model's real footprint."""
+    d = deployment
+    before = {k: d.fresh_telemetry(k) for k in range(d.world)}
+    rid = d.submit([7, 8, 9], 100_000)
+    poll_until(lambda: all((t := d.fresh_telemetry(k)).active == 1 and t.step > before[k].step
+                           for k in range(d.world)), 20, "every rank busy with the request")
+    for k in range(d.world):
+        t = d.fresh_telemetry(k)
+        assert t.phase == "serving" and t.rank == k and t.pid == d.procs[k].pid
+        assert t.mem_active > 0 and t.mem_peak >= t.mem_active
+    d.abort(rid)
+    assert d.result(rid).finish_reason == "abort"
+    poll_until(lambda: all(d.fresh_telemetry(k).active == 0 for k in range(d.world)), 20,
+               "every rank idle again")
+
+
 # -- idle --------------------------------------------------------------------------------
 
 
