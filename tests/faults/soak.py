@@ -11,8 +11,8 @@ fault the driver restores service if the fault took it down, then checks the inv
   deadline — never a hang, never a broken transfer.
 
 The seed is printed and settable with LOCKSTEP_SOAK_SEED; every failure names it.
-Partitions are not injected here (loopback has no link to pull): they are the netns
-tests in tests/netns/test_partitions.py. The clients are in tests/faults/soak_clients.py,
+Partitions need hosts with links to pull: tests/netns/test_soak_netns.py runs this same
+driver with the ranks on two network-namespace hosts and adds partition faults. The clients are in tests/faults/soak_clients.py,
 the faults in tests/faults/soak_faults.py.
 """
 
@@ -97,6 +97,20 @@ class Soak(Faults):
                                lambda: (self.dep or {}).get("model", "tiny"))
         self.zctx = zmq.Context()
 
+    # --- what a topology changes (tests/netns/test_soak_netns.py) ------------------------
+
+    faults: tuple[str, ...] = FAULTS
+    weights: tuple[int, ...] = WEIGHTS
+
+    def supervisor_env(self) -> dict[str, str]:
+        return {}
+
+    def deploy_args(self) -> dict:
+        return {}
+
+    def rank0_spec(self, job_id: str) -> Path:
+        return self.paths.runtime / "jobs" / job_id / "rank-0.spec.json"
+
     # --- processes ---------------------------------------------------------------------
 
     def _spawn(self, name: str, argv: list[str], **env: str) -> subprocess.Popen:
@@ -126,7 +140,8 @@ class Soak(Faults):
                         LOCKSTEP_PROGRESS_STALL_TIMEOUT="15",
                         LOCKSTEP_SIGNAL_CLEAR_TIMEOUT="5",
                         LOCKSTEP_RANK_TELEMETRY_INTERVAL_S="0.3",
-                        LOCKSTEP_ABORT_ALL_TIMEOUT="10", LOCKSTEP_RANK_TEST_SEAMS="true")
+                        LOCKSTEP_ABORT_ALL_TIMEOUT="10", LOCKSTEP_RANK_TEST_SEAMS="true",
+                        **self.supervisor_env())
         self._poll("the supervisor's runtime file",
                    lambda: p.poll() is not None or runtime_names(runtime, p), 60)
         if p.poll() is not None:
@@ -155,8 +170,9 @@ class Soak(Faults):
     def deploy(self) -> None:
         self.n_deploys += 1
         dep_id = f"soak-{self.n_deploys}"
-        reply = self.admin("deploy", 240, model_path=str(self.model), tp=2,
-                           deployment_id=dep_id, envs=["LOCKSTEP_TEST_STEP_DELAY_S=0.01"])
+        reply = self.admin("deploy", 400, model_path=str(self.model), tp=2,
+                           deployment_id=dep_id, envs=["LOCKSTEP_TEST_STEP_DELAY_S=0.01"],
+                           **self.deploy_args())
         if not reply.ok:
             raise SoakFailure(self._why(f"deploy failed: {reply.code} {reply.message}"))
         job = reply.data["job_id"]
@@ -261,7 +277,7 @@ class Soak(Faults):
         self.check_invariants()
         n = 0
         while n < self.budget.faults and time.monotonic() - t0 < self.budget.seconds:
-            kind = self.rng.choices(FAULTS, WEIGHTS)[0]
+            kind = self.rng.choices(self.faults, self.weights)[0]
             time.sleep(self.rng.uniform(0.2, 1.5))  # let the clients get streams going
             self.fault(kind)
             n += 1

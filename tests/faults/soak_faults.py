@@ -88,8 +88,7 @@ class Faults:
         targets = {"admin": self.admin_ep, "report": f"tcp://127.0.0.1:{self.ports['report']}"}
         if self.dep:
             targets["requests"] = self.dep["requests_endpoint"]
-            spec = RankSpec.load(self.paths.runtime / "jobs" / self.dep["job_id"]
-                                 / "rank-0.spec.json")
+            spec = RankSpec.load(self.rank0_spec(self.dep["job_id"]))
             targets["plan"] = spec.plan_endpoint
         wrong = Signer(Key.from_secret(secrets.token_bytes(32)), "mallory")
         dep_id = (self.dep or {}).get("deployment_id", "x")

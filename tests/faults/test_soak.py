@@ -7,8 +7,8 @@ ROUTER: admin, report, requests, plan), with the invariants checked after every 
 - `test_fault_soak_short`: ~12 faults, runs in the normal suite (`make test`).
 - `test_fault_soak_full` (`@pytest.mark.soak`, `make soak`): 200 faults or 10 minutes.
 
-The seed is printed; rerun one with LOCKSTEP_SOAK_SEED=N. Partitions: see
-tests/netns/test_partitions.py."""
+The seed is printed; rerun one with LOCKSTEP_SOAK_SEED=N. Across hosts, with partitions:
+tests/netns/test_soak_netns.py."""
 
 from __future__ import annotations
 
