@@ -122,6 +122,8 @@ async def status(request: Request) -> dict:
                        "backends": {k: b.active for k, b in gw.cluster.backends.items()},
                        "events_seen": gw.cluster.events_seen, "event_gaps": gw.cluster.gaps.gaps,
                        "refreshed_at": gw.cluster.refreshed_at}
+    # The reaper has no admin socket: its counters arrive on its events (cluster.py).
+    data["rejections"] = [*(data.get("rejections") or []), *gw.cluster.reaper_rejections]
     return data
 
 

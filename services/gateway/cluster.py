@@ -47,6 +47,7 @@ class Cluster:
         self.refreshed_at: float | None = None
         self.gaps = GapTracker()
         self.events_seen = 0
+        self.reaper_rejections: list[dict] = []  # the reaper's own counters (its events)
         self._admin: AsyncRpcClient | None = None
         self._endpoints: tuple[str, str] | None = None
         self._sub: zmq.asyncio.Socket | None = None
@@ -187,6 +188,8 @@ class Cluster:
             if msg is None:
                 continue
             self.events_seen += 1
+            if msg.body.topic == "reaper" and msg.body.name == "rejections":
+                self.reaper_rejections = _reject_rows(msg.body.data.get("rows"))
             if self.gaps.observe(msg):
                 log.info("event gap from %s: refreshing", msg.header.sender)
             log.debug("event %s %s %s", msg.body.name, msg.body.deployment_id, msg.body.state)
@@ -236,3 +239,12 @@ class Cluster:
         if b is not None and b.last_ok_at:
             times.append(b.last_ok_at)
         return max(times) if times else None
+
+
+def _reject_rows(rows: object) -> list[dict]:
+    """[{service, socket, reason, count}] from an event, keeping only well-formed rows."""
+    if not isinstance(rows, list):
+        return []
+    return [r for r in rows if isinstance(r, dict)
+            and all(isinstance(r.get(k), str) for k in ("service", "socket", "reason"))
+            and type(r.get("count")) is int]

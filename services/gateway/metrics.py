@@ -98,7 +98,7 @@ class _ClusterCollector:
             up.add_metric([], 0.0 if c.supervisor_error else 1.0)
             if isinstance(st.get("cancel_epoch"), int | float):
                 epoch.add_metric([], st["cancel_epoch"])
-            for row in st.get("rejections") or []:
+            for row in [*(st.get("rejections") or []), *c.reaper_rejections]:
                 if isinstance(row, dict) and isinstance(row.get("count"), int):
                     key = (str(row.get("service", "supervisor")), str(row.get("socket", "")),
                            str(row.get("reason", "")))

@@ -162,6 +162,8 @@ def _serve(paths: Paths, s: ReaperSettings) -> int:
     try:
         while not flag.stop:
             _run_pass(paths, s, publisher.publish if publisher else None)
+            if publisher is not None:
+                publisher.publish_rejections()
             flag.sleep(s.reaper_interval, publisher.watch if publisher else None)
     finally:
         flag.close()

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import zmq
 
 from common.bus import PUB_MAX_SIZE, Channel, configure
-from common.envelope import Key
+from common.envelope import REGISTRY, Key
 from common.messages import EVENTS, Event
 from common.zmtp_watch import ZmtpWatch
 
@@ -39,6 +40,13 @@ class EventPublisher:
         self.endpoint = f"tcp://{host}:{self.port}"
         # Connections libzmq closes before any frame (raw bytes, silence) are counted.
         self.watch = ZmtpWatch(self.sock, self.channel.rejects)
+
+    def publish_rejections(self) -> None:
+        """This process's rejection counters (its events socket), for the gateway's
+        /metrics: the reaper has no admin socket of its own to be asked."""
+        rows = [r for r in REGISTRY.snapshot() if r["service"] == "reaper"]
+        self.publish(Event(topic="reaper", name="rejections", deployment_id="", state="",
+                           at=time.time(), data={"rows": rows}))
 
     def publish(self, event: Event) -> None:
         self.sock.send_multipart([TOPIC, self.channel.pack(event)], flags=zmq.NOBLOCK)

@@ -1,6 +1,7 @@
 """The reaper service's events PUB under raw TCP garbage: each connection that never
-becomes ZeroMQ is counted and logged (`no_zmtp`), and the service keeps running and
-keeps publishing to real subscribers."""
+becomes ZeroMQ is counted and logged (`no_zmtp`), the service keeps running and keeps
+publishing to real subscribers, and its counters go out on its events (for the
+gateway's /metrics)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import zmq
 from common.bus import Channel, configure
 from common.keys import load_cluster_key
 from common.messages import EVENTS
+from services.gateway.cluster import _reject_rows
 from tests.support.polling import poll_for
 from tests.support.ports import free_port
 from tests.support.processes import REPO, lockstep_env
@@ -47,8 +49,18 @@ def test_garbage_on_the_reaper_events_socket_is_counted_and_harmless(tmp_path):
                        accept=EVENTS)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(f"tcp://127.0.0.1:{port}")
-        poll_for(lambda: sub.poll(100) and chan.unpack_sub(sub.recv_multipart(), b"events"), 20,
-                 "a signed event from the reaper after the garbage")
+        # ... including its own rejection counters, which the gateway merges into
+        # /metrics and status (the reaper has no admin socket to be asked).
+        def counted_rows():
+            if not sub.poll(100):
+                return None
+            msg = chan.unpack_sub(sub.recv_multipart(), b"events")
+            if msg is None or (msg.body.topic, msg.body.name) != ("reaper", "rejections"):
+                return None
+            rows = _reject_rows(msg.body.data.get("rows"))
+            return [r for r in rows if (r["socket"], r["reason"]) == ("events", "no_zmtp")
+                    and r["count"] >= 2]
+        poll_for(counted_rows, 20, "the reaper's rejection counters on its events")
     finally:
         sub.close(0)
         ctx.term()
