@@ -22,7 +22,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.gateway.cluster import SupervisorUnavailable
+from services.gateway.cluster import AdminTimeout, SupervisorUnavailable
 from services.gateway.errors import ADMIN_STATUS, ApiError
 from services.gateway.openai_api import parse_json
 
@@ -102,6 +102,11 @@ async def call(request: Request, command: str, args: dict | None = None,
     gw = request.app.state.gw
     try:
         reply = await gw.cluster.admin(command, args or {}, timeout=timeout)
+    except AdminTimeout as exc:
+        gw.metrics.admin_calls.labels(command=command, code="timeout").inc()
+        raise ApiError(504, f"no reply from the supervisor in time ({exc}); the command may "
+                       "still be running: check GET /admin/api/cluster/status",
+                       code="timeout") from None
     except SupervisorUnavailable as exc:
         gw.metrics.admin_calls.labels(command=command, code="unavailable").inc()
         raise ApiError(503, f"supervisor unavailable: {exc}", code="supervisor_unavailable") from None

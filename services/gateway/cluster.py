@@ -34,6 +34,11 @@ class SupervisorUnavailable(Exception):
     pass
 
 
+class AdminTimeout(SupervisorUnavailable):
+    """No reply within the deadline: the supervisor may be down, or still working on a
+    long command (a deploy, a stop)."""
+
+
 class Cluster:
     def __init__(self, settings: GatewaySettings, key: Key, metrics: Any = None) -> None:
         self.settings = settings
@@ -110,7 +115,7 @@ class Cluster:
         except BusTimeout as exc:
             self.supervisor_error = f"supervisor at {self._endpoints[0]} did not answer: {exc}"
             self._disconnect()  # re-resolve next time (the supervisor may have moved)
-            raise SupervisorUnavailable(self.supervisor_error) from None
+            raise AdminTimeout(self.supervisor_error) from None
         return msg.body
 
     # --- deployments ----------------------------------------------------------------

@@ -7,7 +7,7 @@ from typing import Any
 
 CODES = frozenset({
     "bad_request", "unknown_command", "not_found", "conflict", "active_requests",
-    "launch_failed", "teardown_failed", "reap_blocked", "signature_mismatch", "timeout",
+    "launch_failed", "teardown_failed", "reap_blocked", "signature_mismatch",
     "internal",
 })
 
