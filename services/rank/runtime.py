@@ -213,7 +213,9 @@ class RankRuntime:
             self.arm_escape_hatch(f"signal {signum}")
             return True
         log.error("rank %d: second signal (%d); leaving now", self.rank, signum)
-        self.hard_exit(EXIT_SIGNAL_HATCH, Phase.EXITING, f"second signal ({signum})")
+        # At once: not even a clean exit already under way is waited for.
+        self.hard_exit(EXIT_SIGNAL_HATCH, Phase.EXITING, f"second signal ({signum})",
+                       wait_s=0.0)
         return False
 
     def arm_escape_hatch(self, why: str) -> None:
@@ -234,13 +236,14 @@ class RankRuntime:
         self._hatch.start()
         kernel_alarm(timeout + KERNEL_ALARM_MARGIN_S)
 
-    def hard_exit(self, code: int, phase: Phase, error: str | None) -> NoReturn:
+    def hard_exit(self, code: int, phase: Phase, error: str | None, *,
+                  wait_s: float = HARD_EXIT_WAIT_S) -> NoReturn:
         """Any thread, even with the main thread stuck inside a collective: marker (a
         watchdog's verdict wins), every open stream ended, I/O flushed (bounded), memory
         released unless the main thread is inside MLX, _exit. A clean exit already
-        under way gets HARD_EXIT_WAIT_S to finish first."""
-        kernel_alarm(HARD_EXIT_WAIT_S + 2 * HARD_EXIT_IO_S + KERNEL_ALARM_MARGIN_S)
-        self._exit_lock.acquire(timeout=HARD_EXIT_WAIT_S)  # never released: we leave
+        under way gets `wait_s` to finish first."""
+        kernel_alarm(wait_s + 2 * HARD_EXIT_IO_S + KERNEL_ALARM_MARGIN_S)
+        self._exit_lock.acquire(timeout=wait_s)  # never released: we leave
         if self.verdict is not None:
             (phase, error), code = self.verdict, code or EXIT_FAILED
         self.set_phase(phase, error)
