@@ -92,6 +92,8 @@ def test_sigkill_follower_ends_streams_and_rank_0(tmp_path, when):
         assert marker["phase"] == "peer_lost" and marker["error"], marker
         if when == "idle":
             assert "failed 2 probes" in d.log(0) and "rank 1" in marker["error"], marker
+            # Not inside a step: rank 0 released its memory itself before leaving.
+            assert marker["extra"]["memory_released"] is True, marker
         assert t_exit - t0 <= GRACE_S + 4 * PROBE_S + 1.0 + SLACK_S  # + the ring's ~1 s
         if rids:
             report(f"SIGKILL follower {when} -> every stream ended", t_streams - t0)
