@@ -174,6 +174,7 @@ class FakeSupervisor:
     canary_at: float | None = field(default_factory=time.time)
     commands: list[AdminRequest] = field(default_factory=list)
     replies: dict[str, AdminReply] = field(default_factory=dict)  # command → canned reply
+    silent: set[str] = field(default_factory=set)  # commands never answered (a slow one)
 
     def start(self) -> FakeSupervisor:
         self._ctx = zmq.Context()
@@ -222,6 +223,8 @@ class FakeSupervisor:
             ident, msg = got
             req: AdminRequest = msg.body
             self.commands.append(req)
+            if req.command in self.silent:
+                continue
             reply = self._answer(req)
             self._admin.send_multipart([ident, self._ch.pack(reply)])
 

@@ -390,3 +390,29 @@ def test_gateway_stop_aborts_running_requests_and_api_keys(env):
     poll_until(lambda: any(a[0] == rid for a in rank.aborts), 5, "an abort when the gateway stops")
     poll_until(lambda: not rank.active_ids, 5, "rank 0 idle again")
     assert sup.state == "serving"
+
+
+@pytest.mark.timeout(60)
+def test_an_admin_command_past_the_gateways_deadline_is_a_504(env, tmp_path):
+    """A supervisor that is alive but slow (a long deploy, a stop): the gateway's deadline
+    passes without a reply. That is 504 `timeout` saying the command may still run, not
+    503; and the gateway keeps answering what the supervisor does answer."""
+    sup = FakeSupervisor(env["sup"].key, env["rank"], env["sup"].model_path,
+                         silent={"backend_selection"}).start()
+    settings = GatewaySettings(home=tmp_path, port=free_port(), admin_token=TOKEN,
+                               admin_endpoint=sup.admin_endpoint,
+                               events_endpoint=sup.events_endpoint, admin_timeout_s=1.0,
+                               refresh_s=0.5)
+    gw = GatewayThread(settings, env["sup"].key).start()
+    try:
+        hdr = {"authorization": f"Bearer {TOKEN}"}
+        r = httpx.post(gw.url + "/admin/api/cluster/backend-selection", headers=hdr,
+                       json={"hosts": [{"ssh": "localhost"}]}, timeout=30)
+        assert r.status_code == 504, r.text
+        err = r.json()["error"]
+        assert err["code"] == "timeout" and "may still be running" in err["message"]
+        r = httpx.get(gw.url + "/admin/api/cluster/status", headers=hdr, timeout=30)
+        assert r.status_code == 200, r.text
+    finally:
+        gw.stop()
+        sup.stop()
