@@ -19,9 +19,6 @@ from common.statefiles import SCHEMA_VERSION, StateFileError
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
-# --- records --------------------------------------------------------------------------
-
-
 class Phase(str, enum.Enum):
     STARTING = "starting"
     LOADING = "loading"

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -338,6 +339,21 @@ class Soak(Faults):
             extra = f" (counts {getattr(self, '_last_counts', None)})" if "active" in what else ""
             return SoakFailure(self._why(message + extra))
         return poll_for(fn, timeout, what, interval, error=failure)
+
+
+def run_soak(make: Callable[[int], Soak], label: str = "soak") -> Soak:
+    """Build a soak with the seed (printed first: a failure names it), run it, always
+    close it and print its summary; it must have streamed some content."""
+    seed = seed_from_env()
+    print(f"\nLOCKSTEP_SOAK_SEED={seed}")
+    soak = make(seed)
+    try:
+        soak.run()
+    finally:
+        soak.close()
+        print(f"{label}:", summary(soak))
+    assert soak.stats.outcomes["content"] > 0, summary(soak)
+    return soak
 
 
 def seed_from_env() -> int:

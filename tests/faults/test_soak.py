@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.soak import Budget, Soak, seed_from_env, summary
+from tests.faults.soak import Budget, Soak, run_soak
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +28,7 @@ def model(tmp_path_factory) -> Path:
 
 
 def _run(tmp_path: Path, model: Path, budget: Budget) -> None:
-    seed = seed_from_env()
-    print(f"\nLOCKSTEP_SOAK_SEED={seed}")
-    soak = Soak(tmp_path, model, seed, budget)
-    try:
-        soak.run()
-    finally:
-        soak.close()
-        print("soak:", summary(soak))
-    assert soak.stats.outcomes["content"] > 0, summary(soak)
+    run_soak(lambda seed: Soak(tmp_path, model, seed, budget))
 
 
 @pytest.mark.timeout(300)

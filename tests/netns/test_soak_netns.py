@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from common.state import Paths
-from tests.faults.soak import Budget, Soak, seed_from_env, summary
+from tests.faults.soak import Budget, Soak, run_soak
 from tests.faults.soak_faults import FAULTS, WEIGHTS
 from tests.netns.hosts import NetnsCluster
 from tests.netns.remote_support import hosts_doc, remote_home
@@ -70,15 +70,8 @@ class NetnsSoak(Soak):
 def _run(c: NetnsCluster, tmp_path: Path, budget: Budget) -> None:
     from tests.e2e.rank_harness import model_dir
 
-    seed = seed_from_env()
-    print(f"\nLOCKSTEP_SOAK_SEED={seed}")
-    soak = NetnsSoak(c, tmp_path, model_dir(), seed, budget)
-    try:
-        soak.run()
-    finally:
-        soak.close()
-        print("soak across hosts:", summary(soak))
-    assert soak.stats.outcomes["content"] > 0, summary(soak)
+    run_soak(lambda seed: NetnsSoak(c, tmp_path, model_dir(), seed, budget),
+             "soak across hosts")
 
 
 @pytest.mark.timeout(600)
