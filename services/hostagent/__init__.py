@@ -24,7 +24,9 @@ Commands (the answer is one JSON line on stdout; exit 0 on success, 1 with
     read-markers --home DIR [--deployment D]
         → {"markers": [{"path", "marker"}], "unreadable": [{"path", "reason"}]}
     spawn --cwd DIR --log FILE [--env-json-stdin [--env-replace]] [--rank-env] -- ARGV...
-        → {"pid", "pgid", "start_time", "cmdline"}; ARGV runs in a new session with
+        → {"pid", "pgid", "start_time", "cmdline"}, plus "exited": 0 for a command
+          that already finished cleanly (its identity read before it was reaped; a
+          non-zero status at once is an error); ARGV runs in a new session with
           stdin /dev/null and stdout+stderr appended to FILE (0600); the agent exits at
           once and the child is re-parented. With --env-json-stdin the environment is
           this process's environment updated by the JSON object on stdin (a null value

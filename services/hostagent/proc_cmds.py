@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from common import procs
 from common.procs import START_TIME_TOLERANCE, ProcessIdentity
 from common.state import Paths, read_markers
@@ -122,19 +124,64 @@ def _rank_env(env: dict[str, str] | None) -> dict[str, str]:
     return dict(rank_environment(RankSettings(), os.environ if env is None else env))
 
 
-def _settled_identity(child: subprocess.Popen[bytes], argv: list[str]) -> ProcessIdentity | None:
+def _exited_unreaped(proc: psutil.Process) -> bool:
+    """Our child has exited but is not reaped yet (a zombie): its pid, and so its start
+    time, stay its own until we wait() on it. Nothing here reaps it."""
+    try:
+        return proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:  # reaped by someone else: cannot be, it is our child
+        return True
+
+
+def settled_identity(child: subprocess.Popen[bytes], argv: list[str]) -> ProcessIdentity | None:
+    """The identity of a child we have not waited on yet, running or already exited.
+
+    The start time is read first: until we reap the child its pid cannot be reused, so
+    that start time is its own even if it has exited meanwhile (a zombie). Only the
+    command line needs to settle (it reads empty for a moment after exec)."""
+    try:
+        proc = psutil.Process(child.pid)
+        start = procs.start_time_of(proc)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None  # reaped behind our back (SIGCHLD ignored), or macOS hides a zombie
     deadline = time.monotonic() + SPAWN_SETTLE_S
     while True:
-        ident = procs.identify(child.pid)
-        if ident is not None and ident.cmdline == tuple(argv):
-            return ident
-        if child.poll() is not None:
-            # Exited before we saw its command line. It is our unreaped child, so the pid is
-            # still ours: its start time read now is its own.
-            return ident and ProcessIdentity(ident.pid, ident.start_time, tuple(argv))
+        try:
+            cmdline = tuple(proc.cmdline())
+        except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
+            cmdline = ()
+        if cmdline == tuple(argv):
+            return ProcessIdentity(child.pid, start, cmdline)
+        if _exited_unreaped(proc):
+            # It ran and exited before we saw its command line: it was this argv.
+            return ProcessIdentity(child.pid, start, tuple(argv))
         if time.monotonic() >= deadline:  # a program that rewrites its own argv
-            return ident if ident is not None and ident.cmdline else None
+            return ProcessIdentity(child.pid, start, cmdline) if cmdline else None
         time.sleep(0.002)
+
+
+def spawn_outcome(child: subprocess.Popen[bytes], argv: list[str], log: Path) -> dict[str, Any]:
+    """What `spawn` answers for a child we have not waited on yet: started, exited 0
+    (a short command that already finished), or an AgentError."""
+    ident = settled_identity(child, argv)  # before any wait: the pid is still ours
+    # A command that fails at once (bad arguments, a missing module) is reported as a
+    # failure, not as a started process: give it a moment to do so.
+    time.sleep(SPAWN_GRACE_S)
+    if child.poll() is not None:
+        if child.returncode != 0 or ident is None:
+            raise AgentError(f"spawn: {argv[0]!r} exited at once with status "
+                             f"{child.returncode}; see {log}")
+        # A short command that already finished cleanly: its exit proven by our own wait.
+        return {**identity_to_dict(ident), "pgid": child.pid, "exited": 0}
+    if ident is None:
+        # Running but its identity never settled: we could not prove later that a pid is
+        # this child, so do not leave it behind unrecorded.
+        child.kill()
+        child.wait()
+        raise AgentError(f"spawn: could not read the identity of {argv[0]!r} "
+                         f"(pid {child.pid}); killed it")
+    # Not waited for: when this agent exits, the child is re-parented and keeps running.
+    return {**identity_to_dict(ident), "pgid": child.pid}
 
 
 def cmd_spawn(args: argparse.Namespace) -> Any:
@@ -161,22 +208,4 @@ def cmd_spawn(args: argparse.Namespace) -> Any:
         raise AgentError(f"spawn: cannot start {argv[0]!r}: {e.strerror or e}") from None
     finally:
         os.close(fd)
-    ident = _settled_identity(child, argv)
-    # A command that fails at once (bad arguments, a missing module) is reported as a
-    # failure, not as a started process: give it a moment to do so.
-    time.sleep(SPAWN_GRACE_S)
-    if child.poll() is not None:
-        if child.returncode != 0 or ident is None:
-            raise AgentError(f"spawn: {argv[0]!r} exited at once with status "
-                             f"{child.returncode}; see {log}")
-        # A short command that already finished cleanly (on a loaded host the identity can
-        # settle late): report it, its exit proven by our own wait.
-        return {**identity_to_dict(ident), "pgid": child.pid, "exited": 0}
-    if ident is None:
-        # Running but its identity never settled: we could not prove later that a pid is
-        # this child, so do not leave it behind unrecorded.
-        child.kill()
-        child.wait()
-        raise AgentError(f"spawn: could not read the identity of {argv[0]!r} (pid {child.pid}); killed it")
-    # Not waited for: when this agent exits, the child is re-parented and keeps running.
-    return {**identity_to_dict(ident), "pgid": child.pid}
+    return spawn_outcome(child, argv, log)

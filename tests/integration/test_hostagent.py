@@ -11,14 +11,19 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+from common import procs
 from common.records import Phase, RankMarker
 from common.ssh import SshError
 from common.state import Paths, write_marker
 from services.hostagent import agent_argv, parse_signal
+from services.hostagent.base import AgentError
+from services.hostagent.proc_cmds import spawn_outcome
 from tests.support.hostagent import agent, ident_of
 from tests.support.hostagent import spawn as agent_spawn
+from tests.support.polling import poll_for
 
 ROOT = Path(__file__).resolve().parents[2]
 # A child that starts a grandchild in its own group, then ignores SIGTERM (after the
@@ -72,14 +77,41 @@ def test_spawn_detaches_takes_env_from_stdin_and_identify_sees_it(spawned, tmp_p
 
 def test_env_replace_gives_exactly_the_object(spawned, tmp_path):
     argv = ["/usr/bin/env"]
-    # /usr/bin/env finishes at once with status 0: reported as started and already exited.
+    # /usr/bin/env finishes at once with status 0: reported as already exited, or (on a
+    # loaded host, if it had not finished within the agent's grace) as started.
     info = spawned(argv, env={"ONLY": "this"}, log=tmp_path / "env.log", extra=["--env-replace"])
-    assert info["exited"] == 0
+    assert info["cmdline"] == argv and info.get("exited", 0) == 0
+    assert agent("wait-exit", "--identities-json", json.dumps([ident_of(info)]),
+                 "--timeout", "10") == {"survivors": []}
     assert (tmp_path / "env.log").read_text() == "ONLY=this\n"
-    # a command that fails at once is an error naming its log
-    with pytest.raises(SshError) as err:
-        spawned(["/bin/false"], log=tmp_path / "false.log")
-    assert "exited at once with status 1" in str(err.value)
+
+
+def _exited_child(argv: list[str], log: Path) -> tuple[subprocess.Popen[bytes], float]:
+    """A child of ours that has already exited, not reaped (a zombie), and its start time
+    as read while it ran: the state the agent sees when a child is faster than it."""
+    with log.open("ab") as out:
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    start = procs.start_time_of(psutil.Process(child.pid))
+    poll_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, 20,
+             f"{argv[0]} to exit")
+    assert child.returncode is None  # not reaped yet
+    return child, start
+
+
+def test_a_child_that_exited_before_it_was_identified_is_a_spawn_with_its_status(tmp_path):
+    log = tmp_path / "fast.log"
+    child, start = _exited_child(["/bin/true"], log)
+    assert spawn_outcome(child, ["/bin/true"], log) == {
+        "pid": child.pid, "pgid": child.pid, "start_time": start, "cmdline": ["/bin/true"],
+        "exited": 0}
+    assert child.returncode == 0 and not psutil.pid_exists(child.pid)  # reaped: proven
+    # a command that fails at once is an error naming its status and its log
+    child, _ = _exited_child(["/bin/false"], log)
+    with pytest.raises(AgentError) as err:
+        spawn_outcome(child, ["/bin/false"], log)
+    assert f"exited at once with status 1; see {log}" in str(err.value)
+    assert child.returncode == 1
 
 
 def test_signal_needs_the_exact_identity(spawned, tmp_path):
