@@ -10,7 +10,9 @@ fault the driver restores service if the fault took it down, then checks the inv
 - every client stream ended with content, `abort` or an OpenAI-shaped error, within a
   deadline — never a hang, never a broken transfer.
 
-The seed is printed and settable with LOCKSTEP_SOAK_SEED; every failure names it.
+The seed is printed and settable with LOCKSTEP_SOAK_SEED; every failure names it. The
+short soaks of `make test` use FIXED_SEED (the same schedule every run); only the full
+soaks of `make soak` draw a new one (`run_soak(..., random_seed=True)`).
 Partitions need hosts with links to pull: tests/netns/test_soak_netns.py runs this same
 driver with the ranks on two network-namespace hosts and adds partition faults. The clients are in tests/faults/soak_clients.py,
 the faults in tests/faults/soak_faults.py.
@@ -341,10 +343,12 @@ class Soak(Faults):
         return poll_for(fn, timeout, what, interval, error=failure)
 
 
-def run_soak(make: Callable[[int], Soak], label: str = "soak") -> Soak:
+def run_soak(make: Callable[[int], Soak], label: str = "soak", *,
+             random_seed: bool = False) -> Soak:
     """Build a soak with the seed (printed first: a failure names it), run it, always
-    close it and print its summary; it must have streamed some content."""
-    seed = seed_from_env()
+    close it and print its summary; it must have streamed some content. The seed is
+    LOCKSTEP_SOAK_SEED if set, else a new random one with `random_seed`, else FIXED_SEED."""
+    seed = seed_from_env(random_seed)
     print(f"\nLOCKSTEP_SOAK_SEED={seed}")
     soak = make(seed)
     try:
@@ -356,9 +360,14 @@ def run_soak(make: Callable[[int], Soak], label: str = "soak") -> Soak:
     return soak
 
 
-def seed_from_env() -> int:
+FIXED_SEED = 1201  # `make test`: every run replays the same fault schedule
+
+
+def seed_from_env(random_seed: bool = False) -> int:
     raw = os.environ.get("LOCKSTEP_SOAK_SEED")
-    return int(raw) if raw else secrets.randbelow(2**31)
+    if raw:
+        return int(raw)
+    return secrets.randbelow(2**31) if random_seed else FIXED_SEED
 
 
 def summary(s: Soak) -> str:

@@ -7,7 +7,8 @@ ROUTER: admin, report, requests, plan), with the invariants checked after every 
 - `test_fault_soak_short`: ~12 faults, runs in the normal suite (`make test`).
 - `test_fault_soak_full` (`@pytest.mark.soak`, `make soak`): 200 faults or 10 minutes.
 
-The seed is printed; rerun one with LOCKSTEP_SOAK_SEED=N. Across hosts, with partitions:
+The seed is printed: fixed for the short soak (tests/faults/soak.py FIXED_SEED), new for
+every full one; rerun one with LOCKSTEP_SOAK_SEED=N. Across hosts, with partitions:
 tests/netns/test_soak_netns.py."""
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def model(tmp_path_factory) -> Path:
     return build_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
-def _run(tmp_path: Path, model: Path, budget: Budget) -> None:
-    run_soak(lambda seed: Soak(tmp_path, model, seed, budget))
+def _run(tmp_path: Path, model: Path, budget: Budget, random_seed: bool = False) -> None:
+    run_soak(lambda seed: Soak(tmp_path, model, seed, budget), random_seed=random_seed)
 
 
 @pytest.mark.timeout(300)
@@ -40,4 +41,4 @@ def test_fault_soak_short(tmp_path: Path, model: Path) -> None:
 @pytest.mark.soak
 @pytest.mark.timeout(1200)
 def test_fault_soak_full(tmp_path: Path, model: Path) -> None:
-    _run(tmp_path, model, Budget(faults=200, seconds=600.0))
+    _run(tmp_path, model, Budget(faults=200, seconds=600.0), random_seed=True)

@@ -67,11 +67,11 @@ class NetnsSoak(Soak):
             self.c.link_up(B)
 
 
-def _run(c: NetnsCluster, tmp_path: Path, budget: Budget) -> None:
+def _run(c: NetnsCluster, tmp_path: Path, budget: Budget, random_seed: bool = False) -> None:
     from tests.e2e.rank_harness import model_dir
 
     run_soak(lambda seed: NetnsSoak(c, tmp_path, model_dir(), seed, budget),
-             "soak across hosts")
+             "soak across hosts", random_seed=random_seed)
 
 
 @pytest.mark.timeout(600)
@@ -83,4 +83,4 @@ def test_fault_soak_across_hosts_short(netns_cluster, tmp_path: Path) -> None:
 @pytest.mark.soak
 @pytest.mark.timeout(1500)
 def test_fault_soak_across_hosts_full(netns_cluster, tmp_path: Path) -> None:
-    _run(netns_cluster, tmp_path, Budget(faults=200, seconds=600.0))
+    _run(netns_cluster, tmp_path, Budget(faults=200, seconds=600.0), random_seed=True)

@@ -270,7 +270,7 @@ while True:
 
 @pytest.mark.timeout(180)
 def test_sigkill_mid_write_never_leaves_a_torn_file(tmp_path: Path) -> None:
-    seed = random.randrange(1 << 30)
+    seed = 1201  # fixed: the kill moments still vary with scheduling, the plan does not
     rng = random.Random(seed)
     present = 0
     for round_ in range(20):
