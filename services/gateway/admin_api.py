@@ -227,9 +227,21 @@ async def unload(dep_id: str, request: Request) -> dict:
 
 
 @router.delete("/deployments/{dep_id}")
-async def delete(dep_id: str, request: Request, force: bool = False) -> dict:
-    require_admin(request)
-    return await _unload(request, dep_id, force, None, teardown_is_proof=True)
+async def delete(dep_id: str, request: Request) -> dict:
+    require_admin(request)  # before any validation: no token, no hint about the arguments
+    return await _unload(request, dep_id, _flag(request, "force"), None, teardown_is_proof=True)
+
+
+def _flag(request: Request, name: str) -> bool:
+    """A boolean query parameter: true/false/1/0 (absent: false)."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return False
+    val = {"true": True, "1": True, "false": False, "0": False}.get(raw.lower())
+    if val is None:
+        raise ApiError(400, f"invalid value for '{name}': expected true or false",
+                       param=name, code="invalid_value")
+    return val
 
 
 @router.post("/backend-selection")

@@ -47,15 +47,18 @@ class ModelTokenizer:
             return fast.decode(ids, skip_special_tokens=True)
         return self.hf.decode(ids, skip_special_tokens=True)
 
-    def chat_prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None) -> str:
+        """The chat template applied: the prompt as text (tokenize it with `encode`)."""
         if not getattr(self.hf, "chat_template", None):
             raise ChatTemplateError(f"model {self.path.name} has no chat template; use /v1/completions")
         try:
-            text = self.hf.apply_chat_template(
+            return self.hf.apply_chat_template(
                 messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
         except Exception as exc:  # noqa: BLE001 - jinja errors of every kind
             raise ChatTemplateError(f"chat template failed: {exc}") from None
-        return self.encode(text)
+
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        return self.encode(self.render_chat(messages, tools))
 
     def detokenizer(self) -> Detokenizer:
         return Detokenizer(self.decode, self.token_bytes())
@@ -118,6 +121,8 @@ def incomplete_utf8_tail(b: bytes) -> bool:
 
 
 _CACHE: dict[Path, ModelTokenizer] = {}
+# Held for a whole load: the first `from transformers import AutoTokenizer` is a lazy
+# module import that fails ("cannot import name") when two threads race through it.
 _LOCK = threading.Lock()
 
 
@@ -126,8 +131,12 @@ def load_tokenizer(path: str | Path) -> ModelTokenizer:
     p = Path(path).expanduser().resolve()
     with _LOCK:
         hit = _CACHE.get(p)
-        if hit is not None:
-            return hit
+        if hit is None:
+            hit = _CACHE[p] = _load(p)
+        return hit
+
+
+def _load(p: Path) -> ModelTokenizer:
     import os
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -149,9 +158,8 @@ def load_tokenizer(path: str | Path) -> ModelTokenizer:
     except (OSError, ValueError):
         pass
     tok = ModelTokenizer(p, hf, sorted(set(eos)), ctx if isinstance(ctx, int) else None)
-    with _LOCK:
-        _CACHE.setdefault(p, tok)
-        return _CACHE[p]
+    tok.token_bytes()  # built here, in the loading thread, not on a first request
+    return tok
 
 
 class Detokenizer:

@@ -13,8 +13,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.gateway.errors import ApiError
+from services.gateway.jsonguard import lone_surrogate, too_deep
 
 MAX_STOPS = 16
+MAX_JSON_DEPTH = 64  # nesting of any request body (tool schemas included)
+MAX_MESSAGES = 4096  # defaults of the gateway settings max_messages / max_tools
+MAX_TOOLS = 128
 
 
 class _Strict(BaseModel):
@@ -93,18 +97,35 @@ class CompletionRequest(_Sampling):
 
 
 def parse_json(raw: bytes) -> Any:
+    """The body as JSON: at most MAX_JSON_DEPTH deep, every string valid Unicode."""
     if not raw:
         raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")
+    if too_deep(raw, MAX_JSON_DEPTH):
+        raise ApiError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels",
+                       code="invalid_json")
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    bad = lone_surrogate(raw, obj)
+    if bad is not None:
+        raise ApiError(400, f"invalid value for '{bad}': a lone UTF-16 surrogate (\\uD800-\\uDFFF) "
+                       "is not text", param=bad, code="invalid_value")
+    return obj
 
 
-def validate(cls: type[_Sampling], raw: bytes) -> Any:
+def validate(cls: type[_Sampling], raw: bytes, *, max_messages: int = MAX_MESSAGES,
+             max_tools: int = MAX_TOOLS) -> Any:
+    """Parse and validate one request body (CPU-bound: callers off the event loop)."""
     obj = parse_json(raw)
     if not isinstance(obj, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    # Counts first: pydantic and the chat template cost per item.
+    for name, most in (("messages", max_messages), ("tools", max_tools)):
+        items = obj.get(name)
+        if isinstance(items, list) and len(items) > most:
+            raise ApiError(400, f"{len(items)} {name}; at most {most} per request",
+                           param=name, code="too_many_items")
     try:
         req = cls.model_validate(obj)
     except ValidationError as exc:

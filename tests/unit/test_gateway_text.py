@@ -143,10 +143,9 @@ def test_incomplete_utf8_tail_is_exact(tok):
 
 @pytest.mark.timeout(60)
 def test_a_model_without_a_chat_template_is_a_400_not_a_500(tmp_path):
-    import asyncio
     import shutil
 
-    from services.gateway.openai_routes import _prompt_ids
+    from services.gateway.prompts import prompt_ids
 
     src = build_model(tmp_path / "src", preset="tiny")
     bare = tmp_path / "bare"
@@ -157,10 +156,10 @@ def test_a_model_without_a_chat_template_is_a_400_not_a_500(tmp_path):
     (bare / "chat_template.jinja").unlink(missing_ok=True)
     req = ChatRequest.model_validate({"model": "bare", "messages": [{"role": "user", "content": "hi"}]})
     with pytest.raises(ApiError) as err:
-        asyncio.run(_prompt_ids(req, load_tokenizer(bare), chat=True))
+        prompt_ids(req, load_tokenizer(bare), 8)
     assert err.value.status == 400 and err.value.param == "messages"
     assert "no chat template" in str(err.value)
     # completions still work on it
-    ids, _ = asyncio.run(_prompt_ids(CompletionRequest.model_validate(
-        {"model": "bare", "prompt": "hi"}), load_tokenizer(bare), chat=False))
-    assert ids
+    p = prompt_ids(CompletionRequest.model_validate({"model": "bare", "prompt": "hi"}),
+                   load_tokenizer(bare), 8)
+    assert p.ids

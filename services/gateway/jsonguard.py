@@ -1,0 +1,55 @@
+"""Checks on a JSON request body that must come before anything recurses or encodes it.
+
+- `too_deep(raw, limit)`: the nesting depth of the raw bytes, found without recursion and
+  without a Python loop per byte: strings are cut out by one regex, every byte that is
+  not a bracket is deleted, then matched `[]` / `{}` pairs are removed `limit` times;
+  anything left is deeper than `limit` (or malformed, which json.loads then reports).
+- `lone_surrogate(raw, obj)`: the path of the first string holding a lone UTF-16
+  surrogate. JSON can carry one only as a `\\uD800`-`\\uDFFF` escape, so a byte search
+  of the raw body rules out almost every request; only a body with such an escape is
+  walked (iteratively) to name the field. Such a string cannot be encoded as UTF-8: the
+  tokenizer and every JSON response would fail on it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# A JSON string literal, escapes included (the unrolled form: no backtracking blow-up).
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF][0-9a-fA-F]{2}")
+_LONE = re.compile("[\ud800-\udfff]")
+
+
+def too_deep(raw: bytes, limit: int) -> bool:
+    """True if the JSON in `raw` nests arrays/objects more than `limit` levels deep."""
+    s = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        t = s.replace(b"[]", b"").replace(b"{}", b"")
+        if t == s:
+            return False  # empty: shallow enough; stuck: malformed, json.loads says so
+        s = t
+    return bool(s)
+
+
+def lone_surrogate(raw: bytes, obj: Any) -> str | None:
+    """The dotted path ("messages.0.content") of a string or key with a lone surrogate."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return None
+    stack: list[tuple[Any, tuple]] = [(obj, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            if _LONE.search(node):
+                return ".".join(str(p) for p in path) or "(body)"
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                if _LONE.search(k):
+                    return ".".join(str(p) for p in (*path, k.encode("utf-8", "replace")
+                                                     .decode()))
+                stack.append((v, (*path, k)))
+        elif isinstance(node, list):
+            stack.extend((v, (*path, i)) for i, v in enumerate(node))
+    return None

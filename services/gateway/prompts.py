@@ -1,0 +1,71 @@
+"""From a validated request to the prompt's token ids, with every input bounded first.
+
+Synchronous and CPU-bound (chat template, tokenizer): callers run it off the event loop
+(`offload.Offload`). Tokenizing costs time and memory per byte, so a prompt is measured
+before it is tokenized: its UTF-8 bytes (for chat: the whole rendered template, all
+messages and tools) must be under `context × input_bytes_per_token`. Real text averages
+3-5 bytes per token (byte-level BPE: English ~4, code ~3, CJK ~2-3), so 8 refuses
+nothing that could fit the context, while a 4 MB prompt for a 4k-token model is refused
+in microseconds instead of being tokenized into a million ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.gateway.detok import ChatTemplateError, ModelTokenizer
+from services.gateway.errors import ApiError
+from services.gateway.openai_api import (
+    ChatRequest,
+    CompletionRequest,
+    template_messages,
+    template_tools,
+)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    echo: str  # text to echo back (completions with echo), else ""
+
+
+def byte_limit(tok: ModelTokenizer, bytes_per_token: int) -> int | None:
+    """The most prompt bytes worth tokenizing for this model (None: context unknown)."""
+    return tok.context_len * bytes_per_token if tok.context_len else None
+
+
+def _too_long(param: str, nbytes: int, limit: int, tok: ModelTokenizer) -> ApiError:
+    return ApiError(400, f"the prompt is {nbytes} bytes; this model's context of "
+                    f"{tok.context_len} tokens takes at most {limit} bytes of input",
+                    param=param, code="context_length_exceeded")
+
+
+def prompt_ids(req: ChatRequest | CompletionRequest, tok: ModelTokenizer,
+               bytes_per_token: int) -> Prompt:
+    limit = byte_limit(tok, bytes_per_token)
+    if isinstance(req, ChatRequest):
+        try:
+            text = tok.render_chat(template_messages(req), template_tools(req))
+        except ChatTemplateError as exc:  # the messages (or the model) do not fit it
+            raise ApiError(400, str(exc), param="messages", code="invalid_value") from None
+        n = len(text.encode())
+        if limit is not None and n > limit:
+            raise _too_long("messages", n, limit, tok)
+        return Prompt(tok.encode(text), "")
+    p = req.prompt
+    if isinstance(p, list) and p and isinstance(p[0], str | list):
+        p = p[0]
+    if isinstance(p, str):
+        n = len(p.encode())
+        if limit is not None and n > limit:
+            raise _too_long("prompt", n, limit, tok)
+        return Prompt(tok.encode(p), p if req.echo else "")
+    ctx = tok.context_len
+    if ctx and len(p) >= ctx:  # checked before the ids are looked at one by one
+        raise ApiError(400, f"the prompt has {len(p)} tokens; this model's context is {ctx}",
+                       param="prompt", code="context_length_exceeded")
+    vocab = len(tok.hf)
+    if any(not 0 <= t < vocab for t in p):
+        raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt",
+                       code="invalid_value")
+    return Prompt(list(p), tok.decode(list(p)) if req.echo else "")
