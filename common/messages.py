@@ -101,6 +101,13 @@ class Abort:
     reason: str = "client"
 
 
+class ErrorCode(str, enum.Enum):
+    """Why a final `error` chunk ended a request, typed (the `error` text is for people).
+    A closed set; the gateway maps each to an HTTP status (generation.py)."""
+
+    OVERLOADED = "overloaded"  # rank 0 has max_open_requests open: retry later
+
+
 @dataclass
 class Tokens:
     """A chunk of one request's stream; the last one has finish_reason set."""
@@ -114,6 +121,7 @@ class Tokens:
     model_ttft_ms: float | None = None
     step: int = 0
     token_times: list[float] = field(default_factory=list)  # wall clock per token
+    error_code: str | None = None  # an ErrorCode value, for the receiver to act on
 
 
 @dataclass

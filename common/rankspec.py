@@ -25,9 +25,15 @@ WATCHDOG_ENV = {
 }
 
 
+OPEN_REQUESTS_PER_SLOT = 8  # rank 0's default bound: 8 x max_batch open requests
+
+
 @dataclass
 class RankSettings:
     max_batch: int = 16  # completion_batch_size
+    # Rank 0 refuses a GENERATE (error_code overloaded) while this many requests are
+    # open, running or waiting; 0 = OPEN_REQUESTS_PER_SLOT x max_batch.
+    max_open_requests: int = 0
     prefill_batch: int = 8
     prefill_step: int = 512
     default_max_tokens: int = 256
@@ -44,6 +50,11 @@ class RankSettings:
     openblas: bool = True
     auth_timeout_s: float = 30.0  # no mutual authentication with the supervisor by then: fail
     test_seams: bool = False  # allows LOCKSTEP_TEST_* fault switches (tests only)
+
+    def open_requests_bound(self) -> int:
+        if self.max_open_requests > 0:
+            return self.max_open_requests
+        return OPEN_REQUESTS_PER_SLOT * self.max_batch
 
 
 @dataclass

@@ -45,7 +45,9 @@ class Gateway:
         c = self.cluster
         cands = [b for b in c.backends.values() if b.model == model]
         if cands:
-            return min(cands, key=lambda b: b.active)
+            b = min(cands, key=lambda b: b.active)
+            b.check_room()  # 429 before any tokenizing: the cheapest refusal under overload
+            return b
         known = [d for d in c.deployments.values() if d.get("model") == model]
         if known:
             d = known[0]

@@ -8,11 +8,19 @@ handler) `release`s a stream when it is done with it; releasing an unfinished st
 sends ABORT at once and a drain task waits for the final chunk. Streams whose consumer
 went away without releasing (an orphan) are reaped by `reap_orphans` after a grace
 period.
+
+Admission: at most `max_inflight` streams are active at once (running and waiting on
+rank 0, released ones still draining included); beyond that `generate` (and
+`check_room`, called before any tokenizing) raises `Overloaded`, a 429 with
+`retry-after`. Rank 0 keeps its own bound (several gateways may share it) and refuses
+in-band with error_code overloaded: the stream's `refusal` is then the same 429.
+Both are counted in `overloads` by bound ("gateway", "rank").
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Callable
@@ -22,10 +30,35 @@ import zmq.asyncio
 
 from common.bus import AsyncRpcClient, BusTimeout, Channel, new_request_id
 from common.envelope import Key
-from common.messages import REQUESTS_OUT, Abort, Generate, Stats, StatsRequest, Tokens
+from common.messages import (
+    REQUESTS_OUT,
+    Abort,
+    ErrorCode,
+    Generate,
+    Stats,
+    StatsRequest,
+    Tokens,
+)
+from services.gateway.errors import ApiError
 
 log = logging.getLogger("lockstep.gateway.backend")
 SEND_TIMEOUT_S = 5.0
+
+
+class Overloaded(ApiError):
+    """A deployment's bound on requests in flight is reached: 429, retry later."""
+
+    def __init__(self, backend: Backend, bound: str, in_flight: int | None) -> None:
+        who = (f"deployment {backend.deployment_id} has {in_flight} requests in flight "
+               f"(its bound, max_inflight)" if bound == "gateway"
+               else f"rank 0 of deployment {backend.deployment_id} is at its bound on open "
+               "requests (max_open_requests)")
+        retry = backend.retry_after_s
+        super().__init__(429, f"overloaded: {who}; retry after {retry} s", code="overloaded",
+                         headers={"retry-after": str(retry),
+                                  "x-lockstep-deployment": backend.deployment_id},
+                         data={"bound": bound, "limit": backend.max_inflight if bound == "gateway"
+                               else None})
 
 
 class StreamQueue(asyncio.Queue):
@@ -54,6 +87,7 @@ class RequestStream:
         self.finish_reason: str | None = None
         self.released = False
         self.abort_reason: str | None = None
+        self.refusal: Overloaded | None = None  # rank 0 refused it as overloaded
 
     async def next(self, timeout: float) -> Tokens | None:
         """The next chunk from rank 0, or None if none arrived within `timeout`."""
@@ -84,6 +118,9 @@ class RequestStream:
             self.last_token_at = self.consumer_seen
         if body.finish_reason:
             self.finished, self.finish_reason = True, body.finish_reason
+            if body.error_code == ErrorCode.OVERLOADED and self.refusal is None:
+                self.refusal = Overloaded(self.backend, "rank", None)
+                self.backend.overloads["rank"] += 1
         return body
 
     def release(self, abort_reason: str | None = None) -> None:
@@ -94,7 +131,8 @@ class RequestStream:
 class Backend:
     def __init__(self, ctx: zmq.asyncio.Context, info: dict, *,
                  on_abort: Callable[[str], None] | None = None,
-                 orphan_grace_s: float = 5.0, key: Key | None = None) -> None:
+                 orphan_grace_s: float = 5.0, key: Key | None = None,
+                 max_inflight: int = 0, retry_after_s: int = 1) -> None:
         self.deployment_id = info["deployment_id"]
         self.job_id = info.get("job_id")
         self.model = info.get("model") or self.deployment_id
@@ -107,6 +145,9 @@ class Backend:
         self.client = AsyncRpcClient(ctx, self.endpoint, channel)
         self.streams: dict[str, RequestStream] = {}
         self.orphan_grace_s = orphan_grace_s
+        self.max_inflight = max_inflight  # 0: no bound
+        self.retry_after_s = retry_after_s
+        self.overloads: collections.Counter[str] = collections.Counter()  # by bound
         self.last_ok_at: float | None = None  # wall clock of the last good generation
         self.closed = False
         self._on_abort = on_abort or (lambda cause: None)
@@ -120,9 +161,17 @@ class Backend:
     def active(self) -> int:
         return len(self.streams)
 
+    def check_room(self) -> None:
+        """Raise Overloaded if one more request would exceed the bound on in flight."""
+        n = len(self.streams)
+        if self.max_inflight and n >= self.max_inflight:
+            self.overloads["gateway"] += 1
+            raise Overloaded(self, "gateway", n)
+
     async def generate(self, gen: Generate) -> RequestStream:
         if self.closed:
             raise ConnectionError(f"deployment {self.deployment_id} is gone")
+        self.check_room()  # no await before the stream is registered: the bound holds
         s = RequestStream(self, gen.request_id, len(gen.prompt))
         self.client.open_stream(gen.request_id, s.queue)
         self.streams[gen.request_id] = s

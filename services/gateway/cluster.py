@@ -151,7 +151,9 @@ class Cluster:
                 try:
                     self.backends[dep_id] = Backend(
                         self.ctx, info, orphan_grace_s=self.settings.orphan_grace_s,
-                        on_abort=self._count_abort, key=requests_key_of(info, self.key))
+                        on_abort=self._count_abort, key=requests_key_of(info, self.key),
+                        max_inflight=self.settings.inflight_limit,
+                        retry_after_s=self.settings.overload_retry_after_s)
                 except (KeyError, ValueError, KeyFileError) as exc:
                     log.warning("deployment %s: bad request channel info: %s", dep_id, exc)
 

@@ -147,7 +147,7 @@ class Generation:
             if body.finish_reason:
                 finish = body.finish_reason
                 if finish == "error":
-                    error = rank_error(body.error or "unknown error")
+                    error = s.refusal or rank_error(body.error or "unknown error")
                 for ev in self._text_events(self.detok.flush(), final=True):
                     yield ev
                 break

@@ -1,7 +1,9 @@
 """Prometheus metrics for the whole cluster, as the gateway sees it.
 
-The gateway's own series (requests, tokens, active, aborts by cause, TTFT twice,
-per-token latency) are ordinary instruments on a per-app registry. What the supervisor,
+The gateway's own series (requests, tokens, aborts by cause, TTFT twice, per-token
+latency) are ordinary instruments on a per-app registry; per deployment, requests in
+flight, their bound and the 429s it caused (`lockstep_gateway_overloaded_total`, by
+bound: this gateway's, or rank 0's) are read from the backends at scrape time. What the supervisor,
 reaper and ranks report (rank telemetry, cancel epochs, deployment states, bus
 rejections by service and reason, teardown and reap outcomes) is collected at scrape
 time from the gateway's last cluster refresh, so a scrape never waits on the bus.
@@ -56,6 +58,13 @@ class _ClusterCollector:
         c = self.m.cluster
         active = GaugeMetricFamily("lockstep_gateway_active_requests",
                                    "Requests in flight through this gateway", labels=["deployment"])
+        limit = GaugeMetricFamily("lockstep_gateway_inflight_limit",
+                                  "Requests in flight beyond which a new one gets 429",
+                                  labels=["deployment"])
+        overloaded = CounterMetricFamily("lockstep_gateway_overloaded",
+                                         "Requests refused with 429: the bound on in flight "
+                                         "(gateway) or rank 0's on open requests (rank)",
+                                         labels=["deployment", "bound"])
         dep_state = GaugeMetricFamily("lockstep_deployment_state", "1 for the current state",
                                       labels=["deployment", "model", "state"])
         rank_g = {n: GaugeMetricFamily(f"lockstep_rank_{n}", h, labels=["deployment", "rank"])
@@ -80,6 +89,9 @@ class _ClusterCollector:
             for dep_id, b in c.backends.items():
                 active.add_metric([dep_id], b.active)
                 total += b.active
+                limit.add_metric([dep_id], b.max_inflight)
+                for bound in ("gateway", "rank"):
+                    overloaded.add_metric([dep_id, bound], b.overloads[bound])
             for dep_id, d in c.deployments.items():
                 dep_state.add_metric([dep_id, str(d.get("model", "")), str(d.get("state", ""))], 1)
                 for rk in d.get("ranks") or []:
@@ -108,7 +120,7 @@ class _ClusterCollector:
             extra += _numbers("lockstep_reaper", st.get("reaper"), "Reaper outcome counters")
             extra += _numbers("lockstep_supervisor", st.get("supervisor"), "Supervisor counters")
         active.add_metric(["all"], total)
-        yield from (active, dep_state, *rank_g.values(), rejects, up, epoch, *extra)
+        yield from (active, limit, overloaded, dep_state, *rank_g.values(), rejects, up, epoch, *extra)
 
 
 def _numbers(prefix: str, obj: Any, doc: str) -> list:

@@ -173,7 +173,7 @@ async def _handle(request: Request, *, chat: bool) -> Response:
         stream.release("client_disconnect")  # no-op after a normal end
     done(final)
     if final.error is not None:
-        final.error.headers = headers
+        final.error.headers = {**headers, **(final.error.headers or {})}  # keeps retry-after
         raise final.error
     headers["x-lockstep-ttft-model-ms"] = _hdr(final.model_ttft_ms)
     headers["x-lockstep-ttft-visible-ms"] = _hdr(final.visible_ttft_ms)

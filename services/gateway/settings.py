@@ -10,9 +10,15 @@
 | request_read_timeout | 300 | seconds without a token before a request is cancelled |
 | orphan_grace_s | 5 | seconds before an abandoned stream is reaped |
 | max_body_bytes | 4 MiB | larger request bodies get 413 |
+| input_bytes_per_token | 8 | a prompt (chat: the rendered template) over context x this many UTF-8 bytes is refused before tokenizing |
+| max_messages / max_tools | 4096 / 128 | per request; more is a 400 before validation |
+| prepare_threads | 2 | worker threads that parse, render and tokenize (at most this many prompts at once) |
+| ready_view_max_age_s | 15 | /ready is 503 when the supervisor's last answer is older than this |
 | keepalive_s | 5 | SSE keep-alive comment period while no token arrives |
 | canary_fresh_s | 60 | a serving deployment's last good generation must be this recent |
 | default_max_tokens | 512 | max_tokens when the client gives none (capped by context) |
+| max_inflight | 0 | per deployment: requests in flight (running + waiting) beyond which a new one gets 429 at once; 0 = 4 x the rank's max_batch (64) |
+| overload_retry_after_s | 1 | the `retry-after` of that 429 |
 | admin_endpoint / events_endpoint | (supervisor.json) | supervisor sockets |
 | reaper_events_endpoint | (none) | the reaper's events PUB (reap passes), subscribed too |
 | admin_timeout_s | 10 | deadline for ordinary admin calls |
@@ -26,9 +32,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import default_home, load_settings
+from common.config import ConfigError, default_home, load_settings
+from common.rankspec import RankSettings
 
 TOKEN_FILE = "admin.token"
+# The default bound: 4 batches' worth per deployment (one running, three waiting), half
+# of rank 0's own default bound (8 x max_batch), so this gateway's 429 comes first.
+INFLIGHT_PER_SLOT = 4
 
 
 @dataclass(frozen=True)
@@ -41,9 +51,16 @@ class GatewaySettings:
     request_read_timeout: float = 300.0
     orphan_grace_s: float = 5.0
     max_body_bytes: int = 4 * 1024 * 1024
+    input_bytes_per_token: int = 8
+    max_messages: int = 4096
+    max_tools: int = 128
+    prepare_threads: int = 2
+    ready_view_max_age_s: float = 15.0
     keepalive_s: float = 5.0
     canary_fresh_s: float = 60.0
     default_max_tokens: int = 512
+    max_inflight: int = 0
+    overload_retry_after_s: int = 1
     admin_endpoint: str | None = None
     events_endpoint: str | None = None
     reaper_events_endpoint: str | None = None
@@ -51,6 +68,11 @@ class GatewaySettings:
     refresh_s: float = 2.0
     abort_all_timeout_s: float = 15.0
     log_level: str = "info"
+
+    @property
+    def inflight_limit(self) -> int:
+        """Requests in flight per deployment beyond which a new one is refused (429)."""
+        return self.max_inflight or INFLIGHT_PER_SLOT * RankSettings().max_batch
 
     @property
     def cluster_key_path(self) -> Path:
@@ -77,4 +99,11 @@ class GatewaySettings:
 
 def load(cli: dict | None = None, env: dict | None = None) -> GatewaySettings:
     s = load_settings(GatewaySettings, cli, env if env is not None else dict(os.environ))
+    if s.max_inflight < 0:
+        raise ConfigError(f"LOCKSTEP_MAX_INFLIGHT={s.max_inflight}: must be >= 0 (0 = default)")
+    if s.overload_retry_after_s < 0:
+        raise ConfigError(f"LOCKSTEP_OVERLOAD_RETRY_AFTER_S={s.overload_retry_after_s}: must be >= 0")
+    for name in ("input_bytes_per_token", "max_messages", "prepare_threads"):
+        if getattr(s, name) < 1:
+            raise ConfigError(f"LOCKSTEP_{name.upper()}={getattr(s, name)}: must be >= 1")
     return s

@@ -115,7 +115,7 @@ class RankIO:
         rt.post_event = self.inbox.put
         rt.reject_sources.append(self.reject_counts)
         # watchdogs: open streams (rank 0), and the hooks any thread may call
-        self.streams = StreamLedger() if self.leader else None
+        self.streams = StreamLedger(spec.settings.open_requests_bound()) if self.leader else None
         rt.io_post = self.post
         rt.end_io = self.stop
 

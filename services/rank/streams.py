@@ -10,14 +10,16 @@ the removal plan) is dropped, so a client never sees anything after the end; the
 thread's own final chunk closes the entry.
 
 A GENERATE whose id is still open (a duplicate) or was ended early and is still in the
-batch is answered here with an error and never reaches the main thread.
+batch is answered here with an error and never reaches the main thread; so is one that
+arrives while `max_open` streams are open (error_code overloaded, counted in `refused`):
+rank 0's bound on what waits, whatever the number of gateways in front of it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.messages import Generate, Tokens
+from common.messages import ErrorCode, Generate, Tokens
 
 
 @dataclass
@@ -28,10 +30,12 @@ class _Open:
 
 
 class StreamLedger:
-    def __init__(self) -> None:
+    def __init__(self, max_open: int = 0) -> None:
         self.open: dict[str, _Open] = {}
         self.ended_early: set[str] = set()
         self.dropped = 0  # chunks not sent because their stream had ended
+        self.max_open = max_open  # 0: no bound
+        self.refused = 0  # GENERATEs refused as overloaded
 
     def on_generate(self, ident: bytes, g: Generate) -> Tokens | None:
         """Open the stream; or the error to answer at once (the request goes no further)."""
@@ -40,6 +44,11 @@ class StreamLedger:
             why = "that request_id was just cancelled and is still leaving the batch"
         elif rid in self.open:
             why = "duplicate request_id (that request is still active)"
+        elif self.max_open and len(self.open) >= self.max_open:
+            self.refused += 1
+            return Tokens(request_id=rid, tokens=[], index=0, finish_reason="error",
+                          error=f"rank 0 has {len(self.open)} open requests (its bound); "
+                          "retry later", error_code=ErrorCode.OVERLOADED.value)
         else:
             self.open[rid] = _Open(ident, len(g.prompt))
             return None

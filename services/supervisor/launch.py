@@ -66,6 +66,7 @@ def rank_settings(settings: SupervisorSettings) -> RankSettings:
                         peer_abort_grace_s=settings.peer_abort_grace,
                         progress_stall_s=settings.progress_stall_timeout,
                         signal_clear_timeout_s=settings.signal_clear_timeout,
+                        max_open_requests=settings.max_open_requests,
                         test_seams=settings.rank_test_seams)
 
 

@@ -20,6 +20,7 @@
 | cancel_timeout | 10 | how long a cancel is re-sent before unacked ranks are reported missing |
 | rank_command | (empty) | command that starts one rank, `--spec FILE` appended; empty = `python -m services.rank` |
 | rank_telemetry_interval_s | 1.0 | telemetry period written into each rank's spec |
+| max_open_requests | 0 | rank 0 refuses a request (429 at the gateway) while this many are open; 0 = 8 x max_batch (128) |
 | rank_test_seams | false | lets ranks honour LOCKSTEP_TEST_* fault switches (tests only) |
 | hosts | (none) | hosts file (mlx.launch format) for deploys that name no hosts (`--hosts FILE`) |
 | ssh_config | (empty) | ssh client config (`ssh -F`) for remote hosts that set none of their own |
@@ -69,6 +70,7 @@ class SupervisorSettings:
     cancel_timeout: float = 10.0
     rank_command: str = ""
     rank_telemetry_interval_s: float = 1.0
+    max_open_requests: int = 0  # rank 0's bound (common.rankspec.RankSettings)
     rank_test_seams: bool = False
     hosts: Path | None = None
     ssh_config: str = ""

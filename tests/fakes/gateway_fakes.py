@@ -4,8 +4,10 @@ and a supervisor (real signed admin ROUTER + events PUB) that lists it as servin
 FakeRank0 answers GENERATE with one TOKENS message per "step" (`step_s`), ABORT with a
 final `abort` chunk at the next step, STATS with its active ids. What it generates is
 `script(gen) -> list[int]` (default: the prompt echoed). Switches: `prefill_s` (delay
-before the first token), `ignore_abort`, `drop_final` (never send the final chunk of an
-aborted request), `silent` (accept requests, never answer).
+before the first token; `release_held()` makes every waiting request due now),
+`ignore_abort`, `drop_final` (never send the final chunk of an aborted request), `silent`
+(accept requests, never answer), `max_open` (refuse a GENERATE while that many are open,
+as rank 0's bound does: error_code overloaded).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from common.messages import (
     Abort,
     AdminReply,
     AdminRequest,
+    ErrorCode,
     Event,
     Generate,
     Stats,
@@ -53,6 +56,7 @@ class FakeRank0:
     ignore_abort: bool = False
     drop_final: bool = False
     silent: bool = False
+    max_open: int = 0
     endpoint: str = ""
     generates: list[Generate] = field(default_factory=list)
     aborts: list[tuple[str, str, float]] = field(default_factory=list)  # (rid, reason, at)
@@ -84,6 +88,12 @@ class FakeRank0:
         with self._lock:
             return list(self._reqs)
 
+    def release_held(self) -> None:
+        """Every request still waiting for its first token gets it at the next tick."""
+        with self._lock:
+            for r in self._reqs.values():
+                r.next_at = min(r.next_at, time.monotonic())
+
     def abort_all(self, reason: str = "cancel") -> None:
         with self._lock:
             for r in self._reqs.values():
@@ -110,6 +120,13 @@ class FakeRank0:
         if isinstance(b, Generate):
             self.generates.append(b)
             if self.silent:
+                return
+            with self._lock:
+                full = self.max_open and len(self._reqs) >= self.max_open
+            if full:
+                self._send(ident, Tokens(request_id=b.request_id, tokens=[], index=0,
+                                         finish_reason="error", error="rank 0 is full",
+                                         error_code=ErrorCode.OVERLOADED.value))
                 return
             out = (self.script or (lambda g: list(g.prompt)))(b)[: b.max_tokens]
             with self._lock:
@@ -208,9 +225,10 @@ class FakeSupervisor:
                            "cancel_epoch": 0, "acked_epoch": 0, "mem_active": 0,
                            "last_seen": time.time()}]}
 
-    def publish(self, name: str = "state") -> None:
-        ev = Event(topic="events", name=name, deployment_id=self.deployment_id, state=self.state,
-                   at=time.time())
+    def publish(self, name: str = "state", topic: str = "events") -> None:
+        """An event; topic "deployment" (name "state") is a state change, as the supervisor's."""
+        ev = Event(topic=topic, name=name, deployment_id=self.deployment_id, state=self.state,
+                   at=time.time(), data={"job_id": "job-1"})
         self._pub.send_multipart([b"events", self._ev.pack(ev)])
 
     def _run(self) -> None:
