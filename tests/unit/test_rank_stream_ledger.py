@@ -3,7 +3,7 @@ whatever the main thread sends after that is dropped."""
 
 from __future__ import annotations
 
-from common.messages import Generate, Tokens
+from common.messages import ErrorCode, Generate, Tokens
 from services.rank.streams import StreamLedger
 
 # -- stream ledger ---------------------------------------------------------------------
@@ -28,3 +28,18 @@ def test_ledger_ends_every_open_stream_once_and_drops_what_follows():
     assert led.on_generate(b"a", Generate("r1", [1], 4)) is None  # the id is free again
     assert led.dropped == 2
     assert led.on_send(Tokens("x", [], 0, finish_reason="error"))  # unknown: passes
+
+
+def test_ledger_refuses_beyond_its_bound_until_a_stream_ends():
+    led = StreamLedger(max_open=2)
+    assert led.on_generate(b"a", Generate("r1", [1], 8)) is None
+    assert led.on_generate(b"a", Generate("r2", [1], 8)) is None
+    full = led.on_generate(b"b", Generate("r3", [1], 8))
+    assert (full.request_id, full.finish_reason, full.tokens) == ("r3", "error", [])
+    assert full.error_code == ErrorCode.OVERLOADED and led.refused == 1
+    assert set(led.open) == {"r1", "r2"}  # the refused one was never opened
+    assert led.on_send(Tokens("r1", [5], 0, finish_reason="length"))
+    assert led.on_generate(b"b", Generate("r3", [1], 8)) is None  # room again
+    dup = led.on_generate(b"b", Generate("r2", [1], 8))  # a duplicate stays a duplicate
+    assert "duplicate" in dup.error and dup.error_code is None
+    assert StreamLedger().max_open == 0  # no bound unless given
