@@ -19,9 +19,11 @@ from common.messages import Generate
 from services.gateway import admin_api, openai_routes
 from services.gateway.backend import Backend
 from services.gateway.cluster import Cluster
-from services.gateway.detok import ModelTokenizer, load_tokenizer
+from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError, error_json
+from services.gateway.internal_errors import CatchAll
 from services.gateway.metrics import Metrics
+from services.gateway.offload import Offload
 from services.gateway.settings import GatewaySettings
 
 log = logging.getLogger("lockstep.gateway")
@@ -39,6 +41,7 @@ class Gateway:
         self.metrics = Metrics()
         self.cluster = Cluster(settings, key, self.metrics)
         self.metrics.cluster = self.cluster
+        self.offload = Offload(settings.prepare_threads)
         self._probe_lock = asyncio.Lock()
 
     def pick(self, model: str) -> Backend:
@@ -63,13 +66,15 @@ class Gateway:
                        param="model", code="model_not_found")
 
     async def tokenizer(self, b: Backend) -> ModelTokenizer:
-        if not b.model_path:
-            raise ApiError(503, f"deployment {b.deployment_id} names no model path", code="no_tokenizer")
-        try:
-            return await asyncio.to_thread(load_tokenizer, b.model_path)
-        except Exception as exc:  # noqa: BLE001 - whatever transformers raises
-            raise ApiError(503, f"cannot load the tokenizer of {b.model_path}: {exc}",
-                           code="no_tokenizer") from None
+        return await self.cluster.tokenizers.get(b.model_path, b.deployment_id)
+
+    def view_is_stale(self) -> str | None:
+        """Why the cluster view is too old to vouch for any deployment, or None."""
+        age = self.cluster.view_age()
+        if age is None or age <= self.settings.ready_view_max_age_s:
+            return None
+        why = self.cluster.supervisor_error or "no refresh"
+        return f"the supervisor's last answer is {age:.0f}s old ({why})"
 
     def not_ready_reason(self) -> str:
         c = self.cluster
@@ -143,6 +148,7 @@ def create_app(settings: GatewaySettings, key: Key) -> FastAPI:
             yield
         finally:
             await gw.cluster.stop()
+            gw.offload.close()
 
     app = FastAPI(title="lockstep gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -170,11 +176,6 @@ def create_app(settings: GatewaySettings, key: Key) -> FastAPI:
     async def _http(request: Request, exc: StarletteHTTPException):
         return error_json(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception):
-        log.exception("unhandled error on %s", request.url.path)
-        return error_json(500, f"internal error: {type(exc).__name__}", code="internal")
-
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "supervisor": gw.cluster.supervisor_error is None,
@@ -182,23 +183,29 @@ def create_app(settings: GatewaySettings, key: Key) -> FastAPI:
 
     @app.get("/ready")
     async def ready() -> Response:
+        # Ready = some deployment the supervisor lately said is serving, with a request
+        # channel, its tokenizer loaded, and a fresh proof that it generates.
         fresh_s = settings.canary_fresh_s
+        stale = gw.view_is_stale()
         report = []
         ok = False
         for d in gw.cluster.serving():
             b = gw.cluster.backends.get(d["deployment_id"])
+            tok = gw.cluster.tokenizers.state(d.get("model_path"))
             at = gw.cluster.canary_at(d)
             fresh = at is not None and time.time() - at <= fresh_s
-            if not fresh and b is not None:
+            if not fresh and b is not None and stale is None and tok == "loaded":
                 fresh = await gw.probe(b)
                 at = gw.cluster.canary_at(d)
             report.append({"deployment_id": d["deployment_id"], "model": d.get("model"),
-                           "canary_at": at, "canary_fresh": fresh})
-            ok = ok or (fresh and b is not None)
+                           "canary_at": at, "canary_fresh": fresh, "tokenizer": tok})
+            ok = ok or (fresh and b is not None and tok == "loaded")
+        ok = ok and stale is None
         body = {"ready": ok, "deployments": report}
         if not ok:
-            body["reason"] = (gw.not_ready_reason() if not report
-                              else "no serving deployment has a fresh canary")
+            body["reason"] = stale or (gw.not_ready_reason() if not report else
+                                       "no serving deployment has a loaded tokenizer and a "
+                                       "fresh canary")
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")
@@ -206,4 +213,5 @@ def create_app(settings: GatewaySettings, key: Key) -> FastAPI:
         return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(CatchAll)
     return app

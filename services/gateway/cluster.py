@@ -25,6 +25,7 @@ from common.keys import KeyFileError, requests_key_of
 from common.messages import ADMIN_OUT, EVENTS, AdminReply, AdminRequest
 from services.gateway.backend import Backend
 from services.gateway.settings import GatewaySettings
+from services.gateway.tokenizers import Tokenizers
 
 log = logging.getLogger("lockstep.gateway.cluster")
 SERVING = "serving"
@@ -49,7 +50,8 @@ class Cluster:
         self.backends: dict[str, Backend] = {}
         self.status: dict = {}
         self.supervisor_error: str | None = "supervisor not contacted yet"
-        self.refreshed_at: float | None = None
+        self.refreshed_at: float | None = None  # wall clock of the last good refresh
+        self.tokenizers = Tokenizers()
         self.gaps = GapTracker()
         self.events_seen = 0
         self.reaper_rejections: list[dict] = []  # the reaper's own counters (its events)
@@ -146,6 +148,8 @@ class Cluster:
                 b.close(f"deployment {dep_id} is {state}")
                 del self.backends[dep_id]
         for dep_id, info in self.deployments.items():
+            if info.get("state") == SERVING and isinstance(info.get("model_path"), str):
+                self.tokenizers.want(info["model_path"])  # before /ready can be true for it
             if info.get("state") == SERVING and dep_id not in self.backends and (
                     info.get("requests_key_sealed") or info.get("requests_key")):
                 try:
@@ -199,8 +203,29 @@ class Cluster:
                 self.reaper_rejections = _reject_rows(msg.body.data.get("rows"))
             if self.gaps.observe(msg):
                 log.info("event gap from %s: refreshing", msg.header.sender)
+            self._apply_state_event(msg.body)
             log.debug("event %s %s %s", msg.body.name, msg.body.deployment_id, msg.body.state)
             self.wake()
+
+    def _apply_state_event(self, ev: Any) -> None:
+        """A deployment that leaves `serving` stops being served and ready at once: the
+        next refresh may not come soon (a supervisor busy with that very failure)."""
+        if ev.topic != "deployment" or ev.name != "state" or ev.state == SERVING:
+            return
+        info = self.deployments.get(ev.deployment_id)
+        job = ev.data.get("job_id") if isinstance(ev.data, dict) else None
+        if info is None or info.get("state") != SERVING or (job and job != info.get("job_id")):
+            return
+        log.info("event: deployment %s is %s", ev.deployment_id, ev.state)
+        self.deployments[ev.deployment_id] = {**info, "state": ev.state,
+                                              "error": ev.reason or info.get("error")}
+        self._reconcile()
+
+    def view_age(self, now: float | None = None) -> float | None:
+        """Seconds since the supervisor last answered a refresh (None: never)."""
+        if self.refreshed_at is None:
+            return None
+        return max(0.0, (time.time() if now is None else now) - self.refreshed_at)
 
     async def _reap_loop(self) -> None:
         period = max(0.2, min(1.0, self.settings.orphan_grace_s / 2))
@@ -224,6 +249,7 @@ class Cluster:
         for b in self.backends.values():
             b.close("gateway shutting down")
         self.backends.clear()
+        self.tokenizers.close()
         self._disconnect()
         self.ctx.destroy(linger=0)
 

@@ -17,21 +17,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from common.messages import Generate
-from services.gateway.detok import ChatTemplateError
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Generation
-from services.gateway.openai_api import (
-    ChatRequest,
-    CompletionRequest,
-    template_messages,
-    template_tools,
-    tool_names,
-    validate,
-)
+from services.gateway.openai_api import ChatRequest, CompletionRequest, tool_names, validate
+from services.gateway.prompts import prompt_ids
 from services.gateway.streaming import EventStreamResponse, Shape, collect, sse_events
 
 router = APIRouter()
-LARGE_PROMPT = 8192  # characters; longer prompts are tokenized off the event loop
 
 
 def check_api_key(request: Request) -> None:
@@ -76,41 +68,21 @@ async def completions(request: Request) -> Response:
     return await _handle(request, chat=False)
 
 
-async def _prompt_ids(req, tok, chat: bool) -> tuple[list[int], str]:
-    """Token ids of the prompt, and the echo prefix (completions with echo)."""
-    if chat:
-        msgs, tools = template_messages(req), template_tools(req)
-        size = sum(len(m.get("content") or "") for m in msgs)
-        try:
-            if size > LARGE_PROMPT:
-                return await asyncio.to_thread(tok.chat_prompt, msgs, tools), ""
-            return tok.chat_prompt(msgs, tools), ""
-        except ChatTemplateError as exc:  # the messages (or the model) do not fit it
-            raise ApiError(400, str(exc), param="messages", code="invalid_value") from None
-    p = req.prompt
-    if isinstance(p, list) and p and isinstance(p[0], str | list):
-        p = p[0]
-    if isinstance(p, str):
-        ids = await asyncio.to_thread(tok.encode, p) if len(p) > LARGE_PROMPT else tok.encode(p)
-        text = p
-    else:
-        vocab = len(tok.hf)
-        if any(not 0 <= t < vocab for t in p):
-            raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt",
-                           code="invalid_value")
-        ids, text = list(p), (tok.decode(list(p)) if req.echo else "")
-    return ids, (text if req.echo else "")
-
-
 async def _handle(request: Request, *, chat: bool) -> Response:
     gw = request.app.state.gw
     started = time.monotonic()
     endpoint = "chat" if chat else "completions"
     check_api_key(request)
-    req = validate(ChatRequest if chat else CompletionRequest, await request.body())
+    s = gw.settings
+    # Only reading the (capped) body happens here; parsing a large one, the chat
+    # template and tokenizing run in gw.offload's few threads (docs/gateway.md, bounds).
+    raw = await request.body()
+    req = await gw.offload.parse(len(raw), validate, ChatRequest if chat else CompletionRequest,
+                                 raw, max_messages=s.max_messages, max_tools=s.max_tools)
     backend = gw.pick(req.model)
     tok = await gw.tokenizer(backend)
-    ids, prefix = await _prompt_ids(req, tok, chat)
+    prompt = await gw.offload.run(prompt_ids, req, tok, s.input_bytes_per_token)
+    ids, prefix = prompt.ids, prompt.echo
     if not ids:
         raise ApiError(400, "the prompt is empty", param="messages" if chat else "prompt",
                        code="invalid_value")
