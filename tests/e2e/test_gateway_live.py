@@ -43,7 +43,8 @@ def live(tmp_path_factory):
             if proc.poll() is not None:
                 raise AssertionError(f"lockstep up exited: {st['out'].read_text()[-3000:]}")
             return httpx.get(url + "/ready", timeout=5).status_code == 200
-        poll_until(ready, READY_S, "lockstep up to be ready", interval=0.5)
+        poll_until(ready, READY_S, "lockstep up to be ready", interval=0.05)
+        st["burst"] = first_burst(url)  # the first requests ever, right after /ready
         poll_until(lambda: "Press Ctrl-C" in st["out"].read_text(), 10, "the banner")
         st["token"] = (home / "admin.token").read_text().strip()
         st["hdr"] = {"authorization": f"Bearer {st['token']}"}
@@ -55,6 +56,28 @@ def live(tmp_path_factory):
     finally:
         interrupt(proc, 90)
         log.close()
+
+
+def first_burst(url: str, n: int = 8) -> list[tuple[int, str]]:
+    """n concurrent first requests (chat and completions mixed): (status, body) each."""
+    model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    go = threading.Barrier(n)
+    out: list[tuple[int, str]] = []
+
+    def one(i: int) -> None:
+        body = ({"messages": [{"role": "user", "content": f"hi {i}"}]} if i % 2
+                else {"prompt": f"hello {i}"})
+        go.wait(10)
+        r = httpx.post(url + ("/v1/chat/completions" if i % 2 else "/v1/completions"), timeout=120,
+                       json={"model": model, "max_tokens": 4, **body})
+        out.append((r.status_code, r.text))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(150)
+    return out
 
 
 def client(live) -> openai.OpenAI:
@@ -90,6 +113,14 @@ def removals(live, rid: str) -> dict[int, dict]:
 def gateway_active(live) -> int:
     st = httpx.get(live["url"] + "/admin/api/cluster/status", headers=live["hdr"], timeout=10)
     return st.json()["gateway"]["active"]
+
+
+@pytest.mark.timeout(60)
+def test_a_burst_right_after_ready_is_all_served(live):
+    """Issue 12 part 3: the tokenizer is loaded before /ready, once; the first concurrent
+    requests all succeed (they got 503 from a lazy-import race)."""
+    assert len(live["burst"]) == 8
+    assert all(status == 200 for status, _ in live["burst"]), live["burst"]
 
 
 @pytest.mark.timeout(60)
@@ -227,6 +258,14 @@ def test_bad_input_live(live):
         (post("/v1/completions", {"model": m, "prompt": "y" * (5 * 1024 * 1024)}), 413),
         (post("/admin/api/cluster/abort-all", {}), 401),
         (post("/admin/api/cluster/abort-all", {}, {"authorization": "Bearer nope"}), 401),
+        # issue 12 part 5: each of these was a 500 (or a 400 before authentication)
+        (post("/v1/completions", {"model": m, "prompt": "a\udfff"}), 400),
+        (post("/v1/chat/completions", {"model": m, "stream": True,
+                                       "messages": [{"role": "user", "content": "\ud800"}]}), 400),
+        (post("/v1/completions", b'{"prompt": ' + b"[" * 10000 + b"]" * 10000 + b"}"), 400),
+        (post("/v1/completions", {"model": m, "prompt": "w " * 2_000_000}), 400),
+        (post("/v1/chat/completions", {"model": m, "messages": [{"role": "user"}] * 120_000}), 400),
+        (httpx.delete(u + "/admin/api/cluster/deployments/x?force=maybe", timeout=30), 401),
     ]
     for resp, status in cases:
         assert resp.status_code == status, resp.text
