@@ -8,9 +8,13 @@ processes (each in its own session, logs in $LOCKSTEP_HOME/runtime/logs/), write
 cluster key and the admin token (0600) on first run, builds the embedded model once
 (no --model), deploys it (TP=2 by default), waits for /ready and prints the URL with a
 curl to paste. If the deployment fails on its own (a rank died, a peer was lost) it is
-torn down with proof and redeployed, up to --restarts times (default 3). Ctrl-C / SIGTERM: abort_all, verified teardown of every deployment, then
-SIGTERM → SIGKILL each service; exit 0 only when every process it started (and every
-rank) is proven gone.
+torn down with proof and redeployed, up to --restarts times (default 3).
+Ctrl-C / SIGTERM / SIGHUP (a closed terminal): abort_all, verified teardown of every
+deployment, then SIGTERM → SIGKILL each service; exit 0 only when every process it
+started (and every rank) is proven gone. Messages also go to runtime/logs/up.log, and a
+stop never needs a writable stdout (services/up_console.py). Each service watches `up`
+(common/launcher_watch.py: parent death + a lease on its identity) and stops in order on
+its own when `up` is gone, even SIGKILLed.
 
 Settings: CLI > LOCKSTEP_<NAME> > defaults; ports: --admin-port 7710, --events-port 7711,
 --control-port 7712, --report-port 7713, --reaper-events-port 7714 (0 = any free port).
@@ -37,9 +41,11 @@ from common.bus import BusTimeout, Channel, SyncRpcClient, new_request_id
 from common.config import ConfigError, default_home, load_settings
 from common.envelope import Key
 from common.keys import KeyFileError, ensure_cluster_key
+from common.launcher_watch import LAUNCHER_ENV, launcher_value
 from common.messages import ADMIN_OUT, AdminRequest
 from common.procs import identify, is_alive, snapshot_children, terminate_ladder
 from common.state import Paths
+from services.up_console import UpConsole
 from services.up_preflight import busy_ports, supervisor_busy
 
 
@@ -189,15 +195,24 @@ class Up:
         self.rank_pids: set[int] = set()
         self.admin: AdminLink | None = None
         self.teardown_ok = True
+        self.console = UpConsole(self.paths.logs / "up.log")
+        me = identify(os.getpid())
+        self.launcher = launcher_value(me) if me is not None else None
 
-    def log(self, msg: str) -> None:
-        print(f"lockstep up: {msg}", flush=True)
+    def log(self, msg: str, *, err: bool = False) -> None:
+        """Never raises: the terminal may be gone (see up_console)."""
+        self.console.say(f"lockstep up: {msg}", err=err)
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        # From the main thread only: a child's parent-death signal fires when the thread
+        # that forked it exits, and ours lives as long as `up`.
         logf = open(self.paths.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         cmd = [sys.executable, "-m", "services.cli", name, "--home", str(self.paths.home), *argv]
+        env = dict(os.environ)
+        if self.launcher is not None:  # the child watches us by this (launcher_watch)
+            env[LAUNCHER_ENV] = self.launcher
         p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True, close_fds=True)
+                             start_new_session=True, close_fds=True, env=env)
         logf.close()
         self.procs[name] = p
         self.log(f"started {name} (pid {p.pid}, log {self.paths.logs / (name + '.log')})")
@@ -318,11 +333,11 @@ class Up:
         body = json.dumps({"model": model, "max_tokens": 32,
                            "messages": [{"role": "user", "content": "Hello!"}]})
         auth = " -H 'Authorization: Bearer $KEY'" if os.environ.get("LOCKSTEP_API_KEYS") else ""
-        print(f"\nlockstep is serving {model} ({dep_id}, tp={self.s.tp}, pp={self.s.pp}) at {url}\n"
+        self.console.say(f"\nlockstep is serving {model} ({dep_id}, tp={self.s.tp}, pp={self.s.pp}) at {url}\n"
               f"  OpenAI base URL: {url}/v1    ready: {url}/ready    metrics: {url}/metrics\n"
               f"  admin token:     {self.paths.admin_token}\n\n"
               f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
-              f"       -d '{body}'\n\nPress Ctrl-C to stop.\n", flush=True)
+              f"       -d '{body}'\n\nPress Ctrl-C to stop.\n")
 
     def shutdown(self) -> bool:
         """abort_all → verified teardown → stop services → prove every pid gone."""
@@ -383,21 +398,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     def on_signal(signum, frame) -> None:  # only sets a flag: the main loop does the work
-        up.stop_flag.set()
+        up.stop_flag.set()  # a second Ctrl-C changes nothing: the stop runs to its end
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    # SIGHUP is a closed terminal: the same orderly stop. SIGPIPE stays ignored (Python's
+    # default), so a dead pipe is an error UpConsole swallows, never a death mid-stop.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     code = 0
     try:
         code = up.run()
     except (UpError, KeyFileError, OSError, ValueError) as exc:
-        print(f"lockstep up: {exc}", file=sys.stderr)
+        up.log(str(exc), err=True)
         code = 1
-    print("lockstep up: stopping: abort_all, verified teardown, services", flush=True)
+    up.log("stopping: abort_all, verified teardown, services")
     if not up.shutdown():
-        print("lockstep up: shutdown NOT verified (see above)", file=sys.stderr)
+        up.log("shutdown NOT verified (see above)", err=True)
         return 1
-    print("lockstep up: every process stopped", flush=True)
+    up.log("every process stopped")
     return code
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from common.config import ConfigError
 from common.keys import KeyFileError, load_cluster_key
+from common.launcher_watch import watch_launcher
 from services.gateway import settings as gw_settings
 
 
@@ -54,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     # handler in place that is a no-op, and a SIGTERM/SIGINT stop exits 0 (clean).
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
+    try:
+        watch_launcher("gateway")  # `lockstep up` gone → SIGTERM → uvicorn's shutdown
+    except ConfigError as exc:
+        print(f"lockstep gateway: {exc}", file=sys.stderr)
+        return 2
     server.run()
     return 0 if server.started else 1
 

@@ -8,7 +8,8 @@ The service runs one pass (see `services.reaper.reap`) every `--interval` second
 (default 10), logs each pass, and with `--events-port` publishes it as signed
 `Event(topic="reap")`s on its own events PUB (cluster key, topic frame b"events").
 SIGTERM/SIGINT end it cleanly after the pass in progress: the handlers only set a flag
-(and wake the sleep through a wakeup fd).
+(and wake the sleep through a wakeup fd). Started by `lockstep up`, it stops the same
+way when `up` is gone (common/launcher_watch.py).
 
 `--once` does one pass and prints it (`--json`: the report as JSON). Exit status: 0 for
 a clean pass, 1 if a reap failed or a manifest is unreadable (launches are blocked),
@@ -39,6 +40,7 @@ import zmq
 
 from common.config import ConfigError, load_settings
 from common.keys import KeyFileError, load_cluster_key
+from common.launcher_watch import watch_launcher
 from common.state import Paths, default_home
 from common.zmtp_watch import ZmtpWatch
 from services.reaper.events import EventPublisher
@@ -158,6 +160,14 @@ def _serve(paths: Paths, s: ReaperSettings) -> int:
         publisher = EventPublisher(key, s.reaper_events_host, s.reaper_events_port)
         log.info("events PUB on %s", publisher.endpoint)
     flag = _StopFlag()
+    try:
+        watch_launcher("reaper")  # `lockstep up` gone → SIGTERM → the flag
+    except ConfigError as exc:
+        flag.close()
+        if publisher is not None:
+            publisher.close()
+        print(f"lockstep reaper: {exc}", file=sys.stderr)
+        return 2
     log.info("reaper started (home %s, every %.1fs)", paths.home, s.reaper_interval)
     try:
         while not flag.stop:

@@ -3,7 +3,8 @@
 Every setting (settings.py) is a flag (`--load-timeout 60`) and an environment variable
 (`LOCKSTEP_LOAD_TIMEOUT=60`). The bound endpoints are printed and written to
 `$LOCKSTEP_HOME/runtime/supervisor.json` (0600). SIGTERM/SIGINT take the same path as a
-stop of every deployment: verified teardown, then exit.
+stop of every deployment: verified teardown, then exit. Started by `lockstep up`, it
+takes the same path when `up` is gone (common/launcher_watch.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import zmq
 
 from common.config import ConfigError
 from common.keys import KeyFileError
+from common.launcher_watch import watch_launcher
 from services.supervisor.homelock import SupervisorBusy
 from services.supervisor.hosts import HostsError
 from services.supervisor.settings import SupervisorSettings, load
@@ -62,6 +64,7 @@ async def _run(settings: SupervisorSettings) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, quit_)
+    watch_launcher("supervisor")  # `lockstep up` gone → SIGTERM → the stop above
     await sup.wait_closed()
     return 0
 

@@ -1,0 +1,107 @@
+"""Nothing outlives `lockstep up` (DESIGN 1), however it went: a closed terminal
+(SIGHUP), Ctrl-C with its stdout a pipe nobody reads any more (`up | tee`, tee gone),
+and SIGKILL, after which the services notice on their own and stop in order. Each case
+on a real `up` (supervisor, reaper, gateway, TP=2 MLX ranks), proven from outside:
+every pid of its tree and every rank gone, every port it listened on free, no launch
+manifest and no supervisor.json left."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from common.procs import ProcessIdentity, identify, is_alive, signal_identity, snapshot_children
+from common.state import Paths
+from tests.gwutil import free_port, poll_until
+from tests.support.processes import up_argv
+
+ROOT = Path(__file__).resolve().parents[2]
+STOP_DEADLINE = {"sighup": 90.0, "closed_stdout": 90.0, "sigkill": 30.0}
+
+
+def _listening_ports(tree: list[ProcessIdentity]) -> set[int]:
+    ports = set()
+    for ident in tree:
+        try:
+            conns = psutil.Process(ident.pid).net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        ports |= {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
+    return ports
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _rank_identities(port: int, home: Path) -> list[ProcessIdentity]:
+    token = (home / "admin.token").read_text().strip()
+    deps = httpx.get(f"http://127.0.0.1:{port}/admin/api/cluster/deployments", timeout=10,
+                     headers={"authorization": f"Bearer {token}"}).json()["deployments"]
+    pids = [r["pid"] for d in deps for r in d["ranks"]]
+    assert len(pids) == 2, deps
+    return [i for i in map(identify, pids) if i is not None]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("how", ["sighup", "closed_stdout", "sigkill"])
+def test_nothing_outlives_up(tmp_path, how):
+    home, port = tmp_path / "home", free_port()
+    paths = Paths(home)
+    err = open(tmp_path / "up.err", "wb")  # noqa: SIM115 - closed in finally
+    out = subprocess.PIPE if how == "closed_stdout" else err
+    proc = subprocess.Popen(up_argv(home, port), cwd=ROOT, stdout=out, stderr=err,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    up_log = lambda: (paths.logs / "up.log").read_text(errors="replace")  # noqa: E731
+    tree: list[ProcessIdentity] = []
+    try:
+        poll_until(lambda: "Press Ctrl-C" in up_log(), 180, "the banner in up.log", 0.25)
+        ranks = _rank_identities(port, home)
+        tree = snapshot_children(proc.pid)
+        assert {r.pid for r in ranks} <= {i.pid for i in tree}
+        assert len(tree) == 6, tree  # up, supervisor, reaper, gateway, 2 ranks
+        ports = _listening_ports(tree)
+        assert port in ports and len(ports) >= 6, ports
+        assert list(paths.manifests.glob("*.json"))
+
+        if how == "sighup":
+            proc.send_signal(signal.SIGHUP)
+        elif how == "closed_stdout":
+            proc.stdout.close()  # the reader is gone: every write of up's now fails (EPIPE)
+            proc.send_signal(signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGKILL)
+        code = proc.wait(STOP_DEADLINE[how])
+        poll_until(lambda: not [i for i in tree if is_alive(i)], STOP_DEADLINE[how],
+                   "every process lockstep up started to be gone", 0.1)
+
+        assert code == (-signal.SIGKILL if how == "sigkill" else 0), (code, up_log()[-3000:])
+        assert [p for p in ports if not _port_free(p)] == []
+        assert list(paths.manifests.glob("*.json")) == []
+        assert not (paths.runtime / "supervisor.json").exists()
+        if how != "sigkill":
+            assert "every process stopped" in up_log()
+            assert "NOT verified" not in up_log() and "NOT proven gone" not in up_log()
+            assert b"Traceback" not in (tmp_path / "up.err").read_bytes()
+        else:  # nobody stopped them but themselves, in order: a verified teardown
+            sup_log = (paths.logs / "supervisor.log").read_text(errors="replace")
+            assert "verified teardown" in sup_log, sup_log[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for ident in tree:  # never leak a process into the rest of the suite
+            signal_identity(ident, signal.SIGKILL)
+        err.close()
