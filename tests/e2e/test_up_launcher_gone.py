@@ -1,7 +1,7 @@
 """Nothing outlives `lockstep up` (DESIGN 1), however it went: a closed terminal
-(SIGHUP), Ctrl-C with its stdout a pipe nobody reads any more (`up | tee`, tee gone),
-and SIGKILL, after which the services notice on their own and stop in order. Each case
-on a real `up` (supervisor, reaper, gateway, TP=2 MLX ranks), proven from outside:
+(SIGHUP), Ctrl-C (twice) with its stdout a pipe nobody reads any more (`up | tee`, tee
+gone), and SIGKILL, after which the services notice on their own and stop in order.
+Each case on a real `up` (supervisor, reaper, gateway, TP=2 MLX ranks), proven from outside:
 every pid of its tree and every rank gone, every port it listened on free, no launch
 manifest and no supervisor.json left."""
 
@@ -81,6 +81,8 @@ def test_nothing_outlives_up(tmp_path, how):
         elif how == "closed_stdout":
             proc.stdout.close()  # the reader is gone: every write of up's now fails (EPIPE)
             proc.send_signal(signal.SIGINT)
+            poll_until(lambda: "stopping:" in up_log(), 30, "the stop to begin", 0.02)
+            proc.send_signal(signal.SIGINT)  # an impatient second Ctrl-C: the stop goes on
         else:
             proc.send_signal(signal.SIGKILL)
         code = proc.wait(STOP_DEADLINE[how])
