@@ -54,11 +54,12 @@ class Overloaded(ApiError):
                else f"rank 0 of deployment {backend.deployment_id} is at its bound on open "
                "requests (max_open_requests)")
         retry = backend.retry_after_s
+        data: dict = {"bound": bound}
+        if bound == "gateway":
+            data["limit"] = backend.max_inflight
         super().__init__(429, f"overloaded: {who}; retry after {retry} s", code="overloaded",
                          headers={"retry-after": str(retry),
-                                  "x-lockstep-deployment": backend.deployment_id},
-                         data={"bound": bound, "limit": backend.max_inflight if bound == "gateway"
-                               else None})
+                                  "x-lockstep-deployment": backend.deployment_id}, data=data)
 
 
 class StreamQueue(asyncio.Queue):
