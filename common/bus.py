@@ -51,20 +51,27 @@ def configure(sock: zmq.Socket, *, max_size: int = DEFAULT_MAX_SIZE, hwm: int = 
 
 
 # Listening sockets (anyone who can reach the port can connect): docs/security.md.
-LISTENER_RCVHWM = 64  # frames libzmq holds per connection while the owner is not reading
+LISTENER_BUFFER = 1024 * 1024  # bytes of frames libzmq may hold per connection, unread
 LISTENER_RCVBUF = 256 * 1024  # SO_RCVBUF: what the kernel buffers per connection
 HANDSHAKE_IVL_MS = 5000  # a connection that never completes the ZMTP greeting is dropped
 PUB_MAX_SIZE = 1024  # what a PUB receives is subscriptions: topic prefixes only
 
 
-def configure_listener(sock: zmq.Socket, *, max_size: int, rcvhwm: int = LISTENER_RCVHWM,
-                       sndhwm: int = 10000) -> zmq.Socket:
-    """A socket peers connect to. Two size caps: the channel's (`max_size`: counted as
-    `oversize`, dropped unread) and libzmq's at twice that (bigger frames make libzmq drop
-    the connection without delivering anything). Memory per connection is bounded by
-    `rcvhwm * 2 * max_size`."""
-    configure(sock, max_size=2 * max_size, hwm=sndhwm)
-    sock.setsockopt(zmq.RCVHWM, rcvhwm)
+def listener_rcvhwm(max_size: int) -> int:
+    """Frames libzmq holds per connection while the owner is not reading: as many as fit
+    in LISTENER_BUFFER, at least 2 (RCVHWM counts frames, not bytes)."""
+    return max(2, LISTENER_BUFFER // max_size)
+
+
+def configure_listener(sock: zmq.Socket, *, max_size: int, sndhwm: int = 10000) -> zmq.Socket:
+    """A socket peers connect to. libzmq itself enforces the channel's size cap
+    (`max_size`): a bigger frame makes it drop the connection, nothing read or
+    delivered. What one connection can make it buffer while the owner does not read
+    (its admission budget is dry) is then bounded: (RCVHWM + 2) frames of at most
+    `max_size` (held, being decoded, announced) plus SO_RCVBUF in the kernel, on top of
+    libzmq's ~25 KB of pipes and codec buffers per connection."""
+    configure(sock, max_size=max_size, hwm=sndhwm)
+    sock.setsockopt(zmq.RCVHWM, listener_rcvhwm(max_size))
     sock.setsockopt(zmq.RCVBUF, LISTENER_RCVBUF)  # kernel memory per connection, bounded
     sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
     return sock

@@ -9,18 +9,22 @@ like any other rejection, and logged (rate-limited). Nothing is charged to the s
 admission budget: the work was libzmq's, and legitimate frames must not wait for it.
 
 The monitor also tracks how many connections a listener has open, for status and logs.
-Capping that number is beyond libzmq's API (see docs/security.md).
+Capping that number is beyond libzmq's API (see docs/security.md). Each close is noted
+with the process's memory reclaimer (common/memtrim.py): the owner calls `tick(now)`
+when it is due, and once a burst of closes settles, freed heap goes back to the OS.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from common.admission import LogLimiter
 from common.envelope import Reason, RejectCounter
+from common.memtrim import RECLAIMER, Reclaimer
 
 log = logging.getLogger("lockstep.zmtp")
 
@@ -39,10 +43,12 @@ class ZmtpWatch:
     """Feed it the monitor socket's frames (`on_frames`); it counts `no_zmtp` on `counter`
     once per connection whose ZMTP handshake failed (then libzmq closes it)."""
 
-    def __init__(self, sock: zmq.Socket, counter: RejectCounter) -> None:
+    def __init__(self, sock: zmq.Socket, counter: RejectCounter,
+                 reclaimer: Reclaimer = RECLAIMER) -> None:
         # The monitor socket has the listener's flavour (asyncio or not) and context.
         self.monitor = sock.get_monitor_socket(EVENTS)
         self.counter = counter
+        self.reclaimer = reclaimer
         self._log = LogLimiter(log)
         self.open = 0
         self.failed = 0
@@ -57,6 +63,7 @@ class ZmtpWatch:
             self.open += 1
         elif event == zmq.EVENT_DISCONNECTED:
             self.open = max(0, self.open - 1)
+            self.reclaimer.closed(time.monotonic())
         elif event in FAILED:
             self.failed += 1
             self.counter.add(Reason.NO_ZMTP)
@@ -71,6 +78,11 @@ class ZmtpWatch:
             except zmq.Again:
                 return
             self.on_frames(frames)
+
+    def tick(self, now: float) -> float:
+        """Release memory freed by closed connections if that is due; when to tick next
+        (inf: nothing pending)."""
+        return self.reclaimer.tick(now)
 
     def close(self) -> None:
         if not self.monitor.closed:

@@ -44,7 +44,6 @@ from services.rank.waker import Waker
 
 log = logging.getLogger("lockstep.rank.io")
 PLAN_IN_MAX = 64 * 1024  # rank 0's plan ROUTER only ever receives small messages
-REQUESTS_RCVHWM = 32
 
 
 class RankIO:
@@ -83,7 +82,7 @@ class RankIO:
             self.plan.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.plan.bind(spec.plan_endpoint)
             self.requests = configure_listener(self.ctx.socket(zmq.ROUTER),
-                                               max_size=DEFAULT_MAX_SIZE, rcvhwm=REQUESTS_RCVHWM)
+                                               max_size=DEFAULT_MAX_SIZE)
             self.requests.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.requests.bind(spec.requests_endpoint)
             # Connections libzmq closes before any frame (raw bytes, silence) are counted.
@@ -247,7 +246,8 @@ class RankIO:
             self._telemetry_at = now + self.spec.settings.telemetry_interval_s
             self.rt.write_marker()  # first: a reader that saw the report finds the file
             self.reporting.send(self.rt.telemetry())
-        deadline = min(self._telemetry_at, self.session.timers(now), auth_at)
+        deadline = min(self._telemetry_at, self.session.timers(now), auth_at,
+                       *(w.tick(now) for w in self.watches))  # memory after a flood
         if self._ready_msg is not None and not self._served:
             if now >= self._ready_at:
                 self._ready_at = now + RESEND_S

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import math
 import os
 import socket
 import time
@@ -210,18 +211,23 @@ class SupervisorSockets:
                     log.exception("report handler failed")
 
     async def watch_loop(self) -> None:
-        """Feed every listener's monitor events to its ZmtpWatch."""
+        """Feed every listener's monitor events to its ZmtpWatch; tick them when due (memory
+        freed by a flood of closed connections goes back to the OS once it settled)."""
         poller = zmq.asyncio.Poller()
         by_monitor = {w.monitor: w for w in self.watches}
         for mon in by_monitor:
             poller.register(mon, zmq.POLLIN)
+        due = math.inf
         while True:
+            wait = None if due == math.inf else max(0, int((due - time.monotonic()) * 1000) + 1)
             try:
-                ready = await poller.poll()
+                ready = await poller.poll(wait)
                 for mon, _ in ready:
                     by_monitor[mon].on_frames(await mon.recv_multipart())
             except (zmq.ZMQError, asyncio.CancelledError):
                 return
+            now = time.monotonic()
+            due = min(w.tick(now) for w in self.watches)
 
     def close(self) -> None:
         for w in self.watches:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import resource
 import secrets
 import socket
@@ -32,6 +33,8 @@ from common import messages as m
 from common.envelope import Key, Signer
 
 HALF_OPEN = 1000
+# Which attack variant comes next: seeded, so every run sends the same mix.
+RNG = random.Random(1201)
 SILENT = 100
 
 
@@ -53,14 +56,14 @@ def body_for(t: dict, *, rank: int | None = None, job: str | None = None):
 def frames_for(phase: str, t: dict, signers: dict) -> list[bytes]:
     """One message (list of frames) for `phase` against target `t`."""
     if phase == "garbage":
-        return [os.urandom(1 + secrets.randbelow(300))]
+        return [os.urandom(1 + RNG.randrange(300))]
     if phase == "multipart":
         return [os.urandom(20), os.urandom(20), os.urandom(20)]
     if phase == "wrong_key":
         return [signers["wrong"].encode(body_for(t))]
     if phase == "replay":
         recorded = t.get("replay") or []
-        return [bytes.fromhex(recorded[secrets.randbelow(len(recorded))])] if recorded else []
+        return [bytes.fromhex(RNG.choice(recorded))] if recorded else []
     if phase == "stale":
         return [signers["right"].encode(body_for(t), ts=time.time() - 120)]
     if phase == "old_launch":
@@ -68,7 +71,7 @@ def frames_for(phase: str, t: dict, signers: dict) -> list[bytes]:
     if phase == "impersonate":
         if t.get("body", "auth") != "auth":
             return []
-        pick = secrets.randbelow(3)
+        pick = RNG.randrange(3)
         if pick == 0:  # an authenticated rank's id from another connection
             return [signers["right"].encode(body_for(t))]
         if pick == 1:  # a rank that does not exist
@@ -216,8 +219,9 @@ class Rogue:
         return s
 
     def oversize(self) -> dict[str, int]:
-        """Per target: frames just above the channel's cap (delivered, counted `oversize`)
-        and one above libzmq's cap (the connection is dropped, nothing delivered)."""
+        """Per target: frames just above the channel's cap, and one far above it. libzmq
+        enforces the cap on listeners (common.bus.configure_listener): each connection
+        is dropped at its first such frame, nothing delivered or answered."""
         sent, socks = {}, []
         for t in self.targets:
             s = self.dealer(t["endpoint"])
