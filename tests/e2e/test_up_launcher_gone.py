@@ -1,5 +1,5 @@
 """Nothing outlives `lockstep up` (DESIGN 1), however it went: a closed terminal
-(SIGHUP), Ctrl-C (twice) with its stdout a pipe nobody reads any more (`up | tee`, tee
+(its pty hung up, then SIGHUP: every later write is EIO), Ctrl-C (twice) with its stdout a pipe nobody reads any more (`up | tee`, tee
 gone), and SIGKILL, after which the services notice on their own and stop in order.
 Each case on a real `up` (supervisor, reaper, gateway, TP=2 MLX ranks), proven from outside:
 every pid of its tree and every rank gone, every port it listened on free, no launch
@@ -7,9 +7,13 @@ manifest and no supervisor.json left."""
 
 from __future__ import annotations
 
+import os
+import pty
+import select
 import signal
 import socket
 import subprocess
+import threading
 from pathlib import Path
 
 import httpx
@@ -46,6 +50,31 @@ def _port_free(port: int) -> bool:
     return True
 
 
+class Terminal:
+    """A pty for up's stdout and stderr, read (and dropped) until it is hung up."""
+
+    def __init__(self) -> None:
+        self.master, self.slave = pty.openpty()
+        self._stop = threading.Event()
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        while not self._stop.is_set():
+            if select.select([self.master], [], [], 0.05)[0]:
+                try:
+                    os.read(self.master, 65536)
+                except OSError:
+                    return
+
+    def hang_up(self) -> None:
+        """Close the window: with no master left, writes to the tty fail (EIO)."""
+        if not self._stop.is_set():
+            self._stop.set()
+            self._reader.join(5)
+            os.close(self.master)
+
+
 def _rank_identities(port: int, home: Path) -> list[ProcessIdentity]:
     token = (home / "admin.token").read_text().strip()
     deps = httpx.get(f"http://127.0.0.1:{port}/admin/api/cluster/deployments", timeout=10,
@@ -61,9 +90,13 @@ def test_nothing_outlives_up(tmp_path, how):
     home, port = tmp_path / "home", free_port()
     paths = Paths(home)
     err = open(tmp_path / "up.err", "wb")  # noqa: SIM115 - closed in finally
-    out = subprocess.PIPE if how == "closed_stdout" else err
-    proc = subprocess.Popen(up_argv(home, port), cwd=ROOT, stdout=out, stderr=err,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    term = Terminal() if how == "sighup" else None
+    out = {"sighup": term.slave if term else None, "closed_stdout": subprocess.PIPE}.get(how, err)
+    proc = subprocess.Popen(up_argv(home, port), cwd=ROOT, stdout=out,
+                            stderr=term.slave if term else err, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    if term is not None:
+        os.close(term.slave)
     up_log = lambda: (paths.logs / "up.log").read_text(errors="replace")  # noqa: E731
     tree: list[ProcessIdentity] = []
     try:
@@ -77,6 +110,7 @@ def test_nothing_outlives_up(tmp_path, how):
         assert list(paths.manifests.glob("*.json"))
 
         if how == "sighup":
+            term.hang_up()
             proc.send_signal(signal.SIGHUP)
         elif how == "closed_stdout":
             proc.stdout.close()  # the reader is gone: every write of up's now fails (EPIPE)
@@ -107,3 +141,5 @@ def test_nothing_outlives_up(tmp_path, how):
         for ident in tree:  # never leak a process into the rest of the suite
             signal_identity(ident, signal.SIGKILL)
         err.close()
+        if term is not None:
+            term.hang_up()
