@@ -58,12 +58,14 @@ async def _run(settings: SupervisorSettings) -> int:
     loop = asyncio.get_running_loop()
     quitting = []
 
-    def quit_() -> None:  # only schedules work: the handler itself does nothing else
+    def quit_(sig: signal.Signals) -> None:  # only schedules work, on the loop
         if not quitting:
+            logging.getLogger("lockstep.supervisor").info(
+                "%s: stopping, verified teardown of every deployment", sig.name)
             quitting.append(sup.spawn(sup.close()))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, quit_)
+        loop.add_signal_handler(sig, quit_, sig)
     watch_launcher("supervisor")  # `lockstep up` gone → SIGTERM → the stop above
     await sup.wait_closed()
     return 0
