@@ -333,11 +333,12 @@ class Up:
         body = json.dumps({"model": model, "max_tokens": 32,
                            "messages": [{"role": "user", "content": "Hello!"}]})
         auth = " -H 'Authorization: Bearer $KEY'" if os.environ.get("LOCKSTEP_API_KEYS") else ""
-        self.console.say(f"\nlockstep is serving {model} ({dep_id}, tp={self.s.tp}, pp={self.s.pp}) at {url}\n"
-              f"  OpenAI base URL: {url}/v1    ready: {url}/ready    metrics: {url}/metrics\n"
-              f"  admin token:     {self.paths.admin_token}\n\n"
-              f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
-              f"       -d '{body}'\n\nPress Ctrl-C to stop.\n")
+        self.console.say(
+            f"\nlockstep is serving {model} ({dep_id}, tp={self.s.tp}, pp={self.s.pp}) at {url}\n"
+            f"  OpenAI base URL: {url}/v1    ready: {url}/ready    metrics: {url}/metrics\n"
+            f"  admin token:     {self.paths.admin_token}\n\n"
+            f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
+            f"       -d '{body}'\n\nPress Ctrl-C to stop.\n")
 
     def shutdown(self) -> bool:
         """abort_all → verified teardown → stop services → prove every pid gone."""
