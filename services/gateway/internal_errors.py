@@ -14,6 +14,8 @@ import logging
 import os
 import traceback
 
+from starlette.requests import ClientDisconnect
+
 from common.admission import LogLimiter
 from services.gateway.errors import error_json
 
@@ -48,6 +50,8 @@ class CatchAll:
 
         try:
             await self.app(scope, receive, tracked)
+        except ClientDisconnect:
+            return  # gone while its body was read: nobody to answer, nothing wrong here
         except Exception as exc:  # noqa: BLE001 - this is the catch-all
             self.limiter.warning("internal error on %s %s: %s", scope.get("method"),
                                  scope.get("path"), one_line(exc))

@@ -100,13 +100,16 @@ def parse_json(raw: bytes) -> Any:
     """The body as JSON: at most MAX_JSON_DEPTH deep, every string valid Unicode."""
     if not raw:
         raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")
-    if too_deep(raw, MAX_JSON_DEPTH):
-        raise ApiError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels",
-                       code="invalid_json")
+    too_deep_error = ApiError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels",
+                              code="invalid_json")
     try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        obj = json.loads(raw)  # linear; recursion bounded by Python's limit
+    except RecursionError:
+        raise too_deep_error from None
+    except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if too_deep(raw, MAX_JSON_DEPTH):  # before pydantic, templates or responses recurse
+        raise too_deep_error
     bad = lone_surrogate(raw, obj)
     if bad is not None:
         raise ApiError(400, f"invalid value for '{bad}': a lone UTF-16 surrogate (\\uD800-\\uDFFF) "
