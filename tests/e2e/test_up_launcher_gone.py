@@ -75,6 +75,18 @@ class Terminal:
             os.close(self.master)
 
 
+def _running_for(home: Path) -> list[ProcessIdentity]:
+    """Every live process on this machine that names `home` on its command line: each
+    service and rank of that `up`, including any started after a snapshot was taken."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(str(home) in a for a in p.info["cmdline"] or ()):
+            ident = identify(p.pid)
+            if ident is not None:
+                out.append(ident)
+    return out
+
+
 def _rank_identities(port: int, home: Path) -> list[ProcessIdentity]:
     token = (home / "admin.token").read_text().strip()
     deps = httpx.get(f"http://127.0.0.1:{port}/admin/api/cluster/deployments", timeout=10,
@@ -124,6 +136,7 @@ def test_nothing_outlives_up(tmp_path, how):
                    "every process lockstep up started to be gone", 0.1)
 
         assert code == (-signal.SIGKILL if how == "sigkill" else 0), (code, up_log()[-3000:])
+        assert _running_for(home) == []
         assert [p for p in ports if not _port_free(p)] == []
         assert list(paths.manifests.glob("*.json")) == []
         assert not (paths.runtime / "supervisor.json").exists()
@@ -138,8 +151,41 @@ def test_nothing_outlives_up(tmp_path, how):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for ident in tree:  # never leak a process into the rest of the suite
+        for ident in tree + _running_for(home):  # never leak a process into the suite
             signal_identity(ident, signal.SIGKILL)
         err.close()
         if term is not None:
             term.hang_up()
+
+
+@pytest.mark.timeout(240)
+def test_up_sigkilled_while_its_ranks_load_leaves_nothing(tmp_path):
+    """SIGKILL as soon as the deployment is launching: the supervisor's stop (on its
+    parent-death signal) has to catch ranks that are still starting or loading."""
+    home, port = tmp_path / "home", free_port()
+    paths = Paths(home)
+    with open(tmp_path / "up.out", "wb") as out:
+        proc = subprocess.Popen(up_argv(home, port), cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    up_log = lambda: (paths.logs / "up.log").read_text(errors="replace")  # noqa: E731
+    tree: list[ProcessIdentity] = []
+    try:
+        poll_until(lambda: "deploying" in up_log(), 180, "the deploy in up.log", 0.02)
+        tree = snapshot_children(proc.pid)
+        assert len(tree) >= 4, tree  # up, supervisor, reaper, gateway (+ ranks so far)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+        poll_until(lambda: not _running_for(home), 30,
+                   "every service and rank of that up to be gone", 0.1)
+        assert "Press Ctrl-C" not in up_log()  # it was killed before serving
+        assert not [i for i in tree if is_alive(i)]
+        assert _port_free(port)
+        assert list(paths.manifests.glob("*.json")) == []
+        assert not (paths.runtime / "supervisor.json").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for ident in tree + _running_for(home):
+            signal_identity(ident, signal.SIGKILL)
