@@ -7,7 +7,7 @@ Channels (DESIGN.md §2) and who may send what:
   plan      PLAN_HELLO → PLAN_WELCOME, PLAN, PLAN_FETCH → PLAN_BATCH, PING → PONG
                                                           (launch key "plan")
   control   CANCEL, SERVE, SHUTDOWN, LEASE               (launch key "control")
-  report    RANK_READY, TELEMETRY, CANCEL_ACK, STEP_REPORT (launch key "report")
+  report    RANK_READY, TELEMETRY, CANCEL_ACK            (launch key "report")
   auth      AUTH_HELLO → AUTH_CHALLENGE → AUTH_PROOF → AUTH_OK (session handshake on the
             plan and report sockets, signed with that socket's key; common/handshake.py)
 """
@@ -102,10 +102,17 @@ class Abort:
 
 
 class ErrorCode(str, enum.Enum):
-    """Why a final `error` chunk ended a request, typed (the `error` text is for people).
-    A closed set; the gateway maps each to an HTTP status (generation.py)."""
+    """Why rank 0 ended a request with an error, typed (the `error` text is for people).
+    A closed set: a value outside it fails the schema. The gateway maps each member to
+    an HTTP status and an OpenAI error code in one table (services/gateway/generation.py)."""
 
+    INVALID_REQUEST = "invalid_request"  # a GENERATE rank 0 refused (ids, sampling params)
+    PROMPT_TOO_LONG = "prompt_too_long"  # beyond the context, or the plan's byte bound
+    DUPLICATE_REQUEST = "duplicate_request"  # that request_id is open, or still leaving
+    NOT_SERVING = "not_serving"  # rank 0 is not (yet, or any more) serving
     OVERLOADED = "overloaded"  # rank 0 has max_open_requests open: retry later
+    RANK_STOPPED = "rank_stopped"  # rank 0 left (shutdown, failure) with the stream open
+    WATCHDOG_ABORT = "watchdog_abort"  # the abort stage ended the stream (finish abort)
 
 
 @dataclass
@@ -121,7 +128,7 @@ class Tokens:
     model_ttft_ms: float | None = None
     step: int = 0
     token_times: list[float] = field(default_factory=list)  # wall clock per token
-    error_code: str | None = None  # an ErrorCode value, for the receiver to act on
+    error_code: ErrorCode | None = None  # why, for the receiver to act on
 
 
 @dataclass

@@ -5,7 +5,8 @@ turns an untrusted mapping into an instance or raises `SchemaError` with a stabl
 reason code (`missing_field`, `extra_field`, `wrong_type`, `field_too_large`) —
 never anything else, whatever the input. Supported annotations: int, float, str,
 bool, bytes, `object` (any msgpack value, already size-capped by the unpacker),
-`X | None`, `list[T]`, `dict[str, T]` and nested dataclasses.
+`X | None`, `list[T]`, `dict[str, T]`, str enums (a closed set: a value outside it is
+`wrong_type`) and nested dataclasses.
 
 Each class is compiled once into a tuple of per-field checkers (no `typing`
 introspection per message): decoding sits on every bus message's hot path.
@@ -14,6 +15,7 @@ introspection per message): decoding sits on every bus message's hot path.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 import typing
 from collections.abc import Callable
@@ -99,6 +101,16 @@ def _compile(tp: Any, name: str, max_len: int | None) -> Checker:
             return v
 
         return check_exact
+    if isinstance(tp, type) and issubclass(tp, enum.Enum) and issubclass(tp, str):
+        members = {e.value: e for e in tp}
+        label = tp.__name__
+
+        def check_enum(v: Any) -> Any:
+            if type(v) is not str or v not in members:
+                raise SchemaError("wrong_type", f"{name}: expected a {label}")
+            return members[v]
+
+        return check_enum
     if tp is float:
 
         def check_float(v: Any) -> Any:

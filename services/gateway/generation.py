@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from common.messages import ErrorCode
 from services.gateway.backend import RequestStream
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
@@ -39,18 +40,40 @@ class Final:
         return {"ttft_model_ms": _ms(self.model_ttft_ms), "ttft_visible_ms": _ms(self.visible_ttft_ms)}
 
 
-# Rank 0 refuses some requests outright; these are the client's to fix (400) or a
-# deployment that is not serving (503); anything else failed in the engine (502).
-_CLIENT_ERRORS = ("empty prompt", "prompt too long", "token id out of range", "temperature",
-                  "top_p", "duplicate request_id")
+@dataclass(frozen=True)
+class RankErrorShape:
+    """What the client sees for one rank error code: HTTP status, OpenAI error code and
+    type, and the sentence that leads the rank's own text."""
+
+    status: int
+    code: str
+    lead: str
+    type_: str | None = None  # None: the status's type (errors.TYPES)
 
 
-def rank_error(text: str) -> ApiError:
-    if text.startswith(_CLIENT_ERRORS):
-        return ApiError(400, f"rank 0 refused the request: {text}", code="invalid_request")
-    if text.startswith("not serving"):
-        return ApiError(503, f"rank 0 is {text}", code="model_not_ready")
-    return ApiError(502, f"generation failed on rank 0: {text}", code="backend_error")
+# Every rank error code → what the client sees: the one table. Codes are the client's to
+# fix (400), a deployment that is not serving (503), a bound (429; the stream's refusal
+# carries retry-after), or a failure in the engine (502).
+RANK_ERRORS: dict[ErrorCode, RankErrorShape] = {
+    ErrorCode.INVALID_REQUEST: RankErrorShape(400, "invalid_request", "rank 0 refused the request: "),
+    ErrorCode.PROMPT_TOO_LONG: RankErrorShape(400, "invalid_request", "rank 0 refused the request: "),
+    ErrorCode.DUPLICATE_REQUEST: RankErrorShape(400, "invalid_request", "rank 0 refused the request: "),
+    ErrorCode.NOT_SERVING: RankErrorShape(503, "model_not_ready", "rank 0 is "),
+    ErrorCode.OVERLOADED: RankErrorShape(429, "overloaded", "rank 0 is at its bound: "),
+    ErrorCode.RANK_STOPPED: RankErrorShape(502, "backend_error", "generation failed on rank 0: "),
+    ErrorCode.WATCHDOG_ABORT: RankErrorShape(502, "backend_error", "generation failed on rank 0: "),
+}
+# A chunk that ended in error with no code (a rank that predates the code) is an engine
+# failure, as any error without a cause.
+NO_CODE = RankErrorShape(502, "backend_error", "generation failed on rank 0: ")
+if set(RANK_ERRORS) != set(ErrorCode):  # a new member must get its row here, at import
+    raise RuntimeError(f"RANK_ERRORS lacks {set(ErrorCode) - set(RANK_ERRORS)}")
+
+
+def rank_error(code: ErrorCode | None, text: str | None) -> ApiError:
+    shape = NO_CODE if code is None else RANK_ERRORS[code]
+    return ApiError(shape.status, shape.lead + (text or "unknown error"), code=shape.code,
+                    type_=shape.type_)
 
 
 def _ms(v: float | None) -> float | None:
@@ -147,7 +170,7 @@ class Generation:
             if body.finish_reason:
                 finish = body.finish_reason
                 if finish == "error":
-                    error = s.refusal or rank_error(body.error or "unknown error")
+                    error = s.refusal or rank_error(body.error_code, body.error)
                 for ev in self._text_events(self.detok.flush(), final=True):
                     yield ev
                 break

@@ -211,21 +211,21 @@ class RankIO:
             elif kind == "ping":
                 self.session.ping(cmd[1])
             elif kind == "abort_all":
-                self._end_streams("abort", cmd[2])
+                self._end_streams("abort", cmd[2], m.ErrorCode.WATCHDOG_ABORT)
                 self.inbox.put(ev.AbortAllEv(cmd[1]))
             elif kind == "stop":
                 self._close(cmd[1] if len(cmd) > 1 else "stopped")
                 return True
         return False
 
-    def _end_streams(self, finish_reason: str, error: str | None) -> None:
+    def _end_streams(self, finish_reason: str, error: str | None, code: m.ErrorCode) -> None:
         if self.streams is not None:
-            for ident, body in self.streams.end_all(finish_reason, error):
+            for ident, body in self.streams.end_all(finish_reason, error, code):
                 self.wire.send_to(self.requests, self.req, ident, body)
 
     def _close(self, why: str) -> None:
         if self.requests is not None and not self.requests.closed:
-            self._end_streams("error", f"rank 0 {why}")
+            self._end_streams("error", f"rank 0 {why}", m.ErrorCode.RANK_STOPPED)
         if not self.report.closed:
             self.reporting.send(self.rt.telemetry())
         for watch in self.watches:

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from common.messages import Generate, Plan, PlanInsert, PlanRemove, Tokens
+from common.messages import ErrorCode, Generate, Plan, PlanInsert, PlanRemove, Tokens
 from common.records import Phase
 from services.rank import events as ev
 from services.rank.engine import Divergence, Emitted
@@ -83,12 +83,14 @@ class Leader(RankLoop):
         g = e.body
         problem = self.validate(g)
         if problem is None and g.request_id in self.reqs:
-            problem = "duplicate request_id (that request is still active)"
+            problem = ErrorCode.DUPLICATE_REQUEST, "duplicate request_id (that request is still active)"
         if problem is None and self.rt.phase != Phase.SERVING:
-            problem = f"not serving (phase {self.rt.phase.value})"
+            problem = ErrorCode.NOT_SERVING, f"not serving (phase {self.rt.phase.value})"
         if problem is not None:
+            code, text = problem
             self.send(("req", e.ident, Tokens(request_id=g.request_id, tokens=[], index=0,
-                                               finish_reason="error", error=problem)))
+                                               finish_reason="error", error=text,
+                                               error_code=code)))
             return
         seed = g.seed if g.seed is not None else secrets.randbits(63)
         max_tokens = g.max_tokens if g.max_tokens > 0 else self.settings.default_max_tokens
@@ -102,23 +104,26 @@ class Leader(RankLoop):
         self.pending.append(g.request_id)
         self.publish_counts()
 
-    def validate(self, g: Generate) -> str | None:
+    def validate(self, g: Generate) -> tuple[ErrorCode, str] | None:
+        """Why rank 0 refuses `g` (a typed code, and text for people), or None."""
+        bad = ErrorCode.INVALID_REQUEST
         if not g.request_id:
-            return "empty request_id"
+            return bad, "empty request_id"
         if not g.prompt:
-            return "empty prompt"
+            return bad, "empty prompt"
         v = self.vocab_size
         if any(t < 0 or t >= v for t in g.prompt) or any(t < 0 or t >= v for t in g.stop_token_ids):
-            return f"token id out of range [0, {v})"
+            return bad, f"token id out of range [0, {v})"
         if not math.isfinite(g.temperature) or g.temperature < 0:
-            return "temperature must be a finite number >= 0"
+            return bad, "temperature must be a finite number >= 0"
         if not math.isfinite(g.top_p) or not 0 < g.top_p <= 1:
-            return "top_p must be in (0, 1]"
+            return bad, "top_p must be in (0, 1]"
         if self.context is not None and len(g.prompt) >= self.context:
-            return f"prompt of {len(g.prompt)} tokens does not fit the context ({self.context})"
+            return ErrorCode.PROMPT_TOO_LONG, \
+                f"prompt of {len(g.prompt)} tokens does not fit the context ({self.context})"
         if plan_size(Plan(0, 0, True, [PlanInsert(g.request_id, g.prompt, 1, 0, 1, 0)])) \
                 > MAX_BATCH_BYTES:
-            return "prompt too long"
+            return ErrorCode.PROMPT_TOO_LONG, "prompt too long"
         return None
 
     def on_abort(self, rid: str, reason: str) -> None:
@@ -219,13 +224,14 @@ class Leader(RankLoop):
                 del self.reqs[rid]
         self.out.extend(out)
 
-    def finish(self, rid: str, reason: str, *, error: str | None, step: int | None = None) -> None:
+    def finish(self, rid: str, reason: str, *, error: str | None, step: int | None = None,
+               code: ErrorCode | None = None) -> None:
         req = self.reqs.pop(rid, None)
         if req is None:
             return
         self.send(("req", req.ident, Tokens(
             request_id=rid, tokens=[], index=req.sent, finish_reason=reason, error=error,
-            prompt_tokens=len(req.insert.prompt),
+            error_code=code, prompt_tokens=len(req.insert.prompt),
             step=self.engine.step if step is None else step)))
 
     def publish_counts(self) -> None:
@@ -252,12 +258,13 @@ class Leader(RankLoop):
             if isinstance(e, ev.GenerateEv):
                 self.send(("req", e.ident, Tokens(
                     request_id=e.body.request_id, tokens=[], index=0, finish_reason="error",
-                    error=f"rank 0 stopped: {reason}")))
+                    error=f"rank 0 stopped: {reason}", error_code=ErrorCode.RANK_STOPPED)))
         for rid in list(self.reqs):
             if graceful:
                 self.finish(rid, "abort", error=None)
             else:
-                self.finish(rid, "error", error=f"rank 0 stopped: {reason}")
+                self.finish(rid, "error", error=f"rank 0 stopped: {reason}",
+                            code=ErrorCode.RANK_STOPPED)
         self.flush()
 
     def shutdown(self, reason: str, code: int = 0, phase: Phase = Phase.EXITING) -> None:

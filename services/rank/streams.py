@@ -41,18 +41,20 @@ class StreamLedger:
         """Open the stream; or the error to answer at once (the request goes no further)."""
         rid = g.request_id
         if rid in self.ended_early:
-            why = "that request_id was just cancelled and is still leaving the batch"
+            code, why = ErrorCode.DUPLICATE_REQUEST, \
+                "that request_id was just cancelled and is still leaving the batch"
         elif rid in self.open:
-            why = "duplicate request_id (that request is still active)"
+            code, why = ErrorCode.DUPLICATE_REQUEST, \
+                "duplicate request_id (that request is still active)"
         elif self.max_open and len(self.open) >= self.max_open:
             self.refused += 1
-            return Tokens(request_id=rid, tokens=[], index=0, finish_reason="error",
-                          error=f"rank 0 has {len(self.open)} open requests (its bound); "
-                          "retry later", error_code=ErrorCode.OVERLOADED.value)
+            code, why = ErrorCode.OVERLOADED, \
+                f"rank 0 has {len(self.open)} open requests (its bound); retry later"
         else:
             self.open[rid] = _Open(ident, len(g.prompt))
             return None
-        return Tokens(request_id=rid, tokens=[], index=0, finish_reason="error", error=why)
+        return Tokens(request_id=rid, tokens=[], index=0, finish_reason="error", error=why,
+                      error_code=code)
 
     def on_send(self, body: object) -> bool:
         """Whether the main thread's chunk may go out."""
@@ -71,13 +73,14 @@ class StreamLedger:
                 del self.open[rid]
         return True
 
-    def end_all(self, finish_reason: str, error: str | None) -> list[tuple[bytes, Tokens]]:
+    def end_all(self, finish_reason: str, error: str | None,
+                code: ErrorCode) -> list[tuple[bytes, Tokens]]:
         """Every open stream's last chunk; each stream counts as ended from now."""
         out = []
         for rid, s in self.open.items():
             out.append((s.ident, Tokens(request_id=rid, tokens=[], index=s.sent,
                                         finish_reason=finish_reason, error=error,
-                                        prompt_tokens=s.prompt_tokens)))
+                                        prompt_tokens=s.prompt_tokens, error_code=code)))
             self.ended_early.add(rid)
         self.open.clear()
         return out

@@ -5,6 +5,7 @@ independent type check of decoded bodies."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import hmac
 import types
@@ -47,7 +48,7 @@ SAMPLES: dict[Kind, Any] = {
     Kind.GENERATE: m.Generate("r-2", [1, 2, 3], 16, 0.7, 0.9, 1234, [2], "gateway"),
     Kind.ABORT: m.Abort("r-2", "disconnect"),
     Kind.TOKENS: m.Tokens("r-2", [5, 6], 3, "stop", None, 3, 12.5, 9, [NOW, NOW + 0.01],
-                          "overloaded"),
+                          m.ErrorCode.OVERLOADED),
     Kind.STATS_REQUEST: m.StatsRequest("r-3"),
     Kind.STATS: m.Stats("r-3", "serving", 10, 1, ["r-2"], 4),
     Kind.PLAN_HELLO: m.PlanHello(1),
@@ -117,6 +118,8 @@ def conforms(value: Any, tp: Any) -> bool:
         return type(value) is tp
     if tp is float:
         return type(value) is float
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return type(value) is tp
     if origin is list:
         (item,) = typing.get_args(tp)
         return type(value) is list and all(conforms(v, item) for v in value)

@@ -1,0 +1,57 @@
+"""Rank 0's typed error codes (common.messages.ErrorCode) and the gateway's one table
+from code to HTTP status and OpenAI error (services/gateway/generation.py)."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from common.messages import ErrorCode, Tokens
+from common.schema import SchemaError, decode_into, to_wire
+from services.gateway.errors import TYPES
+from services.gateway.generation import NO_CODE, RANK_ERRORS, rank_error
+
+
+def test_every_error_code_has_exactly_one_row():
+    assert set(RANK_ERRORS) == set(ErrorCode)
+    for code, shape in RANK_ERRORS.items():
+        assert shape.status in TYPES, code  # a status the gateway knows how to render
+        assert shape.code and shape.lead, code
+
+
+@pytest.mark.parametrize(("code", "status", "openai_code", "openai_type"), [
+    (ErrorCode.INVALID_REQUEST, 400, "invalid_request", "invalid_request_error"),
+    (ErrorCode.PROMPT_TOO_LONG, 400, "invalid_request", "invalid_request_error"),
+    (ErrorCode.DUPLICATE_REQUEST, 400, "invalid_request", "invalid_request_error"),
+    (ErrorCode.NOT_SERVING, 503, "model_not_ready", "service_unavailable_error"),
+    (ErrorCode.OVERLOADED, 429, "overloaded", "rate_limit_error"),
+    (ErrorCode.RANK_STOPPED, 502, "backend_error", "server_error"),
+    (ErrorCode.WATCHDOG_ABORT, 502, "backend_error", "server_error"),
+])
+def test_code_maps_to_status_and_openai_error(code, status, openai_code, openai_type):
+    err = rank_error(code, "whatever the text says")
+    assert (err.status, err.code, err.type) == (status, openai_code, openai_type)
+    assert err.message.endswith("whatever the text says")  # the text is kept, for people
+
+
+def test_the_text_never_decides_the_status():
+    # The same words under different codes: the code alone decides.
+    for text in ("empty prompt", "not serving (phase loading)", "rank 0 stopped: x", ""):
+        assert rank_error(ErrorCode.RANK_STOPPED, text).status == 502
+        assert rank_error(ErrorCode.INVALID_REQUEST, text).status == 400
+    none = rank_error(None, None)  # an error chunk without a code: an engine failure
+    assert (none.status, none.code) == (NO_CODE.status, "backend_error")
+    assert none.message.endswith("unknown error")
+
+
+def test_error_code_is_typed_on_the_wire_and_closed():
+    t = Tokens("r1", [], 0, finish_reason="error", error="x", error_code=ErrorCode.NOT_SERVING)
+    raw = msgpack.unpackb(msgpack.packb(to_wire(t)))
+    assert raw["error_code"] == "not_serving"
+    back = decode_into(Tokens, raw)
+    assert back.error_code is ErrorCode.NOT_SERVING
+    assert decode_into(Tokens, {**raw, "error_code": None}).error_code is None
+    for bad in ("no_such_code", "NOT_SERVING", 3, b"not_serving"):
+        with pytest.raises(SchemaError) as e:
+            decode_into(Tokens, {**raw, "error_code": bad})
+        assert e.value.reason == "wrong_type"
