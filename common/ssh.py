@@ -135,7 +135,8 @@ def run(target: SshTarget | str, remote_argv: list[str], *, input: bytes | None 
         timeout: float) -> subprocess.CompletedProcess[bytes]:
     """Run `remote_argv` on `target` (locally if `is_local`), feeding `input` on stdin,
     and return its status and output. ssh's own failures (unreachable, refused key)
-    come back as returncode 255, not as an exception. SshTimeout if the command has not
+    come back as returncode 255, not as an exception; SshError if ssh cannot even be
+    started (callers catch SshError, never a stray OSError). SshTimeout if the command has not
     finished within `timeout` seconds: ssh (its whole process group) is killed first.
 
     Killing ssh ends the connection; a remote command that ignores the lost connection
@@ -144,9 +145,12 @@ def run(target: SshTarget | str, remote_argv: list[str], *, input: bytes | None 
     argv = command_argv(t, remote_argv)
     # A new session: ssh cannot open our terminal to ask anything (BatchMode already
     # forbids it), and the kill below reaches a ProxyCommand child too.
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL if input is None
+                                else subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as exc:  # no ssh binary, no fork (EAGAIN), no fds: a failed call too
+        raise SshError(t.target, f"cannot start {argv[0]}: {exc}") from None
     try:
         out, err = proc.communicate(input=input, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -170,8 +170,11 @@ def _finalize(sup, dep: Deployment) -> None:
         sup.sockets.drop_report_route(dep.keys.report)
 
 
-async def teardown(sup, dep: Deployment, *, graceful_s: float | None = None) -> TeardownOutcome:
-    """Verified teardown; raises TeardownError (state teardown_failed) if not proven."""
+async def teardown(sup, dep: Deployment, *, graceful_s: float | None = None,
+                   final: bool = True) -> TeardownOutcome:
+    """Verified teardown; raises TeardownError if not proven, with the evidence kept in
+    the manifest. `final` (a stop): the state becomes teardown_failed; not final (an
+    attempt after a failure, retried: after_failure): the state is left to the caller."""
     s = sup.settings
     if dep.remote_watch is not None:
         dep.remote_watch.cancel()
@@ -186,27 +189,22 @@ async def teardown(sup, dep: Deployment, *, graceful_s: float | None = None) -> 
         _finalize(sup, dep)
         return outcome
     err = TeardownError(dep.deployment_id, outcome.survivors, outcome.to_wire())
-    if dep.manifest is not None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        failures = [*dep.manifest.teardown_failures, f"{stamp} supervisor: {err}"][-20:]
-        dep.manifest = dataclasses.replace(dep.manifest, teardown_failures=failures)
-        write_manifest(sup.paths, dep.manifest)
-    sup.set_state(dep, "teardown_failed", str(err))
-    sup.incident(dep, "teardown_failed", str(err), {"outcome": outcome.to_wire()})
+    record_unproven(sup, dep, str(err))
+    if final:
+        sup.set_state(dep, "teardown_failed", str(err))
+        sup.incident(dep, "teardown_failed", str(err), {"outcome": outcome.to_wire()})
     raise err
 
 
-async def teardown_after_failure(sup, dep: Deployment, reason: str) -> None:
-    """A rank was lost while serving: tear the rest down (the state stays `failed`, or
-    becomes `teardown_failed`); a later stop removes the deployment."""
-    if dep.busy:
+def record_unproven(sup, dep: Deployment, why: str) -> None:
+    """An unproven teardown, appended to the manifest (kept: the reaper and the next stop
+    start from it)."""
+    if dep.manifest is None:
         return
-    dep.busy = True
-    try:
-        with contextlib.suppress(TeardownError):
-            await teardown(sup, dep, graceful_s=LAUNCH_FAILURE_GRACE_S)
-    finally:
-        dep.busy = False
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    failures = [*dep.manifest.teardown_failures, f"{stamp} supervisor: {why}"][-20:]
+    dep.manifest = dataclasses.replace(dep.manifest, teardown_failures=failures)
+    write_manifest(sup.paths, dep.manifest)
 
 
 # --- stop -------------------------------------------------------------------------------
@@ -226,7 +224,10 @@ async def stop(sup, deployment_id: str, *, force: bool) -> dict[str, Any]:
             return {"deployment_id": deployment_id, "outcome": dep.teardown or {}}
     failing = dep.failure_task
     if failing is not None and not failing.done():
-        await asyncio.shield(failing)  # a stop during the post-failure teardown waits for it
+        # The post-failure teardown is bounded (after_failure): wait for its proof
+        # rather than race it on the same ranks.
+        log.info("stop of %s waits for the teardown after its failure", deployment_id)
+        await asyncio.shield(failing)
     if dep.busy:
         raise AdminError("conflict", f"deployment {deployment_id} is busy ({dep.state})")
     abort = None

@@ -20,6 +20,7 @@ from common.procs import START_TIME_TOLERANCE, identify
 from common.state import Paths
 from common.statefiles import SCHEMA_VERSION, write_json_atomic
 from services.supervisor import commands, ops
+from services.supervisor.after_failure import teardown_after_failure
 from services.supervisor.broadcast import Broadcaster
 from services.supervisor.deployment import LIVE, Deployment
 from services.supervisor.epochs import EpochStore
@@ -108,6 +109,8 @@ class Supervisor:
     async def close(self, *, teardown: bool = True) -> None:
         """Stop every deployment (verified), then the loops and sockets."""
         if teardown:
+            for dep in self.deployments.values():
+                dep.abort_reason = dep.abort_reason or "supervisor closing"  # ends retries
             for dep_id in list(self.deployments):
                 with contextlib.suppress(AdminError):
                     await ops.stop(self, dep_id, force=True)
@@ -129,8 +132,14 @@ class Supervisor:
     def spawn(self, coro) -> asyncio.Task:
         t = asyncio.create_task(coro)
         self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
+        t.add_done_callback(self._task_done)
         return t
+
+    def _task_done(self, t: asyncio.Task) -> None:
+        # A task's exception is otherwise lost (its holder never awaits it): log it.
+        self._tasks.discard(t)
+        if not t.cancelled() and (exc := t.exception()) is not None:
+            log.error("task %s failed", t.get_coro().__qualname__, exc_info=exc)
 
     # --- events and state --------------------------------------------------------------
 
@@ -277,4 +286,4 @@ class Supervisor:
         self.incident(dep, "rank_lost", reason, {"job_id": dep.job_id})
         dep.error = reason
         self.set_state(dep, "failed", reason)
-        dep.failure_task = self.spawn(ops.teardown_after_failure(self, dep, reason))
+        dep.failure_task = self.spawn(teardown_after_failure(self, dep, reason))

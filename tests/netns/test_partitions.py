@@ -26,6 +26,7 @@ from common.records import LaunchManifest
 from common.state import Paths, manifest_path
 from common.statefiles import read_json
 from services.admin_cli import AdminClient
+from services.supervisor.after_failure import attempt_deadline, retry_window
 from tests.e2e.rank_harness import model_dir
 from tests.netns.hosts import REPO_ROOT
 from tests.netns.remote_support import (
@@ -60,7 +61,7 @@ def _settings(home: Path):
     return replace(fake_settings(home), rank_command="", load_timeout=300.0,
                    canary_window_s=1.0, canary_timeout_s=120.0, stop_timeout=5.0,
                    graceful_timeout=5.0, kill_timeout=3.0, rank_telemetry_interval_s=0.5,
-                   ssh_connect_timeout=3.0, lease_ttl=60.0, peer_abort_grace=GRACE_S,
+                   ssh_connect_timeout=3.0, lease_ttl=30.0, peer_abort_grace=GRACE_S,
                    rank_test_seams=True, remote_poll_s=0.3)
 
 
@@ -187,8 +188,10 @@ def test_partition_longer_than_grace_peer_lost_then_verified_teardown(netns_clus
         status = rs.ok("status")
         dep = next(d for d in status["deployments"] if d["deployment_id"] == "cut")
         assert "rank 0" in (dep.get("error") or ""), dep
+        # It retries while host B is cut off (the state stays failed), then gives up.
         poll_for("the automatic teardown to give up on host B",
-                 lambda: _dep_state(rs, "cut") == "teardown_failed", 60)
+                 lambda: _dep_state(rs, "cut") == "teardown_failed",
+                 retry_window(rs.sup.settings) + attempt_deadline(rs.sup.settings))
         reply = poll_for("a stop that is not refused as busy",
                          lambda: (r := rs.call("stop", deployment_id="cut", timeout=120)).code
                          != "conflict" and r, 60, interval=0.5)

@@ -137,3 +137,9 @@ def test_secret_input_never_reaches_the_command_line(fake_ssh, tmp_path):
     argv = json.loads((tmp_path / "argv.json").read_text())
     assert "TOPSECRET" not in " ".join(argv)
     assert argv[-3:] == ["--", "agent", "spawn"]
+
+
+def test_ssh_that_cannot_start_is_an_ssh_error(tmp_path):
+    t = SshTarget("root@10.9.9.9", ssh_binary=str(tmp_path / "no-such-ssh"))
+    with pytest.raises(SshError, match="cannot start"):
+        ssh.run(t, ["true"], timeout=5)

@@ -1,0 +1,104 @@
+"""After a rank is lost while serving (the monitor's `rank_lost`): tear down what is left
+of the deployment on every host, without anyone asking, and keep at it while a host
+cannot be reached, since a partition usually heals.
+
+Each attempt is a verified teardown (ops.teardown) under its own deadline
+(`attempt_deadline`: the steps' timeouts plus a few ssh deadlines), so neither a slow
+host nor anything else can hold it, or a stop waiting for it, for longer. An attempt
+that is not proven (a host unreachable, ssh timed out) is recorded in the manifest and
+retried every RETRY_S, while the state stays `failed`, until it is proven or
+`retry_window` has passed; then the state is `teardown_failed` (manifest and evidence
+kept, a stop retries). An attempt that raises anything else is logged with its
+traceback and counts as not proven. Every attempt is logged when it starts and ends:
+a `failed` deployment always shows what is being done about it.
+
+A stop arriving meanwhile waits for this (ops.stop), so `lockstep up`'s stop-then-
+redeploy finds the ranks already proven gone once the link is back; a supervisor that
+is closing sets `dep.abort_reason` and the retries end after the attempt in progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from services.supervisor import ops
+from services.supervisor.deployment import Deployment
+from services.supervisor.errors import TeardownError
+from services.supervisor.settings import SupervisorSettings
+
+log = logging.getLogger("lockstep.supervisor")
+GRACEFUL_S = 1.0  # the lost rank's peers are usually gone already: don't wait long
+RETRY_S = 2.0
+SSH_CALLS = 4  # a teardown's ssh round trips that may each take their whole deadline
+
+
+def attempt_deadline(s: SupervisorSettings) -> float:
+    """The longest one attempt may take: its waits plus SSH_CALLS ssh deadlines."""
+    ssh = s.ssh_connect_timeout + s.ssh_command_timeout
+    return GRACEFUL_S + s.stop_timeout + 2 * s.kill_timeout + SSH_CALLS * ssh
+
+
+def retry_window(s: SupervisorSettings) -> float:
+    """How long unproven attempts are retried: the ranks on a cut-off host leave on
+    their own by then (lease_ttl), and a longer partition needs an operator's stop."""
+    return s.lease_ttl + s.stop_timeout + 2 * s.kill_timeout
+
+
+async def teardown_after_failure(sup, dep: Deployment, reason: str) -> None:
+    if dep.busy:  # a stop or launch is already tearing it down
+        log.warning("deployment %s: no teardown after the failure: busy (%s)",
+                    dep.deployment_id, dep.state)
+        return
+    dep.busy = True
+    try:
+        await _attempts(sup, dep)
+    finally:
+        dep.busy = False
+
+
+async def _attempts(sup, dep: Deployment) -> None:
+    s = sup.settings
+    deadline = attempt_deadline(s)
+    give_up_at = time.monotonic() + retry_window(s)
+    attempt = 0
+    while True:
+        attempt += 1
+        t0 = time.monotonic()
+        log.info("deployment %s: teardown after the failure, attempt %d (deadline %.0fs)",
+                 dep.deployment_id, attempt, deadline)
+        why = await _attempt(sup, dep, deadline)
+        took = time.monotonic() - t0
+        if why is None:
+            log.info("deployment %s: teardown after the failure proven in %.1fs (attempt %d, "
+                     "path %s)", dep.deployment_id, took, attempt,
+                     " -> ".join((dep.teardown or {}).get("path") or []) or "none alive")
+            return
+        if dep.abort_reason is not None or time.monotonic() + RETRY_S >= give_up_at:
+            sup.set_state(dep, "teardown_failed", why)
+            sup.incident(dep, "teardown_failed", why, {"outcome": dep.teardown or {},
+                                                        "attempts": attempt})
+            return
+        log.warning("deployment %s: teardown after the failure not proven (attempt %d, "
+                    "%.1fs): %s; retrying in %gs", dep.deployment_id, attempt, took, why,
+                    RETRY_S)
+        await asyncio.sleep(RETRY_S)
+
+
+async def _attempt(sup, dep: Deployment, deadline: float) -> str | None:
+    """One bounded teardown: None if proven, else why not."""
+    try:
+        await asyncio.wait_for(ops.teardown(sup, dep, graceful_s=GRACEFUL_S, final=False),
+                               deadline)
+    except TeardownError as exc:
+        return str(exc)
+    except asyncio.TimeoutError:
+        why = f"teardown of {dep.deployment_id} did not finish within {deadline:.0f}s"
+    except Exception as exc:  # noqa: BLE001 - logged in full; the state must move on
+        log.exception("deployment %s: teardown after the failure raised", dep.deployment_id)
+        why = f"teardown of {dep.deployment_id} raised {type(exc).__name__}: {exc}"
+    else:
+        return None
+    ops.record_unproven(sup, dep, why)  # (a TeardownError was recorded by ops.teardown)
+    return why

@@ -1,0 +1,189 @@
+"""Partition recovery through `lockstep up --hosts FILE` (issue 12), cut, heal and
+recover, again and again: TP=2 with rank 0 on host A and rank 1 on host B (two netns
+hosts reached over ssh), a stream running, host B's link cut for CUT_S and restored.
+
+Each cycle: the stream ends with `abort`; rank 0 gives up on rank 1 within the cut
+(peer_lost: the grace is set short, so every cycle takes the same path), the supervisor
+marks the deployment `failed` and tears it down by itself, retrying while host B cannot
+be reached, until the link is back and the old ranks are proven gone; `up` stops it and
+redeploys; then a greedy completion equal to the first one. CYCLES in `make test`,
+SOAK_CYCLES under the soak marker. At the end Ctrl-C: `up` exits 0, and every process it
+started and every rank of every cycle is gone (psutil: the namespaces share this pid
+space), with no manifest left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from common.procs import ProcessIdentity, identify, snapshot_children
+from common.state import Paths
+from tests.netns.hosts import REPO_ROOT, NetnsCluster
+from tests.netns.remote_support import hosts_doc
+from tests.support.polling import poll_for
+from tests.support.ports import free_port
+from tests.support.processes import lockstep_env, process_gone, up_argv
+
+pytestmark = pytest.mark.netns
+
+A, B = 0, 1
+CYCLES = 3
+SOAK_CYCLES = 10
+CUT_S = 8.0  # the fault's length, as in the issue
+GRACE_S = 2.0  # peer_abort_grace: rank 0's verdict comes well inside the cut
+RECOVER_S = 150.0  # link back → a new deployment serving (teardown proof, launch, canary)
+# rank 0 sleeps this long before each step (test seam): the long request is in flight
+STEP_DELAY = "LOCKSTEP_TEST_STEP_DELAY_S=0.02"
+PROMPT = "hello"
+
+
+@dataclass
+class Up:
+    """A running `lockstep up --hosts FILE`, seen from outside: its output, HTTP."""
+
+    proc: subprocess.Popen
+    out: Path
+    home: Path
+    url: str
+    ranks: list[ProcessIdentity] = field(default_factory=list)  # of every deployment
+
+    def text(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def banners(self) -> int:
+        return self.text().count("Press Ctrl-C")
+
+    def deployments(self) -> list[dict]:
+        token = (self.home / "admin.token").read_text().strip()
+        r = httpx.get(self.url + "/admin/api/cluster/deployments", timeout=10,
+                      headers={"authorization": f"Bearer {token}"})
+        r.raise_for_status()
+        return r.json()["deployments"]
+
+    def serving(self) -> dict:
+        deps = [d for d in self.deployments() if d["state"] == "serving"]
+        assert len(deps) == 1, deps
+        return deps[0]
+
+    def completion(self, model: str) -> str | None:
+        """The greedy completion of PROMPT, or None while it is not served."""
+        try:
+            r = httpx.post(self.url + "/v1/completions", timeout=60, json={
+                "model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0})
+        except httpx.HTTPError:
+            return None
+        return r.json()["choices"][0]["text"] if r.status_code == 200 else None
+
+
+def _start(c: NetnsCluster, tmp_path: Path, restarts: int) -> Up:
+    home = tmp_path / "home"
+    doc = hosts_doc(c, [A, B])
+    doc["envs"] = [STEP_DELAY]
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps(doc))
+    port = free_port()
+    env = lockstep_env(None, LOCKSTEP_RANK_TEST_SEAMS="1", LOCKSTEP_SSH_CONNECT_TIMEOUT="3",
+                       LOCKSTEP_PEER_ABORT_GRACE=str(GRACE_S), LOCKSTEP_REMOTE_POLL_S="0.3")
+    out = tmp_path / "up.out"
+    with open(out, "wb") as log:
+        proc = subprocess.Popen(
+            up_argv(home, port, "--hosts", str(hosts), "--restarts", str(restarts)),
+            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    return Up(proc, out, home, f"http://127.0.0.1:{port}")
+
+
+def _stream_cut_heal(c: NetnsCluster, u: Up, model: str) -> tuple[str, float]:
+    """A long stream; once it has produced text, host B's link goes down for CUT_S.
+    Returns its finish_reason and how long after the cut it came."""
+    body = {"model": model, "prompt": "x", "max_tokens": 3000, "stream": True}
+    with httpx.stream("POST", u.url + "/v1/completions", json=body,
+                      timeout=httpx.Timeout(30.0)) as r:
+        assert r.status_code == 200, r.read()
+        chunks = (json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: {"))
+        first = next(ch for ch in chunks if ch["choices"] and ch["choices"][0].get("text"))
+        assert first["choices"][0].get("finish_reason") is None
+        t0 = time.monotonic()
+        c.link_down(B)
+        try:
+            finish = next(ch["choices"][0]["finish_reason"] for ch in chunks
+                          if ch["choices"] and ch["choices"][0].get("finish_reason"))
+            ended_s = time.monotonic() - t0
+            time.sleep(max(0.0, CUT_S - (time.monotonic() - t0)))  # the fault's length
+        finally:
+            c.link_up(B)
+    return finish, ended_s
+
+
+def _cycle(c: NetnsCluster, u: Up, model: str, reference: str, i: int) -> str:
+    dep = u.serving()
+    old = [identify(r["pid"]) for r in dep["ranks"]]
+    assert all(old), dep["ranks"]
+    u.ranks += old
+    banners = u.banners()
+    finish, ended_s = _stream_cut_heal(c, u, model)
+    assert finish == "abort", f"cycle {i}: the stream ended {finish!r}"
+    t0 = time.monotonic()
+    poll_for(lambda: u.banners() > banners or u.proc.poll() is not None, RECOVER_S,
+             f"cycle {i}: lockstep up to redeploy", interval=0.5)
+    assert u.proc.poll() is None, u.text()[-3000:]
+    redeploy_s = time.monotonic() - t0
+    assert all(process_gone(p.pid, p.start_time) for p in old), f"cycle {i}: old ranks live"
+    new = u.serving()
+    assert new["deployment_id"] != dep["deployment_id"]
+    got = poll_for(lambda: u.completion(model), 30, f"cycle {i}: a served completion")
+    assert got == reference, f"cycle {i}: {got!r} != first {reference!r}"
+    return (f"cycle {i}: stream aborted {ended_s:.1f}s after the cut, "
+            f"{dep['deployment_id']} -> {new['deployment_id']} serving {redeploy_s:.1f}s "
+            "after the heal")
+
+
+def _stop(u: Up) -> None:
+    """Ctrl-C: exit 0, every process of `up` and every rank gone, no manifest left."""
+    tree = snapshot_children(u.proc.pid)
+    u.proc.send_signal(signal.SIGINT)
+    assert u.proc.wait(90) == 0, u.text()[-3000:]
+    poll_for(lambda: all(process_gone(p.pid, p.start_time) for p in tree + u.ranks), 15,
+             "every process of lockstep up and every rank")
+    assert "every process stopped" in u.text()
+    assert not list(Paths(u.home).manifests.glob("*.json"))
+
+
+def _run(c: NetnsCluster, tmp_path: Path, cycles: int) -> None:
+    u = _start(c, tmp_path, restarts=cycles + 1)
+    try:
+        poll_for(lambda: u.banners() == 1 or u.proc.poll() is not None, 300,
+                 "the first banner", interval=0.5)
+        assert u.proc.poll() is None, u.text()[-3000:]
+        model = httpx.get(u.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        reference = poll_for(lambda: u.completion(model), 30, "the first completion")
+        report = [_cycle(c, u, model, reference, i) for i in range(cycles)]
+        u.ranks += [identify(r["pid"]) for r in u.serving()["ranks"]]
+        _stop(u)
+        print("\n" + "\n".join(report))
+    finally:
+        c.link_up(B)
+        if u.proc.poll() is None:
+            os.killpg(u.proc.pid, signal.SIGKILL)
+            u.proc.wait()
+
+
+@pytest.mark.timeout(420)
+def test_cut_heal_recover_cycles(netns_cluster, tmp_path):
+    _run(netns_cluster, tmp_path, CYCLES)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1500)
+def test_cut_heal_recover_cycles_soak(netns_cluster, tmp_path):
+    _run(netns_cluster, tmp_path, SOAK_CYCLES)
