@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         code = up.run()
-    except (UpError, KeyFileError, OSError, ValueError) as exc:
+    except (UpError, BusTimeout, KeyFileError, OSError, ValueError) as exc:  # then shutdown
         up.log(str(exc), err=True)
         code = 1
     up.log("stopping: abort_all, verified teardown, services")
