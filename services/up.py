@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -411,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
         code = up.run()
     except (UpError, BusTimeout, KeyFileError, OSError, ValueError) as exc:  # then shutdown
         up.log(str(exc), err=True)
+        code = 1
+    except Exception as exc:  # noqa: BLE001 - a bug here must still stop everything in order
+        up.log(f"internal error: {type(exc).__name__}: {exc}\n{traceback.format_exc()}", err=True)
         code = 1
     up.log("stopping: abort_all, verified teardown, services")
     if not up.shutdown():
