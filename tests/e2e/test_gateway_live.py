@@ -44,6 +44,7 @@ def live(tmp_path_factory):
                 raise AssertionError(f"lockstep up exited: {st['out'].read_text()[-3000:]}")
             return httpx.get(url + "/ready", timeout=5).status_code == 200
         poll_until(ready, READY_S, "lockstep up to be ready", interval=0.05)
+        st["ready_body"] = httpx.get(url + "/ready", timeout=5).json()
         st["burst"] = first_burst(url)  # the first requests ever, right after /ready
         poll_until(lambda: "Press Ctrl-C" in st["out"].read_text(), 10, "the banner")
         st["token"] = (home / "admin.token").read_text().strip()
@@ -119,6 +120,7 @@ def gateway_active(live) -> int:
 def test_a_burst_right_after_ready_is_all_served(live):
     """Issue 12 part 3: the tokenizer is loaded before /ready, once; the first concurrent
     requests all succeed (they got 503 from a lazy-import race)."""
+    assert [d["tokenizer"] for d in live["ready_body"]["deployments"]] == ["loaded"]
     assert len(live["burst"]) == 8
     assert all(status == 200 for status, _ in live["burst"]), live["burst"]
 

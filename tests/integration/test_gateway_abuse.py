@@ -319,3 +319,27 @@ def test_ready_is_503_when_the_supervisor_stops_answering(base):
         sup.silent = set()
         poll_until(lambda: httpx.get(gw.url + "/ready", timeout=5).status_code == 200, 10,
                    "/ready back to 200")
+
+
+@pytest.mark.timeout(60)
+def test_a_tokenizer_that_cannot_load_keeps_ready_false_and_says_why(base, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # no tokenizer files at all
+    sup = FakeSupervisor(base["key"], base["rank"], str(broken)).start()
+    settings = GatewaySettings(home=base["home"], port=free_port(), admin_endpoint=sup.admin_endpoint,
+                               events_endpoint=sup.events_endpoint, refresh_s=0.5)
+    gw = GatewayThread(settings, base["key"]).start()
+    try:
+        def failed():
+            r = httpx.get(gw.url + "/ready", timeout=5)
+            deps = r.json()["deployments"]
+            return r.status_code == 503 and deps and deps[0]["tokenizer"].startswith("failed: ") and r
+        r = poll_until(failed, 30, "the tokenizer load to fail")
+        assert "loaded tokenizer" in r.json()["reason"]
+        c = httpx.post(gw.url + "/v1/completions", timeout=10, json={"model": "broken", "prompt": "x"})
+        assert c.status_code == 503 and c.json()["error"]["code"] == "no_tokenizer", c.text
+        assert c.headers["retry-after"]
+    finally:
+        gw.stop()
+        sup.stop()
