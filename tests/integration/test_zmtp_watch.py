@@ -1,6 +1,8 @@
 """ZmtpWatch: connections libzmq drops before any frame reaches the application (raw
 bytes, an HTTP probe, a peer that never speaks) are counted as `no_zmtp`; real ZeroMQ
-peers, including ones that connect and leave, are not; open connections are tracked."""
+peers, including ones that connect and leave, are not; open connections are tracked,
+and their closing schedules the release of freed memory. Listeners take nothing over
+their cap: libzmq drops such a connection unread."""
 
 from __future__ import annotations
 
@@ -13,17 +15,20 @@ import zmq
 
 from common.bus import configure_listener
 from common.envelope import RejectCounter
+from common.memtrim import TRIM_AFTER_S, Reclaimer
 from common.zmtp_watch import ZmtpWatch
 
 
 class Listener:
     def __init__(self, sock_type: int, handshake_ivl_ms: int = 300) -> None:
+        self.releases: list[float] = []
         self.ctx = zmq.Context()
         self.sock = configure_listener(self.ctx.socket(sock_type), max_size=4096)
         self.sock.setsockopt(zmq.HANDSHAKE_IVL, handshake_ivl_ms)
         self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.counter = RejectCounter("test", "listener")
-        self.watch = ZmtpWatch(self.sock, self.counter)
+        self.watch = ZmtpWatch(self.sock, self.counter, Reclaimer(
+            lambda: bool(self.releases.append(time.monotonic()))))
 
     def pump_until(self, ok, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
@@ -99,3 +104,46 @@ def test_a_pub_socket_counts_garbage_too():
         lis.pump_until(lambda: count(lis) == 1)
     finally:
         lis.close()
+
+
+@pytest.mark.timeout(30)
+def test_closed_connections_schedule_a_memory_release(router):
+    ctx = zmq.Context()
+    try:
+        assert router.watch.tick(time.monotonic()) == float("inf")  # nothing closed yet
+        peers = [ctx.socket(zmq.DEALER) for _ in range(20)]
+        for d in peers:
+            d.connect(f"tcp://127.0.0.1:{router.port}")
+        router.pump_until(lambda: router.watch.open == 20)
+        for d in peers:
+            d.close(linger=0)
+        router.pump_until(lambda: router.watch.open == 0)
+        closed_at = time.monotonic()
+        due = router.watch.tick(closed_at)
+        assert router.releases == [] and closed_at < due <= closed_at + TRIM_AFTER_S[0]
+        router.pump_until(lambda: router.watch.tick(time.monotonic()) and router.releases)
+        assert router.releases[0] >= due
+    finally:
+        ctx.term()
+
+
+@pytest.mark.timeout(30)
+def test_a_frame_over_the_cap_drops_the_connection_unread(router):
+    ctx = zmq.Context()
+    try:
+        big = ctx.socket(zmq.DEALER)
+        big.setsockopt(zmq.RECONNECT_IVL, -1)  # dropped means gone: no reconnect to count
+        big.connect(f"tcp://127.0.0.1:{router.port}")
+        router.pump_until(lambda: router.watch.open == 1)
+        big.send(b"x" * 4097)  # the listener's cap is 4096
+        router.pump_until(lambda: router.watch.open == 0)  # libzmq dropped it
+        assert not router.sock.poll(200)  # nothing delivered
+        ok = ctx.socket(zmq.DEALER)
+        ok.connect(f"tcp://127.0.0.1:{router.port}")
+        ok.send(b"y" * 4096)
+        assert router.sock.poll(5000)
+        assert router.sock.recv_multipart()[1] == b"y" * 4096
+        big.close(linger=0)
+        ok.close(linger=0)
+    finally:
+        ctx.term()
