@@ -30,7 +30,7 @@ from services.rank.guard import RankSide, Watchdogs
 from services.rank.io import RankIO
 from services.rank.removals import RemovalLog, removals_path
 from services.rank.runtime import EXIT_FAILED, EXIT_OK, RankRuntime
-from services.rank.watchdogs import WatchdogConfigError, WatchdogSettings
+from services.rank.watchdogs import Inside, WatchdogConfigError, WatchdogSettings, Where
 
 log = logging.getLogger("lockstep.rank.boot")
 
@@ -117,16 +117,16 @@ def run(spec: RankSpec) -> None:
         rt.cancel_floor = rt.cancel_epoch = lease.cancel_epoch
     rt.set_phase(Phase.LOADING)
     try:
-        rt.busy = "distributed init"  # a peer that never starts: blocks here forever
+        rt.inside = Where(Inside.DISTRIBUTED_INIT)  # a peer that never starts: forever
         group = init_distributed(spec)
-        rt.busy = "the model load"
+        rt.inside = Where(Inside.LOAD)
         model, eos_ids, vocab, max_context = load_shard(spec, group)
         engine = Engine(model, eos_ids, spec.settings)
     except Exception as exc:  # noqa: BLE001 - any load failure ends this rank, reported
         log.exception("loading failed")
         rt.exit(EXIT_FAILED, Phase.FAILED, f"load failed: {exc}", stop_io=io.stop)
     finally:
-        rt.busy = None
+        rt.inside = None
 
     next_seq = 0
     if spec.world_size > 1:

@@ -15,7 +15,6 @@ import time
 from common.messages import Plan
 from common.records import Phase
 from services.rank import events as ev
-from services.rank.engine import Divergence
 from services.rank.loop import RankLoop
 
 log = logging.getLogger("lockstep.rank.follower")
@@ -90,15 +89,7 @@ class Follower(RankLoop):
             self.fail(f"plan {plan.seq}: advance={plan.advance} but this rank's batch "
                       f"{'has' if self.engine.has_work() else 'has no'} work")
         if plan.advance:
-            try:
-                _, finished = self.run_step()
-            except Divergence as exc:
-                self.fail(str(exc))
-            except Exception as exc:  # noqa: BLE001 - a collective failed: a peer is gone
-                self.collective_failed(exc)
-            self.rt.progressed(self.engine.step)
-            for f in finished:
-                self.record(f)
+            self.step()
             self.publish_counts()
 
     def publish_counts(self) -> None:

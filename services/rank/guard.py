@@ -22,6 +22,7 @@ are injected, so tests drive it without real seconds or real processes.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import threading
@@ -33,12 +34,15 @@ from common.messages import Ping
 from common.records import Phase
 from services.rank.events import ExitEv
 from services.rank.watchdogs import (
+    Inside,
     LauncherWatchdog,
     LeaderWatchdog,
     PeerWatchdog,
     ProgressWatchdog,
+    Seen,
     Verdict,
     WatchdogSettings,
+    Where,
 )
 
 log = logging.getLogger("lockstep.rank.watchdog")
@@ -46,7 +50,14 @@ EXIT_FAILED = 1
 MAX_TICK_S = 0.5
 LEAVE_WAIT_S = 5.0  # a free main thread gets this long to leave cleanly
 SUSPENDED_AFTER_S = 2.0  # a tick this late means this process itself did not run
-ALWAYS, IF_FREE, NEVER = "always", "if free", "never"  # Watchdogs.end(leave=...)
+
+
+class Leave(enum.Enum):
+    """When `Watchdogs.end` asks the main thread to leave cleanly (see there)."""
+
+    ALWAYS = "always"
+    IF_FREE = "if free"
+    NEVER = "never"
 
 
 class RankHooks(Protocol):
@@ -57,7 +68,7 @@ class RankHooks(Protocol):
     def parent_gone(self) -> str | None: ...
     def last_lease_at(self) -> float | None: ...
     def activity(self) -> tuple[int, int]: ...  # (active requests, step)
-    def busy(self) -> str | None: ...  # what the main thread is inside, if anything
+    def where(self) -> Where | None: ...  # what the main thread is inside, if anything
     def peers(self) -> list[int]: ...  # rank 0: joined followers
     def answered(self) -> Mapping[int, int]: ...  # rank 0: rank → highest nonce echoed
     def send_probe(self, nonce: int) -> None: ...
@@ -105,10 +116,11 @@ class Watchdogs:
         interval = self.interval()
         v = self.launcher.check(now, h.parent_gone(), h.last_lease_at())
         if v is not None:
-            return self.end(EXIT_FAILED, "launcher_lost", v.reason, abort=True, leave=ALWAYS)
+            return self.end(EXIT_FAILED, "launcher_lost", v.reason, abort=True,
+                            leave=Leave.ALWAYS)
         v = self.progress.check(now, *h.activity())
         if v is not None:
-            return self.end(EXIT_FAILED, "failed", v.reason, abort=False, leave=NEVER)
+            return self.end(EXIT_FAILED, "failed", v.reason, abort=False, leave=Leave.NEVER)
         if self.peer is not None:
             if self.peer.due(now, interval):
                 nonce, verdicts = self.peer.round(now, h.peers(), h.answered())
@@ -125,17 +137,17 @@ class Watchdogs:
         for v in verdicts:
             if self.ended is not None:
                 return
-            if v.what == "abort":
+            if v.what is Seen.ABORT:
                 log.error("peer watchdog: %s; abort stage: every in-flight request is "
                           "cancelled, re-probing for %gs", v.reason, self.s.abort_grace_s)
                 self.hooks.abort_all(f"peer lost: {v.reason}")
-            elif v.what == "suspect":
+            elif v.what is Seen.SUSPECT:
                 log.error("peer watchdog: %s; waiting up to %gs more", v.reason,
                           self.s.abort_grace_s)
-            elif v.what == "recovered":
+            elif v.what is Seen.RECOVERED:
                 log.warning("peer watchdog: %s; serving on", v.reason)
-            elif v.what == "lost":
-                self.end(EXIT_FAILED, "peer_lost", v.reason, abort=True, leave=IF_FREE)
+            elif v.what is Seen.LOST:
+                self.end(EXIT_FAILED, "peer_lost", v.reason, abort=True, leave=Leave.IF_FREE)
 
     def _rebase(self, now: float, gap: float) -> None:
         log.warning("watchdog thread did not run for %.1fs (was this process stopped?); "
@@ -147,7 +159,7 @@ class Watchdogs:
         if self.rank0 is not None:
             self.rank0.rebase(now)
 
-    def end(self, code: int, phase: str, reason: str, *, abort: bool, leave: str) -> float:
+    def end(self, code: int, phase: str, reason: str, *, abort: bool, leave: Leave) -> float:
         """Marker → abort stage (`abort`) → the main thread asked to leave cleanly
         (`leave`: ALWAYS — unless it is in distributed init or the load: its steps still
         complete, e.g. the launcher is gone but every peer lives; IF_FREE — only when
@@ -159,19 +171,28 @@ class Watchdogs:
         h.mark(phase, reason)
         if abort:
             h.abort_all(f"{phase}: {reason}")
-        busy = "stalled" if leave == NEVER else h.busy()
-        if leave == ALWAYS and busy is not None and busy.startswith("step "):
-            busy = None
-        if busy is None and self.leave_wait_s > 0:
+        where = h.where()
+        if may_ask(leave, where) and self.leave_wait_s > 0:
             h.request_exit(code, phase, reason)
             deadline = self.clock() + self.leave_wait_s
             while self.clock() < deadline:
                 self.sleep(0.05)
             log.error("watchdog: the main thread did not leave within %gs", self.leave_wait_s)
         else:
-            log.error("watchdog: leaving from this thread (main thread: %s)", busy)
+            log.error("watchdog: leaving from this thread (main thread: %s)",
+                      "stalled" if leave is Leave.NEVER else where)
         h.hard_exit(code, phase, reason)
         return 0.0
+
+
+def may_ask(leave: Leave, where: Where | None) -> bool:
+    """Whether the main thread can answer a request to leave: not if it stalled; yes if
+    it is inside nothing; inside a step only for `ALWAYS` (the step still completes)."""
+    if leave is Leave.NEVER:
+        return False
+    if where is None:
+        return True
+    return leave is Leave.ALWAYS and where.inside is Inside.STEP
 
 
 def parent_gone(parent_pid: int | None) -> str | None:
@@ -209,8 +230,8 @@ class RankSide:
     def activity(self) -> tuple[int, int]:
         return self.rt.active, self.rt.step
 
-    def busy(self) -> str | None:
-        return self.rt.busy
+    def where(self) -> Where | None:
+        return self.rt.inside
 
     def peers(self) -> list[int]:
         return list(self.io.session.followers)

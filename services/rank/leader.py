@@ -187,21 +187,14 @@ class Leader(RankLoop):
             self.flush()
             self.step()
 
-    def step(self) -> None:
+    def step(self) -> list[Emitted]:
         delay = self.rt.seams.step_delay_s
         if delay:
             time.sleep(delay)
-        try:
-            emitted, finished = self.run_step()
-        except Divergence as exc:
-            self.fail(str(exc))
-        except Exception as exc:  # noqa: BLE001 - a collective failed: a peer is gone
-            self.collective_failed(exc)
-        self.rt.progressed(self.engine.step)
-        for f in finished:  # recorded before the stream ends
-            self.record(f)
+        emitted = super().step()  # removals recorded before the streams end
         self.emit(emitted)
         self.publish_counts()
+        return emitted
 
     def emit(self, emitted: list[Emitted]) -> None:
         now = time.time()

@@ -13,10 +13,12 @@ from common.messages import CancelAck, Plan
 from common.rankspec import RankSettings
 from common.records import Phase
 from services.rank import events as ev
-from services.rank.engine import Engine, Finished
+from services.rank.engine import Divergence, Emitted, Engine, Finished
+from services.rank.errors import StepCause, step_cause
 from services.rank.io import RankIO
 from services.rank.removals import RemovalLog
 from services.rank.runtime import EXIT_FAILED, RankRuntime
+from services.rank.watchdogs import Inside, Where
 
 log = logging.getLogger("lockstep.rank.loop")
 
@@ -117,24 +119,36 @@ class RankLoop:
     # -- stepping ----------------------------------------------------------------------
 
     def run_step(self):
-        """`engine.next()`, with `rt.busy` set while inside it (a peer that stops makes
+        """`engine.next()`, with `rt.inside` set while inside it (a peer that stops makes
         the collective spin forever: the watchdogs then leave from their own thread)."""
-        self.rt.busy = f"step {self.engine.step}"
+        self.rt.inside = Where(Inside.STEP, self.engine.step)
         try:
             self.rt.seams.before_step(self.engine.step)
             return self.engine.next()
         finally:
-            self.rt.busy = None
+            self.rt.inside = None
+
+    def step(self) -> list[Emitted]:
+        """One step on every rank: a divergence fails closed, a failed collective leaves
+        by its cause; the removals it caused are recorded before any stream ends."""
+        try:
+            emitted, finished = self.run_step()
+        except Divergence as exc:
+            self.fail(str(exc))
+        except Exception as exc:  # noqa: BLE001 - a collective failed: a peer is gone
+            self.collective_failed(exc)
+        self.rt.progressed(self.engine.step)
+        for f in finished:
+            self.record(f)
+        return emitted
 
     def fail(self, error: str) -> NoReturn:
         log.error("rank %d fails closed: %s", self.rt.rank, error)
         self.rt.exit(EXIT_FAILED, Phase.FAILED, error, stop_io=self.io.stop)
 
     def collective_failed(self, exc: BaseException) -> NoReturn:
-        text = str(exc)
-        phase = Phase.PEER_LOST if ("peer" in text.lower() or "connection" in text.lower()) \
-            else Phase.FAILED
-        error = f"step {self.engine.step} failed: {text}"
+        phase = Phase.PEER_LOST if step_cause(exc) is StepCause.PEER_LOST else Phase.FAILED
+        error = f"step {self.engine.step} failed: {exc}"
         log.error("rank %d: %s", self.rt.rank, error)
         launcher = self.rt.launcher_gone()  # the root cause when every rank is leaving
         if launcher is not None:
@@ -143,11 +157,11 @@ class RankLoop:
 
     def leave(self, code: int, phase: Phase, error: str | None) -> NoReturn:
         """A clean exit: let the step in flight finish (every rank queued it), then go."""
-        self.rt.busy = "the last step"  # a stopped peer: this blocks, the hatch ends it
+        self.rt.inside = Where(Inside.LAST_STEP)  # a stopped peer: blocks, the hatch ends it
         try:
             self.engine.drain()
         except Exception as exc:  # noqa: BLE001 - a peer already gone; still exit
             log.warning("draining the last step: %s", exc)
-        self.rt.busy = None
+        self.rt.inside = None
         self.removals.close()
         self.rt.exit(code, phase, error, stop_io=self.io.stop)

@@ -6,8 +6,8 @@ writes are atomic under the GIL; the marker file is written under a lock from on
 consistent snapshot, so a heartbeat can never overwrite a newer phase.
 
 What the watchdogs (services.rank.guard) read and call: `last_lease_at`,
-`last_ping_at` (followers), `step` / `active`, `busy` (what the main thread is inside:
-a step, distributed init, the load), `request_abort_all(reason, detail)` (the abort
+`last_ping_at` (followers), `step` / `active`, `inside` (a typed `Where`: what the main
+thread is inside — a step, distributed init, the load), `request_abort_all(reason, detail)` (the abort
 stage: every stream ends now, the requests leave at the next step boundary), and
 `hard_exit` — the way out from any thread when the main thread is stuck in C. Signals:
 the handler records; the I/O thread calls `on_signal` (first: escape hatch armed and a
@@ -35,7 +35,7 @@ from common.state import Paths, marker_path, write_marker
 from services.rank.guard import parent_gone
 from services.rank.leaving import cache_memory, flush_logs, kernel_alarm, release_memory
 from services.rank.seams import TestSeams
-from services.rank.watchdogs import LauncherWatchdog, WatchdogSettings
+from services.rank.watchdogs import LauncherWatchdog, WatchdogSettings, Where
 
 log = logging.getLogger("lockstep.rank")
 EXIT_OK = 0
@@ -83,7 +83,7 @@ class RankRuntime:
         self.last_lease_at: float | None = None
         self.last_ping_at: float | None = None  # follower: rank 0's last probe
         self.last_progress_at = time.monotonic()
-        self.busy: str | None = None  # what the main thread is inside (for watchdogs)
+        self.inside: Where | None = None  # what the main thread is inside (for watchdogs)
         self.timeouts = WatchdogSettings.resolve(spec.settings)  # boot adds the env
         self.signal_received: int | None = None
         self.signals = 0  # counted by the I/O thread (on_signal)
@@ -278,10 +278,10 @@ class RankRuntime:
         self._leave(code)
 
     def _leave(self, code: int) -> NoReturn:
-        if self.busy is None:
+        if self.inside is None:
             self.memory_released = release_memory()
         else:  # measured: clear_cache blocks, holding the GIL, while a step is stuck
-            self.memory_note = f"left to the process exit (main thread inside {self.busy})"
+            self.memory_note = f"left to the process exit (main thread inside {self.inside})"
             log.warning("rank %d: memory %s", self.rank, self.memory_note)
         self.write_marker()
         log.info("rank %d exits %d (%s)", self.rank, code, self.phase.value)

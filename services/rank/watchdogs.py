@@ -22,6 +22,7 @@ instead of blaming the peers for the time this process did not run.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -78,10 +79,41 @@ class WatchdogSettings:
         return cls(**values)
 
 
+class Seen(str, enum.Enum):
+    """What a watchdog saw (a closed set; the watchdog thread acts on each)."""
+
+    ABORT = "abort"  # peers failing: the abort stage
+    SUSPECT = "suspect"  # rank 0 silent: waiting out the grace
+    RECOVERED = "recovered"  # every peer answers again: serving on
+    LOST = "lost"  # a peer (or rank 0) silent past the grace
+    LAUNCHER_LOST = "launcher_lost"
+    STALLED = "stalled"
+
+
 @dataclass(frozen=True)
 class Verdict:
-    what: str  # abort | recovered | lost | suspect | launcher_lost | stalled
+    what: Seen
     reason: str
+
+
+class Inside(enum.Enum):
+    """Where the main thread is, when it is inside something it may not come back from."""
+
+    STEP = "step"  # engine.next(): a collective with every peer
+    LAST_STEP = "the last step"  # draining the step in flight before a clean exit
+    DISTRIBUTED_INIT = "distributed init"  # a peer that never starts blocks it forever
+    LOAD = "the model load"
+
+
+@dataclass(frozen=True)
+class Where:
+    """What the watchdogs ask of a rank's main thread: which `Inside`, and the step."""
+
+    inside: Inside
+    step: int | None = None
+
+    def __str__(self) -> str:
+        return f"step {self.step}" if self.inside is Inside.STEP else self.inside.value
 
 
 def _ranks(ranks: Iterable[int]) -> str:
@@ -131,19 +163,19 @@ class PeerWatchdog:
         if self.state == self.OK and failing:
             self.state, self.abort_at = self.ABORTING, now
             why = f"{_ranks(failing)} failed {self.tolerance} probes in a row"
-            out = [Verdict("abort", why)]
+            out = [Verdict(Seen.ABORT, why)]
             if self.grace_s <= 0:
                 self.state = self.LOST
-                out.append(Verdict("lost", why + " (no abort grace)"))
+                out.append(Verdict(Seen.LOST, why + " (no abort grace)"))
             return out
         if self.state == self.ABORTING:
             if not any(self.fails.values()):
                 self.state, self.abort_at = self.OK, None
-                return [Verdict("recovered", "every peer answers probes again")]
+                return [Verdict(Seen.RECOVERED, "every peer answers probes again")]
             if now - self.abort_at >= self.grace_s:
                 self.state = self.LOST
                 silent = [r for r, n in self.fails.items() if n]
-                return [Verdict("lost", f"{_ranks(silent)} still silent {now - self.abort_at:.1f}s "
+                return [Verdict(Seen.LOST, f"{_ranks(silent)} still silent {now - self.abort_at:.1f}s "
                                         f"after the abort stage (grace {self.grace_s:g}s)")]
         return []
 
@@ -170,15 +202,15 @@ class LeaderWatchdog:
         if silent <= limit:
             if self.state == self.SUSPECT:
                 self.state = self.OK
-                return [Verdict("recovered", "rank 0 pings again")]
+                return [Verdict(Seen.RECOVERED, "rank 0 pings again")]
             return []
         out = []
         if self.state == self.OK:
             self.state = self.SUSPECT
-            out.append(Verdict("suspect", f"no probe from rank 0 for {silent:.1f}s"))
+            out.append(Verdict(Seen.SUSPECT, f"no probe from rank 0 for {silent:.1f}s"))
         if silent > limit + self.grace_s:
             self.state = self.LOST
-            out.append(Verdict("lost", f"no probe from rank 0 for {silent:.1f}s "
+            out.append(Verdict(Seen.LOST, f"no probe from rank 0 for {silent:.1f}s "
                                        f"(limit {limit:g}s + grace {self.grace_s:g}s)"))
         return out
 
@@ -195,12 +227,12 @@ class LauncherWatchdog:
               last_lease_at: float | None) -> Verdict | None:
         """`parent_gone`: why the launcher process is gone, or None while it lives."""
         if parent_gone:
-            return Verdict("launcher_lost", parent_gone)
+            return Verdict(Seen.LAUNCHER_LOST, parent_gone)
         if last_lease_at is None or self.lease_stale_s <= 0:
             return None  # a lease never seen is not stale
         age = now - max(last_lease_at, self.base)
         if age > self.lease_stale_s:
-            return Verdict("launcher_lost", f"no supervisor lease for {age:.1f}s "
+            return Verdict(Seen.LAUNCHER_LOST, f"no supervisor lease for {age:.1f}s "
                                             f"(stale after {self.lease_stale_s:g}s)")
         return None
 
@@ -223,7 +255,7 @@ class ProgressWatchdog:
             return None
         stalled = now - self.since
         if stalled >= self.stall_s:
-            return Verdict("stalled", f"{active} active request(s) but no step progress for "
+            return Verdict(Seen.STALLED, f"{active} active request(s) but no step progress for "
                                       f"{stalled:.1f}s (stuck before or inside step {step})")
         return None
 

@@ -1,5 +1,7 @@
-"""Rank 0's typed error codes (common.messages.ErrorCode) and the gateway's one table
-from code to HTTP status and OpenAI error (services/gateway/generation.py)."""
+"""Typed causes instead of text: rank 0's error codes (common.messages.ErrorCode) and the
+gateway's one table from code to HTTP status and OpenAI error (services/gateway/
+generation.py); the one classifier of a failed step's exception; where the main thread
+is, as the watchdog thread asks it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from common.messages import ErrorCode, Tokens
 from common.schema import SchemaError, decode_into, to_wire
 from services.gateway.errors import TYPES
 from services.gateway.generation import NO_CODE, RANK_ERRORS, rank_error
+from services.rank.errors import StepCause, step_cause
+from services.rank.guard import Leave, may_ask
+from services.rank.watchdogs import Inside, Where
 
 
 def test_every_error_code_has_exactly_one_row():
@@ -55,3 +60,29 @@ def test_error_code_is_typed_on_the_wire_and_closed():
         with pytest.raises(SchemaError) as e:
             decode_into(Tokens, {**raw, "error_code": bad})
         assert e.value.reason == "wrong_type"
+
+
+# -- the one classifier of exceptions out of an MLX step (services/rank/errors.py) -------
+
+
+@pytest.mark.parametrize(("exc", "cause"), [
+    (RuntimeError("[ring] connection to a peer was lost"), StepCause.PEER_LOST),
+    (RuntimeError("[ring] Recv failed: Connection reset by peer"), StepCause.PEER_LOST),
+    (ConnectionResetError(104, "reset"), StepCause.PEER_LOST),
+    (BrokenPipeError(32, "broken pipe"), StepCause.PEER_LOST),
+    (RuntimeError("[metal] out of memory"), StepCause.FAILED),
+    (ValueError("shapes (1,2) and (3,4) do not match"), StepCause.FAILED),
+    (KeyError("r1"), StepCause.FAILED),
+])
+def test_step_cause_sorts_a_peer_loss_from_other_failures(exc, cause):
+    assert step_cause(exc) is cause
+
+
+def test_may_ask_the_main_thread_to_leave_by_where_it_is():
+    step, init = Where(Inside.STEP, 4), Where(Inside.DISTRIBUTED_INIT)
+    assert (str(step), str(init), str(Where(Inside.LAST_STEP))) == \
+        ("step 4", "distributed init", "the last step")
+    assert may_ask(Leave.ALWAYS, None) and may_ask(Leave.ALWAYS, step)
+    assert not may_ask(Leave.ALWAYS, init) and not may_ask(Leave.ALWAYS, Where(Inside.LOAD))
+    assert may_ask(Leave.IF_FREE, None) and not may_ask(Leave.IF_FREE, step)
+    assert not may_ask(Leave.NEVER, None) and not may_ask(Leave.NEVER, step)

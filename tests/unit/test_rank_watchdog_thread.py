@@ -9,7 +9,7 @@ import os
 import pytest
 
 from services.rank.guard import Watchdogs
-from services.rank.watchdogs import WatchdogSettings
+from services.rank.watchdogs import Inside, WatchdogSettings, Where
 
 # -- the watchdog thread ----------------------------------------------------------------
 
@@ -50,7 +50,7 @@ class FakeRank:
     def activity(self):
         return self.active, self.step
 
-    def busy(self):
+    def where(self):
         return self._busy
 
     def peers(self):
@@ -106,7 +106,7 @@ def make(rank: FakeRank, settings=SHORT, leave_wait_s=2.0) -> Watchdogs:
 
 def test_thread_stopped_peer_aborts_then_exits_peer_lost_within_the_bound():
     rank = FakeRank()
-    rank.active, rank._busy = 3, "step 7"  # rank 0 is stuck inside the collective
+    rank.active, rank._busy = 3, Where(Inside.STEP, 7)  # stuck inside the collective
     wd = make(rank)
     run_for(rank, wd, 2.0)
     assert rank.kinds() == []
@@ -185,8 +185,8 @@ def test_thread_launcher_gone_marks_aborts_asks_main_then_exits():
     assert rank2.kinds()[0] == "mark" and rank2.calls[0][2] == "launcher_lost"
     # Inside a step the main thread is still asked (the step ends); inside distributed
     # init or the load it is not (it may never come back): straight out.
-    for busy, kinds in (("step 3", ["mark", "abort_all", "request_exit", "hard_exit"]),
-                        ("distributed init", ["mark", "abort_all", "hard_exit"])):
+    for busy, kinds in ((Where(Inside.STEP, 3), ["mark", "abort_all", "request_exit", "hard_exit"]),
+                        (Where(Inside.DISTRIBUTED_INIT), ["mark", "abort_all", "hard_exit"])):
         r = FakeRank(world_size=1)
         r._busy, r.gone = busy, "parent 7 gone"
         with pytest.raises(Exited):
