@@ -3,8 +3,8 @@ of the deployment on every host, without anyone asking, and keep at it while a h
 cannot be reached, since a partition usually heals.
 
 Each attempt is a verified teardown (ops.teardown) under its own deadline
-(`attempt_deadline`: the steps' timeouts plus a few ssh deadlines), so neither a slow
-host nor anything else can hold it, or a stop waiting for it, for longer. An attempt
+(`attempt_deadline`: the steps' timeouts plus ssh connects and some slack), so neither a
+stalled ssh nor anything else can hold it, or a stop waiting for it, for longer. An attempt
 that is not proven (a host unreachable, ssh timed out) is recorded in the manifest and
 retried every RETRY_S, while the state stays `failed`, until it is proven or
 `retry_window` has passed; then the state is `teardown_failed` (manifest and evidence
@@ -31,19 +31,24 @@ from services.supervisor.settings import SupervisorSettings
 log = logging.getLogger("lockstep.supervisor")
 GRACEFUL_S = 1.0  # the lost rank's peers are usually gone already: don't wait long
 RETRY_S = 2.0
-SSH_CALLS = 4  # a teardown's ssh round trips that may each take their whole deadline
+MIN_ATTEMPTS = 2  # one more on fresh connections even when the first used up the window
+SSH_SLACK_S = 10.0  # the attempt's ssh round trips (well under a second each on a LAN)
 
 
 def attempt_deadline(s: SupervisorSettings) -> float:
-    """The longest one attempt may take: its waits plus SSH_CALLS ssh deadlines."""
-    ssh = s.ssh_connect_timeout + s.ssh_command_timeout
-    return GRACEFUL_S + s.stop_timeout + 2 * s.kill_timeout + SSH_CALLS * ssh
+    """The longest one attempt may take: its waits, two ssh connects that time out, and
+    SSH_SLACK_S. Not each ssh's own deadline (ssh_command_timeout, generous): an ssh
+    that hangs on a half-open connection just after the link came back would hold the
+    attempt that long; cut short, the next attempt starts on fresh connections."""
+    return (GRACEFUL_S + s.stop_timeout + 2 * s.kill_timeout + 2 * s.ssh_connect_timeout
+            + SSH_SLACK_S)
 
 
 def retry_window(s: SupervisorSettings) -> float:
-    """How long unproven attempts are retried: the ranks on a cut-off host leave on
-    their own by then (lease_ttl), and a longer partition needs an operator's stop."""
-    return s.lease_ttl + s.stop_timeout + 2 * s.kill_timeout
+    """How long new attempts start after the first (at least MIN_ATTEMPTS are made): the
+    ranks on a cut-off host leave on their own by then (lease_ttl); a longer partition
+    needs an operator's stop."""
+    return s.lease_ttl + RETRY_S
 
 
 async def teardown_after_failure(sup, dep: Deployment, reason: str) -> None:
@@ -75,7 +80,8 @@ async def _attempts(sup, dep: Deployment) -> None:
                      "path %s)", dep.deployment_id, took, attempt,
                      " -> ".join((dep.teardown or {}).get("path") or []) or "none alive")
             return
-        if dep.abort_reason is not None or time.monotonic() + RETRY_S >= give_up_at:
+        late = attempt >= MIN_ATTEMPTS and time.monotonic() + RETRY_S >= give_up_at
+        if dep.abort_reason is not None or late:
             sup.set_state(dep, "teardown_failed", why)
             sup.incident(dep, "teardown_failed", why, {"outcome": dep.teardown or {},
                                                         "attempts": attempt})

@@ -10,11 +10,14 @@ import json
 import logging
 import os
 import signal
+import threading
+import time
 
 import pytest
 
 from common.procs import ProcessIdentity
 from common.state import Paths, manifest_path
+from services.supervisor.after_failure import attempt_deadline
 from services.supervisor.teardown import TeardownSeams
 from tests.support.supervisor import pid_gone, poll_for
 
@@ -98,3 +101,30 @@ def test_an_attempt_that_raises_is_logged_and_retried(start_supervisor, home, mo
     assert raised
     logged = [r for r in caplog.records if "teardown after the failure raised" in r.getMessage()]
     assert logged and logged[0].exc_info and "kill seam exploded" in str(logged[0].exc_info[1])
+
+
+@pytest.mark.timeout(90)
+def test_an_attempt_that_stalls_is_cut_at_its_deadline_and_retried(start_supervisor, home,
+                                                                   model_dir, monkeypatch):
+    monkeypatch.setenv("LOCKSTEP_FAKE_IGNORE_SIGTERM", "1")  # the ladder runs for rank 1
+    release = threading.Event()
+    stalled: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the seam: the first ladder wait hangs, as a stalled
+        if not stalled:                 # ssh would
+            stalled.append(seconds)
+            release.wait(120)
+        time.sleep(seconds)
+
+    rs = start_supervisor(seams=TeardownSeams(sleep=sleep), graceful_timeout=0.3,
+                          stop_timeout=0.3, kill_timeout=0.3, ssh_connect_timeout=1.0)
+    try:
+        out = rs.ok("deploy", model_path=str(model_dir), tp=2, deployment_id="stall")
+        t0 = time.monotonic()
+        pids = _lose_rank0(rs, "stall")
+        _proven_without_a_stop(rs, home, "stall", out["job_id"], pids)
+        took = time.monotonic() - t0
+        assert stalled and not release.is_set()  # proven while the first attempt hangs
+        assert took < attempt_deadline(rs.sup.settings) + 15, took
+    finally:
+        release.set()
