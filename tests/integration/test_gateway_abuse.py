@@ -24,7 +24,7 @@ from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
 from tests.gwutil import GatewayThread, free_port, poll_until
 
 TOKEN = "admin-secret-token"
-SLOW_TEMPLATE = "{%- for i in range(600) %}{%- for j in range(10000) %}{%- endfor %}{%- endfor %}"
+SLOW_TEMPLATE = "{%- for i in range(2000) %}{%- for j in range(10000) %}{%- endfor %}{%- endfor %}"
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +245,7 @@ def test_a_slow_chat_template_does_not_stall_the_event_loop(base, tmp_path):
     assert heavy and heavy[0].status_code == 200, heavy
     assert rendered_at, "the heavy request never reached rank 0"
     render_end = rendered_at[0]
-    assert render_end - t_send > 1.0, "the template was not slow: this test proves nothing"
+    assert render_end - t_send > 0.5, "the template was not slow: this test proves nothing"
     mid = t_send + (render_end - t_send) / 2
     during = [(a, b) for a, b in health if a > mid and b < render_end]
     assert during, f"no /health answered in the render's second half ({len(health)} sent)"
