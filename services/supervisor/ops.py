@@ -19,7 +19,7 @@ from typing import Any
 
 from common.bus import AsyncRpcClient, BusTimeout, Channel, new_request_id
 from common.messages import REQUESTS_OUT, Shutdown, Stats, StatsRequest
-from common.state import remove_manifest, retire_markers, write_manifest
+from common.state import manifest_path, remove_manifest, retire_markers, write_manifest
 from services.supervisor import launch, readiness, remote_ops
 from services.supervisor.canary import run_canary
 from services.supervisor.deployment import LIVE, Deployment
@@ -198,8 +198,8 @@ async def teardown(sup, dep: Deployment, *, graceful_s: float | None = None,
 
 def record_unproven(sup, dep: Deployment, why: str) -> None:
     """An unproven teardown, appended to the manifest (kept: the reaper and the next stop
-    start from it)."""
-    if dep.manifest is None:
+    start from it). Never one that a proven teardown has removed."""
+    if dep.manifest is None or not manifest_path(sup.paths, dep.job_id).exists():
         return
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     failures = [*dep.manifest.teardown_failures, f"{stamp} supervisor: {why}"][-20:]
