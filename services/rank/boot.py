@@ -28,6 +28,7 @@ from services.rank.engine import Engine
 from services.rank.errors import StartupError
 from services.rank.guard import RankSide, Watchdogs
 from services.rank.io import RankIO
+from services.rank.outbox import AnnounceReady, Served
 from services.rank.removals import RemovalLog, removals_path
 from services.rank.runtime import EXIT_FAILED, EXIT_OK, RankRuntime
 from services.rank.watchdogs import Inside, WatchdogConfigError, WatchdogSettings, Where
@@ -50,11 +51,11 @@ def wait_for(rt: RankRuntime, io: RankIO, kind: type | tuple[type, ...], stash: 
         if isinstance(e, ev.ShutdownEv | ev.SignalEv):
             if isinstance(e, ev.SignalEv):
                 rt.seams.on_signal(f"signal {e.signum} while waiting for {what}")
-            rt.exit(EXIT_OK, Phase.EXITING, None, stop_io=io.stop)
+            rt.exit(EXIT_OK, Phase.EXITING, None)
         if isinstance(e, ev.ExitEv):
-            rt.exit(e.code, e.phase, f"{e.reason} (while waiting for {what})", stop_io=io.stop)
+            rt.exit(e.code, e.phase, f"{e.reason} (while waiting for {what})")
         if isinstance(e, ev.IoFailed):
-            rt.exit(EXIT_FAILED, Phase.FAILED, e.error, stop_io=io.stop)
+            rt.exit(EXIT_FAILED, Phase.FAILED, e.error)
         stash.append(e)  # for a later wait, or the serve loop
 
 
@@ -102,6 +103,7 @@ def run(spec: RankSpec) -> None:
         keys = LaunchKeys(read_secret_file(Path(spec.secret_path)), spec.deployment_id,
                           spec.job_id)
         io = RankIO(spec, keys, rt)
+        rt.attach_io(io)
     except (WatchdogConfigError, KeyFileError, OSError) as exc:
         rt.exit(EXIT_FAILED, Phase.FAILED, f"cannot start: {exc}")
     except Exception as exc:  # noqa: BLE001 - zmq bind errors and the like
@@ -124,7 +126,7 @@ def run(spec: RankSpec) -> None:
         engine = Engine(model, eos_ids, spec.settings)
     except Exception as exc:  # noqa: BLE001 - any load failure ends this rank, reported
         log.exception("loading failed")
-        rt.exit(EXIT_FAILED, Phase.FAILED, f"load failed: {exc}", stop_io=io.stop)
+        rt.exit(EXIT_FAILED, Phase.FAILED, f"load failed: {exc}")
     finally:
         rt.inside = None
 
@@ -134,7 +136,7 @@ def run(spec: RankSpec) -> None:
     rt.set_phase(Phase.READY)
     endpoints = {"plan": spec.plan_endpoint, "requests": spec.requests_endpoint} \
         if rt.leader else {}
-    io.post(("ready", RankReady(
+    io.post(AnnounceReady(RankReady(
         deployment_id=spec.deployment_id, job_id=spec.job_id, rank=spec.rank,
         host=spec.host or socket.gethostname(), pid=rt.pid, start_time=rt.start_time,
         boot_id=rt.boot_id, endpoints=endpoints)))
@@ -143,7 +145,7 @@ def run(spec: RankSpec) -> None:
     got = wait_for(rt, io, (ev.ServeEv, ev.PlanEv), stash, "SERVE")
     if isinstance(got, ev.PlanEv):
         stash.insert(0, got)
-    io.post(("served",))
+    io.post(Served())
     rt.set_phase(Phase.SERVING)
 
     try:
@@ -158,4 +160,4 @@ def run(spec: RankSpec) -> None:
             Follower(rt, io, engine, removals, stash, next_seq=next_seq).run()
     except Exception as exc:  # noqa: BLE001 - a bug must still end in a marker, not a hang
         log.exception("rank loop failed")
-        rt.exit(EXIT_FAILED, Phase.FAILED, f"internal error: {exc!r}", stop_io=io.stop)
+        rt.exit(EXIT_FAILED, Phase.FAILED, f"internal error: {exc!r}")

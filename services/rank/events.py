@@ -1,4 +1,5 @@
-"""What the I/O thread hands the main thread (through `RankIO.inbox`)."""
+"""What the I/O thread hands the main thread (through `RankIO.inbox`); the other way is
+services/rank/outbox.py."""
 
 from __future__ import annotations
 
@@ -39,8 +40,7 @@ class CancelEv:
 
 
 @dataclass
-class GenerateEv:
-    ident: bytes
+class GenerateEv:  # rank 0: its stream is already open in the I/O thread's ledger
     body: Generate
     received_at: float  # wall clock at the I/O thread
 

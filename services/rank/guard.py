@@ -33,6 +33,7 @@ from typing import Protocol
 from common.messages import Ping
 from common.records import Phase
 from services.rank.events import ExitEv
+from services.rank.outbox import Probe
 from services.rank.watchdogs import (
     Inside,
     LauncherWatchdog,
@@ -73,10 +74,10 @@ class RankHooks(Protocol):
     def answered(self) -> Mapping[int, int]: ...  # rank 0: rank → highest nonce echoed
     def send_probe(self, nonce: int) -> None: ...
     def last_ping_at(self) -> float | None: ...  # followers
-    def mark(self, phase: str, reason: str) -> None: ...
+    def mark(self, phase: Phase, reason: str) -> None: ...
     def abort_all(self, reason: str) -> None: ...
-    def request_exit(self, code: int, phase: str, reason: str) -> None: ...
-    def hard_exit(self, code: int, phase: str, reason: str) -> None: ...
+    def request_exit(self, code: int, phase: Phase, reason: str) -> None: ...
+    def hard_exit(self, code: int, phase: Phase, reason: str) -> None: ...
 
 
 class Watchdogs:
@@ -93,7 +94,7 @@ class Watchdogs:
         self.rank0 = LeaderWatchdog(settings.fail_tolerance, settings.abort_grace_s) \
             if not hooks.leader else None
         self.last_tick: float | None = None
-        self.ended: tuple[int, str, str] | None = None
+        self.ended: tuple[int, Phase, str] | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -116,11 +117,12 @@ class Watchdogs:
         interval = self.interval()
         v = self.launcher.check(now, h.parent_gone(), h.last_lease_at())
         if v is not None:
-            return self.end(EXIT_FAILED, "launcher_lost", v.reason, abort=True,
+            return self.end(EXIT_FAILED, Phase.LAUNCHER_LOST, v.reason, abort=True,
                             leave=Leave.ALWAYS)
         v = self.progress.check(now, *h.activity())
         if v is not None:
-            return self.end(EXIT_FAILED, "failed", v.reason, abort=False, leave=Leave.NEVER)
+            return self.end(EXIT_FAILED, Phase.FAILED, v.reason, abort=False,
+                            leave=Leave.NEVER)
         if self.peer is not None:
             if self.peer.due(now, interval):
                 nonce, verdicts = self.peer.round(now, h.peers(), h.answered())
@@ -147,7 +149,8 @@ class Watchdogs:
             elif v.what is Seen.RECOVERED:
                 log.warning("peer watchdog: %s; serving on", v.reason)
             elif v.what is Seen.LOST:
-                self.end(EXIT_FAILED, "peer_lost", v.reason, abort=True, leave=Leave.IF_FREE)
+                self.end(EXIT_FAILED, Phase.PEER_LOST, v.reason, abort=True,
+                         leave=Leave.IF_FREE)
 
     def _rebase(self, now: float, gap: float) -> None:
         log.warning("watchdog thread did not run for %.1fs (was this process stopped?); "
@@ -159,7 +162,8 @@ class Watchdogs:
         if self.rank0 is not None:
             self.rank0.rebase(now)
 
-    def end(self, code: int, phase: str, reason: str, *, abort: bool, leave: Leave) -> float:
+    def end(self, code: int, phase: Phase, reason: str, *, abort: bool,
+            leave: Leave) -> float:
         """Marker → abort stage (`abort`) → the main thread asked to leave cleanly
         (`leave`: ALWAYS — unless it is in distributed init or the load: its steps still
         complete, e.g. the launcher is gone but every peer lives; IF_FREE — only when
@@ -167,10 +171,10 @@ class Watchdogs:
         given `leave_wait_s` → hard exit."""
         h = self.hooks
         self.ended = (code, phase, reason)
-        log.error("watchdog: %s: %s", phase, reason)
+        log.error("watchdog: %s: %s", phase.value, reason)
         h.mark(phase, reason)
         if abort:
-            h.abort_all(f"{phase}: {reason}")
+            h.abort_all(f"{phase.value}: {reason}")
         where = h.where()
         if may_ask(leave, where) and self.leave_wait_s > 0:
             h.request_exit(code, phase, reason)
@@ -218,8 +222,9 @@ class RankSide:
     def fast(self) -> bool:
         # Rank 0 probes fast once it is loaded; a follower expects fast probes only once
         # it serves (SERVE needs rank 0's RANK_READY, so rank 0 is loaded by then).
-        loaded = ("ready", "serving", "draining") if self.leader else ("serving", "draining")
-        return self.rt.phase.value in loaded
+        loaded = (Phase.READY, Phase.SERVING, Phase.DRAINING) if self.leader \
+            else (Phase.SERVING, Phase.DRAINING)
+        return self.rt.phase in loaded
 
     def parent_gone(self) -> str | None:
         return parent_gone(self.rt.parent_pid)
@@ -240,19 +245,19 @@ class RankSide:
         return {r: p.nonce for r, p in list(self.io.session.last_pong.items())}
 
     def send_probe(self, nonce: int) -> None:
-        self.io.post(("ping", Ping(nonce=nonce, sent_at=time.time())))
+        self.io.post(Probe(Ping(nonce=nonce, sent_at=time.time())))
 
     def last_ping_at(self) -> float | None:
         return self.rt.last_ping_at
 
-    def mark(self, phase: str, reason: str) -> None:
-        self.rt.mark_verdict(Phase(phase), reason)
+    def mark(self, phase: Phase, reason: str) -> None:
+        self.rt.mark_verdict(phase, reason)
 
     def abort_all(self, reason: str) -> None:
         self.rt.request_abort_all("watchdog", reason)
 
-    def request_exit(self, code: int, phase: str, reason: str) -> None:
-        self.io.inbox.put(ExitEv(code, Phase(phase), reason))
+    def request_exit(self, code: int, phase: Phase, reason: str) -> None:
+        self.io.inbox.put(ExitEv(code, phase, reason))
 
-    def hard_exit(self, code: int, phase: str, reason: str) -> None:
-        self.rt.hard_exit(code, Phase(phase), reason)
+    def hard_exit(self, code: int, phase: Phase, reason: str) -> None:
+        self.rt.hard_exit(code, phase, reason)

@@ -5,15 +5,19 @@
     plan     ROUTER (rank 0) / DEALER (followers): services.rank.session
     requests ROUTER  (rank 0)       GENERATE, ABORT → main; STATS answered here; TOKENS out
 
-Main → I/O: `post(cmd)` appends to a deque and wakes the poller (services.rank.waker).
+Main → I/O: `post(cmd)` (services.rank.outbox: a closed set of typed commands) appends
+to a deque and wakes the poller (services.rank.waker).
 I/O → main: `inbox` (a queue.Queue of services.rank.events). MLX releases the GIL during
 compute, so this thread answers FETCH, PING and STATS while the main thread is inside a
 step. Signals reach it through `signal.set_wakeup_fd` and become a SignalEv.
 
-Watchdogs (services.rank.guard): rank 0's probes go out here (("ping", Ping) → every
-joined follower); every stream rank 0 serves is tracked in a StreamLedger
-(services.rank.streams), so ("abort_all", reason, detail) ends them all at once and
-`stop` ends whatever is still open, even while the main thread is stuck in a step.
+Watchdogs (services.rank.guard): rank 0's probes go out here (`Probe` → every joined
+follower); every stream rank 0 serves is owned by a StreamLedger (services.rank.streams)
+in this thread, so `AbortAll` ends them all at once and `stop` ends whatever is still
+open, even while the main thread is stuck in a step.
+
+The runtime is given this object explicitly (`RankRuntime.attach_io`, by boot): it
+posts through it, stops it on a hard exit, and reads its reject counts.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from common.keys import LaunchKeys
 from common.rankspec import RankSpec
 from common.zmtp_watch import ZmtpWatch
 from services.rank import events as ev
+from services.rank import outbox as out
 from services.rank.auth import InitiatorLink, ReportSession, leader_gate, new_identity
 from services.rank.intake import Intake
 from services.rank.runtime import RankRuntime
@@ -111,12 +116,8 @@ class RankIO:
         self._ready_at = 0.0
         self._thread = threading.Thread(target=self._main, name=f"rank{spec.rank}-io", daemon=True)
         self.failed: str | None = None
-        rt.post_event = self.inbox.put
-        rt.reject_sources.append(self.reject_counts)
-        # watchdogs: open streams (rank 0), and the hooks any thread may call
+        # rank 0: the one owner of open streams (chunks, the abort stage, the last words)
         self.streams = StreamLedger(spec.settings.open_requests_bound()) if self.leader else None
-        rt.io_post = self.post
-        rt.end_io = self.stop
 
     # -- main-thread API -----------------------------------------------------------------
 
@@ -127,9 +128,8 @@ class RankIO:
     def start(self) -> None:
         self._thread.start()
 
-    def post(self, *cmds: tuple) -> None:
-        """("plan", Plan) | ("req", ident, body) | ("report", body) | ("ready", RankReady)
-        | ("served",) | ("ping", Ping) | ("abort_all", reason, detail) | ("stop", why)"""
+    def post(self, *cmds: out.Command) -> None:
+        """Any thread: hand commands to this thread, in order."""
         self._out.extend(cmds)
         self._waker.wake()
 
@@ -141,7 +141,7 @@ class RankIO:
             self._drain_outbox()
             self._close(why)
         elif self._thread.is_alive():
-            self.post(("stop", why))
+            self.post(out.Stop(why))
             self._thread.join(timeout)
         term = threading.Thread(target=self.ctx.term, name="zmq-term", daemon=True)
         term.start()
@@ -195,27 +195,29 @@ class RankIO:
     def _drain_outbox(self) -> bool:
         while self._out:
             cmd = self._out.popleft()
-            kind = cmd[0]
-            if kind == "plan":
-                self.session.publish(cmd[1])
-            elif kind == "req":
-                if self.streams is None or self.streams.on_send(cmd[2]):
-                    self._send_req(cmd[1], cmd[2])
-            elif kind == "report":
-                self.reporting.send(cmd[1])
-            elif kind == "ready":
-                self._ready_msg = cmd[1]
+            if isinstance(cmd, out.PublishPlan):
+                self.session.publish(cmd.plan)
+            elif isinstance(cmd, out.StreamChunk):
+                got = self.streams.on_chunk(cmd) if self.streams is not None else None
+                if got is not None:
+                    self._send_req(*got)
+            elif isinstance(cmd, out.Report):
+                self.reporting.send(cmd.body)
+            elif isinstance(cmd, out.AnnounceReady):
+                self._ready_msg = cmd.msg
                 self._ready_at = 0.0  # now, then every RESEND_S until SERVE
-            elif kind == "served":
+            elif isinstance(cmd, out.Served):
                 self._served = True
-            elif kind == "ping":
-                self.session.ping(cmd[1])
-            elif kind == "abort_all":
-                self._end_streams("abort", cmd[2], m.ErrorCode.WATCHDOG_ABORT)
-                self.inbox.put(ev.AbortAllEv(cmd[1]))
-            elif kind == "stop":
-                self._close(cmd[1] if len(cmd) > 1 else "stopped")
+            elif isinstance(cmd, out.Probe):
+                self.session.ping(cmd.ping)
+            elif isinstance(cmd, out.AbortAll):
+                self._end_streams("abort", cmd.detail, m.ErrorCode.WATCHDOG_ABORT)
+                self.inbox.put(ev.AbortAllEv(cmd.reason))
+            elif isinstance(cmd, out.Stop):
+                self._close(cmd.why)
                 return True
+            else:  # pragma: no cover - a closed set
+                raise TypeError(f"not an outbox command: {cmd!r}")
         return False
 
     def _end_streams(self, finish_reason: str, error: str | None, code: m.ErrorCode) -> None:
@@ -295,11 +297,11 @@ class RankIO:
         elif isinstance(body, m.Cancel):
             self.inbox.put(ev.CancelEv(body))
 
-    def _send_req(self, ident: bytes, body: object) -> None:
+    def _send_req(self, ident: bytes, body: m.Tokens) -> None:
         errno = self.wire.send_to(self.requests, self.req, ident, body)
         # The requester (a gateway) is gone: nobody reads this stream any more, so the
         # request leaves the batch at the next step instead of decoding to its cap.
-        if errno == zmq.EHOSTUNREACH and isinstance(body, m.Tokens) and not body.finish_reason:
+        if errno == zmq.EHOSTUNREACH and not body.finish_reason:
             self.inbox.put(ev.AbortEv(m.Abort(body.request_id, ev.REQUESTER_GONE)))
 
     def _on_requests(self, frames: list[bytes]) -> None:
@@ -313,7 +315,7 @@ class RankIO:
             if refused is not None:
                 self.wire.send_to(self.requests, self.req, ident, refused)
                 return
-            self.inbox.put(ev.GenerateEv(ident, body, time.time()))
+            self.inbox.put(ev.GenerateEv(body, time.time()))
         elif isinstance(body, m.Abort):
             self.inbox.put(ev.AbortEv(body))
         elif isinstance(body, m.StatsRequest):

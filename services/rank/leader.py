@@ -6,6 +6,10 @@
     → hand it to the I/O thread (fan-out to every follower + replay buffer)
     → next() iff anything is in the batch → stream each request's token
 
+`scheduled` is what this thread plans for (pending, or in the batch); whether a stream
+is open, on which connection and at which index is the I/O thread's stream ledger's
+(services/rank/streams.py): this thread sends chunks by request id (`StreamChunk`).
+
 A cancel-only plan with an empty batch has advance=False. At most one cancel epoch is
 folded into a plan, lowest first, so every epoch has one plan and one step.
 """
@@ -20,11 +24,12 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from common.messages import ErrorCode, Generate, Plan, PlanInsert, PlanRemove, Tokens
+from common.messages import ErrorCode, Generate, Plan, PlanInsert, PlanRemove
 from common.records import Phase
 from services.rank import events as ev
 from services.rank.engine import Divergence, Emitted
 from services.rank.loop import RankLoop
+from services.rank.outbox import Command, PublishPlan, StreamChunk
 from services.rank.planwire import MAX_BATCH_BYTES, plan_size
 
 log = logging.getLogger("lockstep.rank.leader")
@@ -33,10 +38,8 @@ MAX_SEED = (1 << 63) - 1
 
 @dataclass
 class Req:
-    ident: bytes
     insert: PlanInsert
-    received_at: float
-    sent: int = 0
+    received_at: float  # wall clock at the I/O thread (model_ttft_ms counts from it)
     first_at: float | None = None
 
 
@@ -45,12 +48,12 @@ class Leader(RankLoop):
         super().__init__(*args, **kw)
         self.vocab_size = vocab_size
         self.context = context  # prompt + completion must fit (None: unknown)
-        self.reqs: dict[str, Req] = {}  # pending and in the batch
+        self.scheduled: dict[str, Req] = {}  # pending and in the batch
         self.pending: deque[str] = deque()
         self.removes: dict[str, str] = {}  # request id → reason, for the next plan
         self.cancels: dict[int, object] = {}  # epoch → Cancel, not yet folded
         self.seq = 0
-        self.out: list[tuple] = []  # for the I/O thread, handed over once per iteration
+        self.out: list[Command] = []  # for the I/O thread, handed over once per iteration
         self.rt.on_exit(self._end_all_streams)
 
     # -- the loop ---------------------------------------------------------------------
@@ -74,23 +77,21 @@ class Leader(RankLoop):
             self.on_abort(e.body.request_id,
                           ev.REQUESTER_GONE if e.body.reason == ev.REQUESTER_GONE else "abort")
         elif isinstance(e, ev.AbortAllEv):
-            for rid in list(self.reqs):
+            for rid in list(self.scheduled):
                 self.on_abort(rid, e.reason)
         else:
             self.handle_common(e)
 
     def on_generate(self, e: ev.GenerateEv) -> None:
         g = e.body
+        # A duplicate of an open stream never gets here: the ledger answered it.
         problem = self.validate(g)
-        if problem is None and g.request_id in self.reqs:
-            problem = ErrorCode.DUPLICATE_REQUEST, "duplicate request_id (that request is still active)"
         if problem is None and self.rt.phase != Phase.SERVING:
             problem = ErrorCode.NOT_SERVING, f"not serving (phase {self.rt.phase.value})"
         if problem is not None:
             code, text = problem
-            self.send(("req", e.ident, Tokens(request_id=g.request_id, tokens=[], index=0,
-                                               finish_reason="error", error=text,
-                                               error_code=code)))
+            self.send(StreamChunk(g.request_id, finish_reason="error", error=text,
+                                  error_code=code))
             return
         seed = g.seed if g.seed is not None else secrets.randbits(63)
         max_tokens = g.max_tokens if g.max_tokens > 0 else self.settings.default_max_tokens
@@ -100,7 +101,7 @@ class Leader(RankLoop):
             request_id=g.request_id, prompt=g.prompt, max_tokens=max_tokens,
             temperature=g.temperature, top_p=g.top_p, seed=seed & MAX_SEED,
             stop_token_ids=sorted(set(g.stop_token_ids)))
-        self.reqs[g.request_id] = Req(e.ident, ins, e.received_at)
+        self.scheduled[g.request_id] = Req(ins, e.received_at)
         self.pending.append(g.request_id)
         self.publish_counts()
 
@@ -127,8 +128,7 @@ class Leader(RankLoop):
         return None
 
     def on_abort(self, rid: str, reason: str) -> None:
-        req = self.reqs.get(rid)
-        if req is None:
+        if rid not in self.scheduled:
             return  # finished already, or never ours
         if self.engine.has(rid):
             self.removes.setdefault(rid, reason)
@@ -150,17 +150,17 @@ class Leader(RankLoop):
         if self.cancels:
             epoch = min(self.cancels)
             c = self.cancels.pop(epoch)
-            targets = list(self.reqs) if c.scope == "all" else list(c.request_ids)
+            targets = list(self.scheduled) if c.scope == "all" else list(c.request_ids)
             for rid in targets:
                 if self.engine.has(rid):
                     removes.setdefault(rid, "cancel")
-                elif rid in self.reqs and rid in self.pending:
+                elif rid in self.scheduled and rid in self.pending:
                     self.pending.remove(rid)
                     self.finish(rid, "abort", error=None)
         inserts: list[PlanInsert] = []
         budget = MAX_BATCH_BYTES
         while self.pending:
-            ins = self.reqs[self.pending[0]].insert
+            ins = self.scheduled[self.pending[0]].insert
             budget -= plan_size(Plan(0, 0, True, [ins]))
             if inserts and budget < 0:
                 break
@@ -174,7 +174,7 @@ class Leader(RankLoop):
         plan = Plan(seq=self.seq, step=self.engine.step, advance=self.engine.has_work(),
                     inserts=inserts, removes=plan_removes, cancel_epoch=epoch)
         self.seq += 1
-        self.send(("plan", plan))
+        self.send(PublishPlan(plan))
         for f in removed:
             self.record(f)
             self.finish(f.active.request_id, "abort", error=None, step=f.step)
@@ -199,39 +199,31 @@ class Leader(RankLoop):
     def emit(self, emitted: list[Emitted]) -> None:
         now = time.time()
         step = self.engine.step - 1
-        out = []
         for e in emitted:
             rid = e.active.request_id
-            req = self.reqs[rid]
+            req = self.scheduled[rid]
             ttft = None
             if req.first_at is None:
                 req.first_at = now
                 ttft = (now - req.received_at) * 1000.0
             toks = [] if e.token is None else [e.token]
-            out.append(("req", req.ident, Tokens(
-                request_id=rid, tokens=toks, index=req.sent, finish_reason=e.finish_reason,
-                prompt_tokens=len(req.insert.prompt), model_ttft_ms=ttft, step=step,
-                token_times=[now] * len(toks))))
-            req.sent += len(toks)
+            self.out.append(StreamChunk(rid, toks, e.finish_reason, step, ttft,
+                                        [now] * len(toks)))
             if e.finish_reason is not None:
-                del self.reqs[rid]
-        self.out.extend(out)
+                del self.scheduled[rid]
 
     def finish(self, rid: str, reason: str, *, error: str | None, step: int | None = None,
                code: ErrorCode | None = None) -> None:
-        req = self.reqs.pop(rid, None)
-        if req is None:
+        if self.scheduled.pop(rid, None) is None:
             return
-        self.send(("req", req.ident, Tokens(
-            request_id=rid, tokens=[], index=req.sent, finish_reason=reason, error=error,
-            error_code=code, prompt_tokens=len(req.insert.prompt),
-            step=self.engine.step if step is None else step)))
+        self.send(StreamChunk(rid, finish_reason=reason, error=error, error_code=code,
+                              step=self.engine.step if step is None else step))
 
     def publish_counts(self) -> None:
         self.rt.active_ids = self.engine.active_ids()
         self.rt.pending = len(self.pending)
 
-    def send(self, *cmds: tuple) -> None:
+    def send(self, *cmds: Command) -> None:
         self.out.extend(cmds)
 
     def flush(self) -> None:
@@ -249,10 +241,10 @@ class Leader(RankLoop):
             except queue.Empty:
                 break
             if isinstance(e, ev.GenerateEv):
-                self.send(("req", e.ident, Tokens(
-                    request_id=e.body.request_id, tokens=[], index=0, finish_reason="error",
-                    error=f"rank 0 stopped: {reason}", error_code=ErrorCode.RANK_STOPPED)))
-        for rid in list(self.reqs):
+                self.send(StreamChunk(e.body.request_id, finish_reason="error",
+                                      error=f"rank 0 stopped: {reason}",
+                                      error_code=ErrorCode.RANK_STOPPED))
+        for rid in list(self.scheduled):
             if graceful:
                 self.finish(rid, "abort", error=None)
             else:
@@ -275,7 +267,7 @@ class Leader(RankLoop):
         plan = Plan(seq=self.seq, step=self.engine.step, advance=False, removes=removes,
                     shutdown=True)
         self.seq += 1
-        self.send(("plan", plan))
+        self.send(PublishPlan(plan))
         for f in removed:
             self.record(f)
         self.leave(code, phase, reason if code else None)  # the exit hook flushes

@@ -16,6 +16,7 @@ from services.rank import events as ev
 from services.rank.engine import Divergence, Emitted, Engine, Finished
 from services.rank.errors import StepCause, step_cause
 from services.rank.io import RankIO
+from services.rank.outbox import Report
 from services.rank.removals import RemovalLog
 from services.rank.runtime import EXIT_FAILED, RankRuntime
 from services.rank.watchdogs import Inside, Where
@@ -74,7 +75,7 @@ class RankLoop:
             self.io.drops["control.bad_cancel_scope"] += 1
             return
         if c.epoch in self.acks:  # re-sent: the ack may have been lost
-            self.io.post(("report", self.acks[c.epoch]))
+            self.io.post(Report(self.acks[c.epoch]))
         elif c.epoch <= self.rt.cancel_floor:
             log.info("cancel epoch %d is at or below the start-up watermark; ignored", c.epoch)
             self.io.drops["control.cancel_watermark"] += 1
@@ -86,7 +87,7 @@ class RankLoop:
             ack = CancelAck(deployment_id=self.rt.spec.deployment_id, epoch=c.epoch,
                             rank=self.rt.rank, step_applied=self.watermark_step, cancelled=[])
             self.acks[c.epoch] = ack
-            self.io.post(("report", ack))
+            self.io.post(Report(ack))
         else:
             self.on_cancel(c)
 
@@ -102,7 +103,7 @@ class RankLoop:
             self.rt.cancel_epoch = plan.cancel_epoch
             self.watermark_step = plan.step
         log.info("cancel epoch %d applied at step %d: %s", plan.cancel_epoch, plan.step, cancelled)
-        self.io.post(("report", ack))
+        self.io.post(Report(ack))
 
     # -- record ----------------------------------------------------------------------------
 
@@ -144,7 +145,7 @@ class RankLoop:
 
     def fail(self, error: str) -> NoReturn:
         log.error("rank %d fails closed: %s", self.rt.rank, error)
-        self.rt.exit(EXIT_FAILED, Phase.FAILED, error, stop_io=self.io.stop)
+        self.rt.exit(EXIT_FAILED, Phase.FAILED, error)
 
     def collective_failed(self, exc: BaseException) -> NoReturn:
         phase = Phase.PEER_LOST if step_cause(exc) is StepCause.PEER_LOST else Phase.FAILED
@@ -153,7 +154,7 @@ class RankLoop:
         launcher = self.rt.launcher_gone()  # the root cause when every rank is leaving
         if launcher is not None:
             phase, error = Phase.LAUNCHER_LOST, f"{launcher}; {error}"
-        self.rt.exit(EXIT_FAILED, phase, error, stop_io=self.io.stop)
+        self.rt.exit(EXIT_FAILED, phase, error)
 
     def leave(self, code: int, phase: Phase, error: str | None) -> NoReturn:
         """A clean exit: let the step in flight finish (every rank queued it), then go."""
@@ -164,4 +165,4 @@ class RankLoop:
             log.warning("draining the last step: %s", exc)
         self.rt.inside = None
         self.removals.close()
-        self.rt.exit(code, phase, error, stop_io=self.io.stop)
+        self.rt.exit(code, phase, error)

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 import mlx.core as mx
 
@@ -34,6 +34,7 @@ from common.records import Phase, RankMarker
 from common.state import Paths, marker_path, write_marker
 from services.rank.guard import parent_gone
 from services.rank.leaving import cache_memory, flush_logs, kernel_alarm, release_memory
+from services.rank.outbox import AbortAll, Command
 from services.rank.seams import TestSeams
 from services.rank.watchdogs import LauncherWatchdog, WatchdogSettings, Where
 
@@ -48,6 +49,14 @@ HARD_EXIT_IO_S = 1.0  # what a hard exit gives the I/O thread to flush the last 
 # or the hard exit should have.
 KERNEL_ALARM_MARGIN_S = 5
 CLEAN_EXIT_ALARM_S = 20
+
+
+class IoPort(Protocol):
+    """What the runtime needs of the I/O thread (services.rank.io.RankIO)."""
+
+    def post(self, *cmds: Command) -> None: ...
+    def stop(self, timeout: float = ..., why: str = ...) -> None: ...
+    def reject_counts(self) -> dict[str, int]: ...
 
 
 def _start_time(pid: int) -> float:
@@ -90,10 +99,7 @@ class RankRuntime:
         self.memory_released = False
         self.memory_note: str | None = None
         self.verdict: tuple[Phase, str] | None = None  # mark_verdict
-        self.reject_sources: list[Callable[[], dict[str, int]]] = []
-        self.post_event: Callable[[object], None] | None = None  # set by RankIO
-        self.io_post: Callable[..., None] | None = None  # RankIO.post
-        self.end_io: Callable[..., None] | None = None  # RankIO.stop
+        self.io: IoPort | None = None  # attach_io: the I/O thread, once it exists
         self._marker_lock = threading.Lock()
         self._exit_lock = threading.Lock()
         self._hatch: threading.Timer | None = None
@@ -136,12 +142,13 @@ class RankRuntime:
         except Exception:  # noqa: BLE001
             return 0, 0
 
+    def attach_io(self, io: IoPort) -> None:
+        """The I/O thread this runtime posts to (the abort stage), stops (a hard exit)
+        and whose reject counts it reports. Boot wires it once, right after building it."""
+        self.io = io
+
     def rejects(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for source in self.reject_sources:
-            for k, n in source().items():
-                out[k] = out.get(k, 0) + n
-        return out
+        return {} if self.io is None else self.io.reject_counts()
 
     def marker_file(self) -> Path:
         return marker_path(self.paths, self.spec.deployment_id, self.rank)
@@ -180,12 +187,8 @@ class RankRuntime:
         """Any thread: every stream rank 0 has open ends now with `abort` (`detail` as
         its error text), and every request leaves the batch at the next step boundary
         with removal reason `reason`."""
-        if self.io_post is not None:
-            self.io_post(("abort_all", reason, detail))
-        elif self.post_event is not None:
-            from services.rank.events import AbortAllEv
-
-            self.post_event(AbortAllEv(reason))
+        if self.io is not None:  # before it exists no stream is open
+            self.io.post(AbortAll(reason, detail))
 
     def on_exit(self, hook: Callable[[str], None]) -> None:
         self._exit_hooks.append(hook)
@@ -247,17 +250,17 @@ class RankRuntime:
         if self.verdict is not None:
             (phase, error), code = self.verdict, code or EXIT_FAILED
         self.set_phase(phase, error)
-        if self.end_io is not None:
+        if self.io is not None:
             try:
-                self.end_io(timeout=HARD_EXIT_IO_S, why=error or phase.value)
+                self.io.stop(timeout=HARD_EXIT_IO_S, why=error or phase.value)
             except Exception:  # noqa: BLE001 - nothing may stop this exit
                 log.exception("stopping the I/O thread failed")
         self._leave(code)
 
-    def exit(self, code: int, phase: Phase, error: str | None = None,
-             stop_io: Callable[[], None] | None = None) -> NoReturn:
+    def exit(self, code: int, phase: Phase, error: str | None = None) -> NoReturn:
         """The clean way out (main thread): marker, exit hooks (streams end), I/O
-        flushed, memory freed. If a hard exit is under way, wait for it instead."""
+        flushed and stopped (if attached), memory freed. If a hard exit is under way,
+        wait for it instead."""
         kernel_alarm(CLEAN_EXIT_ALARM_S)  # whatever hangs in here, the process ends
         self._exit_lock.acquire()  # never released: we leave
         if self.verdict is not None:
@@ -270,9 +273,9 @@ class RankRuntime:
                 hook(reason)
             except Exception:  # noqa: BLE001 - an exit hook must not block the exit
                 log.exception("exit hook failed")
-        if stop_io is not None:
+        if self.io is not None:
             try:
-                stop_io()
+                self.io.stop()
             except Exception:  # noqa: BLE001
                 log.exception("stopping the I/O thread failed")
         self._leave(code)

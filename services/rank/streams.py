@@ -1,13 +1,16 @@
-"""Rank 0's I/O-side ledger of open request streams.
+"""Rank 0's ledger of open request streams: the one owner of "is this stream open".
 
-Every GENERATE opens a stream and every TOKENS leaves through the I/O thread, so this
-thread knows exactly what each client has received. That lets any thread end every
-stream *now* — the watchdog's abort stage, a hard exit — even while the main thread is
-stuck inside a collective: `end_all` writes each stream's last chunk (`abort`, or
-`error` on the way out) and marks it ended early. Whatever the main thread later sends
-for such a request (tokens of the step that was in flight, its own final chunk after
-the removal plan) is dropped, so a client never sees anything after the end; the main
-thread's own final chunk closes the entry.
+Every GENERATE opens a stream here, in the I/O thread, before the main thread sees it,
+and every chunk leaves through here: the main thread names a stream by request id
+(`outbox.StreamChunk`), the ledger adds the connection and the index and builds the
+`Tokens` — the one place a chunk, final or not, is built. So this thread knows exactly
+what each client has received, and any thread can end every stream *now* — the
+watchdog's abort stage, a hard exit — even while the main thread is stuck inside a
+collective: `end_all` writes each stream's last chunk (`abort`, or `error` on the way
+out) and marks it ended early. Whatever the main thread later sends for such a request
+(tokens of the step that was in flight, its own final chunk after the removal plan) is
+dropped, so a client never sees anything after the end; the main thread's own final
+chunk closes the entry.
 
 A GENERATE whose id is still open (a duplicate) or was ended early and is still in the
 batch is answered here with an error and never reaches the main thread; so is one that
@@ -20,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.messages import ErrorCode, Generate, Tokens
+from services.rank.outbox import StreamChunk
 
 
 @dataclass
@@ -29,11 +33,18 @@ class _Open:
     sent: int = 0  # tokens the client has received
 
 
+def _tokens(c: StreamChunk, index: int, prompt_tokens: int) -> Tokens:
+    return Tokens(request_id=c.request_id, tokens=c.tokens, index=index,
+                  finish_reason=c.finish_reason, error=c.error, prompt_tokens=prompt_tokens,
+                  model_ttft_ms=c.model_ttft_ms, step=c.step, token_times=c.token_times,
+                  error_code=c.error_code)
+
+
 class StreamLedger:
     def __init__(self, max_open: int = 0) -> None:
         self.open: dict[str, _Open] = {}
         self.ended_early: set[str] = set()
-        self.dropped = 0  # chunks not sent because their stream had ended
+        self.dropped = 0  # chunks not sent because their stream had ended (or never was)
         self.max_open = max_open  # 0: no bound
         self.refused = 0  # GENERATEs refused as overloaded
 
@@ -53,34 +64,33 @@ class StreamLedger:
         else:
             self.open[rid] = _Open(ident, len(g.prompt))
             return None
-        return Tokens(request_id=rid, tokens=[], index=0, finish_reason="error", error=why,
-                      error_code=code)
+        return _tokens(StreamChunk(rid, finish_reason="error", error=why, error_code=code), 0, 0)
 
-    def on_send(self, body: object) -> bool:
-        """Whether the main thread's chunk may go out."""
-        if not isinstance(body, Tokens):
-            return True
-        rid = body.request_id
+    def on_chunk(self, c: StreamChunk) -> tuple[bytes, Tokens] | None:
+        """The main thread's chunk, addressed and indexed; None: it must not go out."""
+        rid = c.request_id
         if rid in self.ended_early:
             self.dropped += 1
-            if body.finish_reason is not None:
+            if c.finish_reason is not None:
                 self.ended_early.discard(rid)
-            return False
+            return None
         s = self.open.get(rid)
-        if s is not None:
-            s.sent = body.index + len(body.tokens)
-            if body.finish_reason is not None:
-                del self.open[rid]
-        return True
+        if s is None:  # never opened here: no connection to send it on
+            self.dropped += 1
+            return None
+        body = _tokens(c, s.sent, s.prompt_tokens)
+        s.sent += len(c.tokens)
+        if c.finish_reason is not None:
+            del self.open[rid]
+        return s.ident, body
 
-    def end_all(self, finish_reason: str, error: str | None,
-                code: ErrorCode) -> list[tuple[bytes, Tokens]]:
+    def end_all(self, finish_reason: str, error: str | None, code: ErrorCode | None,
+                step: int = 0) -> list[tuple[bytes, Tokens]]:
         """Every open stream's last chunk; each stream counts as ended from now."""
-        out = []
-        for rid, s in self.open.items():
-            out.append((s.ident, Tokens(request_id=rid, tokens=[], index=s.sent,
-                                        finish_reason=finish_reason, error=error,
-                                        prompt_tokens=s.prompt_tokens, error_code=code)))
-            self.ended_early.add(rid)
+        out = [(s.ident, _tokens(StreamChunk(rid, finish_reason=finish_reason, step=step,
+                                             error=error, error_code=code),
+                                 s.sent, s.prompt_tokens))
+               for rid, s in self.open.items()]
+        self.ended_early.update(self.open)
         self.open.clear()
         return out

@@ -1,0 +1,68 @@
+"""What the other threads hand the I/O thread (`RankIO.post`): a closed set of typed
+commands, the mirror of `events.py` (what the I/O thread hands the main thread).
+
+The main thread sends a stream's chunks by request id only (`StreamChunk`): which
+connection a stream belongs to, how many tokens its client has received and whether it
+is still open is the I/O thread's stream ledger's (services/rank/streams.py), the one
+owner of rank 0's open streams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.messages import CancelAck, ErrorCode, Ping, Plan, RankReady
+
+
+@dataclass(frozen=True)
+class PublishPlan:  # rank 0: to every joined follower, and kept for replay
+    plan: Plan
+
+
+@dataclass(frozen=True)
+class StreamChunk:  # rank 0: a request's next chunk; the ledger adds index and connection
+    request_id: str
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # stop | length | abort | error: the last chunk
+    step: int = 0
+    model_ttft_ms: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    error: str | None = None  # for people
+    error_code: ErrorCode | None = None  # for the receiver to act on
+
+
+@dataclass(frozen=True)
+class Report:  # to the supervisor on the report socket
+    body: CancelAck
+
+
+@dataclass(frozen=True)
+class AnnounceReady:  # RANK_READY now, then re-sent until SERVE
+    msg: RankReady
+
+
+@dataclass(frozen=True)
+class Served:  # SERVE seen (or a plan, which implies it): stop re-sending RANK_READY
+    pass
+
+
+@dataclass(frozen=True)
+class Probe:  # rank 0's peer watchdog: one PING to every joined follower
+    ping: Ping
+
+
+@dataclass(frozen=True)
+class AbortAll:
+    """The abort stage (any thread): every open stream ends now with `abort` (`detail`
+    as its error text); the main thread then removes every request (`reason`)."""
+
+    reason: str
+    detail: str | None
+
+
+@dataclass(frozen=True)
+class Stop:  # flush, end every stream still open (`rank 0 <why>`), close every socket
+    why: str = "stopped"
+
+
+Command = PublishPlan | StreamChunk | Report | AnnounceReady | Served | Probe | AbortAll | Stop
