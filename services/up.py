@@ -44,7 +44,7 @@ from common.envelope import Key
 from common.keys import KeyFileError, ensure_cluster_key
 from common.launcher_watch import LAUNCHER_ENV, launcher_value
 from common.messages import ADMIN_OUT, AdminRequest
-from common.procs import identify, is_alive, snapshot_children, terminate_ladder
+from common.procs import ProcessIdentity, identify, is_alive, snapshot_children, terminate_ladder
 from common.state import Paths
 from services.up_console import UpConsole
 from services.up_preflight import busy_ports, supervisor_busy
@@ -148,7 +148,8 @@ class AdminLink:
             log(f"abort_all failed: {exc}")
             return False
         for d in deps:
-            rank_pids |= {r["pid"] for r in d.get("ranks") or [] if r.get("pid")}
+            rank_pids |= {r["pid"] for r in d.get("ranks") or []
+                          if r.get("pid") and not r.get("remote")}  # local pids only
             if d.get("state") in ("stopped",):
                 continue
             try:
@@ -194,6 +195,9 @@ class Up:
         self.procs: dict[str, subprocess.Popen] = {}
         self.stop_flag = threading.Event()
         self.rank_pids: set[int] = set()
+        # pid -> identity at first sight: by the final check a bare pid may be another
+        # process's (pid_max wraps within minutes on a busy machine)
+        self.rank_ids: dict[int, ProcessIdentity | None] = {}
         self.admin: AdminLink | None = None
         self.teardown_ok = True
         self.console = UpConsole(self.paths.logs / "up.log")
@@ -301,7 +305,10 @@ class Up:
         self.check_children()
         dep = self.admin.deployment(dep_id)
         if dep is not None:
-            self.rank_pids |= {r["pid"] for r in dep.get("ranks") or [] if r.get("pid")}
+            for r in dep.get("ranks") or []:
+                # a remote rank's pid is another host's: the supervisor proves it there
+                if r.get("pid") and not r.get("remote") and r["pid"] not in self.rank_ids:
+                    self.rank_ids[r["pid"]] = identify(r["pid"])
             # "stopped" is an operator's unload through the admin API: not ours to undo
             if dep.get("state") in ("failed", "teardown_failed"):
                 raise DeploymentDown(dep_id, dep["state"], dep.get("error"))
@@ -360,7 +367,8 @@ class Up:
             except subprocess.TimeoutExpired:
                 ok = False
             self.log(f"{name} stopped ({'/'.join(out.path) or 'already gone'}, status {p.returncode})")
-        ranks = [i for i in (identify(pid) for pid in self.rank_pids) if i is not None]
+        late = [identify(pid) for pid in self.rank_pids - self.rank_ids.keys()]
+        ranks = [i for i in [*self.rank_ids.values(), *late] if i is not None]
         survivors = [i for i in idents + ranks if is_alive(i)]
         survivors += [p for p in self.procs.values() if p.poll() is None]
         for sv in survivors:
