@@ -59,6 +59,12 @@ class Up:
     def text(self) -> str:
         return self.out.read_text(errors="replace")
 
+    def logs(self) -> str:
+        """For a failure message: the end of up's output and of the supervisor's log."""
+        sup = self.home / "runtime" / "logs" / "supervisor.log"
+        tail = sup.read_text(errors="replace")[-4000:] if sup.exists() else "(no log)"
+        return f"{self.text()[-2000:]}\n--- supervisor.log ---\n{tail}"
+
     def banners(self) -> int:
         return self.text().count("Press Ctrl-C")
 
@@ -134,11 +140,14 @@ def _cycle(c: NetnsCluster, u: Up, model: str, reference: str, i: int) -> str:
     finish, ended_s = _stream_cut_heal(c, u, model)
     assert finish == "abort", f"cycle {i}: the stream ended {finish!r}"
     t0 = time.monotonic()
-    poll_for(lambda: u.banners() > banners or u.proc.poll() is not None, RECOVER_S,
-             f"cycle {i}: lockstep up to redeploy", interval=0.5)
-    assert u.proc.poll() is None, u.text()[-3000:]
+    try:
+        poll_for(lambda: u.banners() > banners or u.proc.poll() is not None, RECOVER_S,
+                 f"cycle {i}: lockstep up to redeploy", interval=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{u.logs()}") from None
+    assert u.proc.poll() is None, u.logs()
     redeploy_s = time.monotonic() - t0
-    assert all(process_gone(p.pid, p.start_time) for p in old), f"cycle {i}: old ranks live"
+    assert all(process_gone(p.pid, p.start_time) for p in old), f"cycle {i}: {u.logs()}"
     new = u.serving()
     assert new["deployment_id"] != dep["deployment_id"]
     got = poll_for(lambda: u.completion(model), 30, f"cycle {i}: a served completion")
@@ -152,7 +161,7 @@ def _stop(u: Up) -> None:
     """Ctrl-C: exit 0, every process of `up` and every rank gone, no manifest left."""
     tree = snapshot_children(u.proc.pid)
     u.proc.send_signal(signal.SIGINT)
-    assert u.proc.wait(90) == 0, u.text()[-3000:]
+    assert u.proc.wait(90) == 0, u.logs()
     poll_for(lambda: all(process_gone(p.pid, p.start_time) for p in tree + u.ranks), 15,
              "every process of lockstep up and every rank")
     assert "every process stopped" in u.text()
@@ -164,7 +173,7 @@ def _run(c: NetnsCluster, tmp_path: Path, cycles: int) -> None:
     try:
         poll_for(lambda: u.banners() == 1 or u.proc.poll() is not None, 300,
                  "the first banner", interval=0.5)
-        assert u.proc.poll() is None, u.text()[-3000:]
+        assert u.proc.poll() is None, u.logs()
         model = httpx.get(u.url + "/v1/models", timeout=10).json()["data"][0]["id"]
         reference = poll_for(lambda: u.completion(model), 30, "the first completion")
         report = [_cycle(c, u, model, reference, i) for i in range(cycles)]
