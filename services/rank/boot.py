@@ -1,7 +1,7 @@
 """Start-up of one rank, up to the serve release.
 
     marker starting → I/O thread (control SUB, report DEALER, plan, requests)
-    → watchdog thread (launcher, progress, peers: services.rank.guard)
+    → watchdog thread (launcher, progress, peers: services.rank.watchdog_thread)
     → wait for one LEASE (slow-joiner proof)              → marker loading
     → mx.distributed.init (MLX_RANK / MLX_HOSTFILE; ring, jaccl or mpi)
     → load the shard (sharded_load: tensor_group for TP, pipeline_group for PP;
@@ -26,11 +26,11 @@ from common.records import Phase
 from services.rank import events as ev
 from services.rank.engine import Engine
 from services.rank.errors import StartupError
-from services.rank.guard import RankSide, Watchdogs
 from services.rank.io import RankIO
 from services.rank.outbox import AnnounceReady, Served
 from services.rank.removals import RemovalLog, removals_path
 from services.rank.runtime import EXIT_FAILED, EXIT_OK, RankRuntime
+from services.rank.watchdog_thread import RankSide, Watchdogs
 from services.rank.watchdogs import Inside, WatchdogConfigError, WatchdogSettings, Where
 
 log = logging.getLogger("lockstep.rank.boot")

@@ -61,7 +61,7 @@ class AbortAllEv:  # from a watchdog through RankRuntime.request_abort_all
 
 
 @dataclass
-class ExitEv:  # a watchdog asks the main thread to leave cleanly (services.rank.guard)
+class ExitEv:  # a watchdog asks the main thread to leave cleanly (services.rank.watchdog_thread)
     code: int
     phase: Phase
     reason: str

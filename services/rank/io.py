@@ -2,7 +2,7 @@
 
     control  SUB     ← supervisor   LEASE, SERVE, SHUTDOWN, CANCEL (topic b"ctl:<dep>")
     report   DEALER  → supervisor   RANK_READY (re-sent until SERVE), TELEMETRY, CANCEL_ACK
-    plan     ROUTER (rank 0) / DEALER (followers): services.rank.session
+    plan     ROUTER (rank 0) / DEALER (followers): services.rank.plan_channel
     requests ROUTER  (rank 0)       GENERATE, ABORT → main; STATS answered here; TOKENS out
 
 Main → I/O: `post(cmd)` (services.rank.outbox: a closed set of typed commands) appends
@@ -11,7 +11,7 @@ I/O → main: `inbox` (a queue.Queue of services.rank.events). MLX releases the 
 compute, so this thread answers FETCH, PING and STATS while the main thread is inside a
 step. Signals reach it through `signal.set_wakeup_fd` and become a SignalEv.
 
-Watchdogs (services.rank.guard): rank 0's probes go out here (`Probe` → every joined
+Watchdogs (services.rank.watchdog_thread): rank 0's probes go out here (`Probe` → every joined
 follower); every stream rank 0 serves is owned by a StreamLedger (services.rank.streams)
 in this thread, so `AbortAll` ends them all at once and `stop` ends whatever is still
 open, even while the main thread is stuck in a step.
@@ -42,8 +42,8 @@ from services.rank import events as ev
 from services.rank import outbox as out
 from services.rank.auth import InitiatorLink, ReportSession, leader_gate, new_identity
 from services.rank.intake import Intake
+from services.rank.plan_channel import RESEND_S, FollowerSession, LeaderSession, Wire
 from services.rank.runtime import RankRuntime
-from services.rank.session import RESEND_S, FollowerSession, LeaderSession, Wire
 from services.rank.streams import StreamLedger
 from services.rank.waker import Waker
 

@@ -5,7 +5,7 @@ and the I/O thread (which reads them for telemetry, PONG and STATS). Plain attri
 writes are atomic under the GIL; the marker file is written under a lock from one
 consistent snapshot, so a heartbeat can never overwrite a newer phase.
 
-What the watchdogs (services.rank.guard) read and call: `last_lease_at`,
+What the watchdogs (services.rank.watchdog_thread) read and call: `last_lease_at`,
 `last_ping_at` (followers), `step` / `active`, `inside` (a typed `Where`: what the main
 thread is inside — a step, distributed init, the load), `request_abort_all(reason, detail)` (the abort
 stage: every stream ends now, the requests leave at the next step boundary), and
@@ -32,10 +32,10 @@ from common.messages import Telemetry
 from common.rankspec import RankSpec
 from common.records import Phase, RankMarker
 from common.state import Paths, marker_path, write_marker
-from services.rank.guard import parent_gone
-from services.rank.leaving import cache_memory, flush_logs, kernel_alarm, release_memory
 from services.rank.outbox import AbortAll, Command
+from services.rank.process_exit import cache_memory, flush_logs, kernel_alarm, release_memory
 from services.rank.seams import TestSeams
+from services.rank.watchdog_thread import parent_gone
 from services.rank.watchdogs import LauncherWatchdog, WatchdogSettings, Where
 
 log = logging.getLogger("lockstep.rank")
@@ -181,7 +181,7 @@ class RankRuntime:
             at=self.clock(), error=self.error, rejects=self.rejects(),
         )
 
-    # -- hooks for the watchdogs (services.rank.guard) -------------------------------------
+    # -- hooks for the watchdogs (services.rank.watchdog_thread) -------------------------------------
 
     def request_abort_all(self, reason: str, detail: str | None = None) -> None:
         """Any thread: every stream rank 0 has open ends now with `abort` (`detail` as

@@ -13,7 +13,7 @@
     ProgressWatchdog  every rank: requests active but the step counter unchanged for
                       `progress_stall_s` (what catches a rank stuck in a collective).
 
-`Watchdogs` (services/rank/guard.py) runs them on a thread of their own. None of these
+`Watchdogs` (services/rank/watchdog_thread.py) runs them on a thread of their own. None of these
 classes reads a clock: each call takes `now`, so unit tests need no real seconds. After
 the process itself was stopped (SIGSTOP, a suspended VM), `rebase` restarts the clocks
 instead of blaming the peers for the time this process did not run.

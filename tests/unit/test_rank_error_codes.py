@@ -13,7 +13,7 @@ from common.schema import SchemaError, decode_into, to_wire
 from services.gateway.errors import TYPES
 from services.gateway.generation import NO_CODE, RANK_ERRORS, rank_error
 from services.rank.errors import StepCause, step_cause
-from services.rank.guard import Leave, may_ask
+from services.rank.watchdog_thread import Leave, may_ask
 from services.rank.watchdogs import Inside, Where
 
 

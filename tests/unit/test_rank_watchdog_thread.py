@@ -1,4 +1,4 @@
-"""The thread that acts on the watchdogs' verdicts (services/rank/guard.py), on a fake
+"""The thread that acts on the watchdogs' verdicts (services/rank/watchdog_thread.py), on a fake
 rank and a fake clock: abort stages, exits and their bounds, probing rates, and the
 wiring of the supervisor's settings into the ranks'."""
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from services.rank.guard import Watchdogs
+from services.rank.watchdog_thread import Watchdogs
 from services.rank.watchdogs import Inside, WatchdogSettings, Where
 
 # -- the watchdog thread ----------------------------------------------------------------
@@ -244,7 +244,7 @@ def test_thread_does_not_blame_peers_for_its_own_suspension():
 
 
 def test_parent_gone_and_the_supervisor_settings_for_ranks():
-    from services.rank.guard import parent_gone
+    from services.rank.watchdog_thread import parent_gone
     from services.supervisor.launch import rank_settings
     from services.supervisor.settings import load
 

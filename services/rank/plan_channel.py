@@ -31,7 +31,7 @@ from services.rank import events as ev
 from services.rank.planwire import PlanOrder, ReplayBuffer
 from services.rank.runtime import RankRuntime
 
-log = logging.getLogger("lockstep.rank.session")
+log = logging.getLogger("lockstep.rank.plan_channel")
 RESEND_S = 1.0
 IDLE_FETCH_S = 1.0
 INF = float("inf")
@@ -107,7 +107,7 @@ class LeaderSession:
         return INF
 
     def ping(self, ping: m.Ping) -> None:
-        """A peer-watchdog probe round (services.rank.guard): one PING to every joined
+        """A peer-watchdog probe round (services.rank.watchdog_thread): one PING to every joined
         follower; their PONGs land in `last_pong`."""
         if self.followers:
             data = self.chan.pack(ping)
