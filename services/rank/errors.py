@@ -6,15 +6,12 @@ import enum
 
 
 class RankError(Exception):
-    """A rank cannot continue; `phase` is the marker phase it exits with."""
-
-    def __init__(self, message: str, phase: str = "failed") -> None:
-        super().__init__(message)
-        self.phase = phase
+    """A rank cannot continue (it fails closed: marker `failed`)."""
 
 
 class StartupError(RankError):
-    pass
+    """Start-up cannot go on: the spec and the distributed group disagree, or a layout
+    the rank does not support."""
 
 
 class StepCause(enum.Enum):

@@ -175,8 +175,9 @@ class PeerWatchdog:
             if now - self.abort_at >= self.grace_s:
                 self.state = self.LOST
                 silent = [r for r, n in self.fails.items() if n]
-                return [Verdict(Seen.LOST, f"{_ranks(silent)} still silent {now - self.abort_at:.1f}s "
-                                        f"after the abort stage (grace {self.grace_s:g}s)")]
+                return [Verdict(Seen.LOST,
+                                f"{_ranks(silent)} still silent {now - self.abort_at:.1f}s "
+                                f"after the abort stage (grace {self.grace_s:g}s)")]
         return []
 
     def rebase(self, gap: float) -> None:
@@ -211,7 +212,7 @@ class LeaderWatchdog:
         if silent > limit + self.grace_s:
             self.state = self.LOST
             out.append(Verdict(Seen.LOST, f"no probe from rank 0 for {silent:.1f}s "
-                                       f"(limit {limit:g}s + grace {self.grace_s:g}s)"))
+                                          f"(limit {limit:g}s + grace {self.grace_s:g}s)"))
         return out
 
     def rebase(self, now: float) -> None:
@@ -233,7 +234,7 @@ class LauncherWatchdog:
         age = now - max(last_lease_at, self.base)
         if age > self.lease_stale_s:
             return Verdict(Seen.LAUNCHER_LOST, f"no supervisor lease for {age:.1f}s "
-                                            f"(stale after {self.lease_stale_s:g}s)")
+                                               f"(stale after {self.lease_stale_s:g}s)")
         return None
 
     def rebase(self, now: float) -> None:
@@ -255,8 +256,9 @@ class ProgressWatchdog:
             return None
         stalled = now - self.since
         if stalled >= self.stall_s:
-            return Verdict(Seen.STALLED, f"{active} active request(s) but no step progress for "
-                                      f"{stalled:.1f}s (stuck before or inside step {step})")
+            return Verdict(Seen.STALLED, f"{active} active request(s) but no step progress "
+                                         f"for {stalled:.1f}s (stuck before or inside step "
+                                         f"{step})")
         return None
 
     def rebase(self, now: float) -> None:
