@@ -93,19 +93,20 @@ class RankIO:
             # Connections libzmq closes before any frame (raw bytes, silence) are counted.
             self.watches = [ZmtpWatch(self.plan, self.pln.rejects),
                             ZmtpWatch(self.requests, self.req.rejects)]
-            self.session = LeaderSession(spec, rt, self.plan, self.pln, self.wire, self.inbox)
-            self.session.gate = leader_gate(
+            gate = leader_gate(
                 spec, keys, self.pln,
                 lambda ident, body: self.wire.send_to(self.plan, self.pln, ident, body))
+            self.session = LeaderSession(spec, rt, self.plan, self.pln, self.wire, self.inbox,
+                                         gate)
         else:
             self.plan = configure(self.ctx.socket(zmq.DEALER))
             plan_id = new_identity(spec.rank)  # unguessable: no one can squat it
             self.plan.setsockopt(zmq.IDENTITY, plan_id)
             self.plan.connect(spec.plan_endpoint)
-            self.session = FollowerSession(spec, rt, self.plan, self.pln, self.wire, self.inbox)
-            self.session.link = InitiatorLink(
-                "plan", spec, keys, self.pln, plan_id,
-                lambda body: self.wire.send(self.plan, self.pln, body))
+            link = InitiatorLink("plan", spec, keys, self.pln, plan_id,
+                                 lambda body: self.wire.send(self.plan, self.pln, body))
+            self.session = FollowerSession(spec, rt, self.plan, self.pln, self.wire, self.inbox,
+                                           link)
         self._waker = Waker()
         self._sig_r, self._sig_w = socket.socketpair()
         self._sig_r.setblocking(False)

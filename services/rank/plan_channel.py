@@ -26,8 +26,10 @@ import zmq
 
 from common import messages as m
 from common.bus import Channel
+from common.handshake import Gate
 from common.rankspec import RankSpec
 from services.rank import events as ev
+from services.rank.auth import InitiatorLink
 from services.rank.planwire import PlanOrder, ReplayBuffer
 from services.rank.runtime import RankRuntime
 
@@ -62,13 +64,13 @@ class Wire:
 
 class LeaderSession:
     def __init__(self, spec: RankSpec, rt: RankRuntime, sock: zmq.Socket, chan: Channel,
-                 wire: Wire, inbox: queue.Queue) -> None:
+                 wire: Wire, inbox: queue.Queue, gate: Gate) -> None:
         self.spec, self.rt, self.sock, self.chan, self.wire, self.inbox = \
             spec, rt, sock, chan, wire, inbox
         self.replay = ReplayBuffer(spec.settings.replay_buffer)
         self.followers: dict[int, bytes] = {}
         self.last_pong: dict[int, m.Pong] = {}  # the peer watchdog (issue 4) reads this
-        self.gate = None  # common.handshake.Gate (services.rank.auth.leader_gate), set by RankIO
+        self.gate = gate  # the handshake (services.rank.auth.leader_gate)
         self._announced = spec.world_size == 1
 
     def publish(self, plan: m.Plan) -> None:
@@ -117,12 +119,12 @@ class LeaderSession:
 
 class FollowerSession:
     def __init__(self, spec: RankSpec, rt: RankRuntime, sock: zmq.Socket, chan: Channel,
-                 wire: Wire, inbox: queue.Queue) -> None:
+                 wire: Wire, inbox: queue.Queue, link: InitiatorLink) -> None:
         self.spec, self.rt, self.sock, self.chan, self.wire, self.inbox = \
             spec, rt, sock, chan, wire, inbox
         self.order = PlanOrder()
         self.joined = False
-        self.link = None  # services.rank.auth.InitiatorLink towards rank 0, set by RankIO
+        self.link = link  # mutual authentication towards rank 0 (services.rank.auth)
         self._hello_at = 0.0
         self._last_plan_at = time.monotonic()
         self._last_fetch_at = 0.0
