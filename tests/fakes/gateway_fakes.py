@@ -7,7 +7,8 @@ final `abort` chunk at the next step, STATS with its active ids. What it generat
 before the first token; `release_held()` makes every waiting request due now),
 `ignore_abort`, `drop_final` (never send the final chunk of an aborted request), `silent`
 (accept requests, never answer), `max_open` (refuse a GENERATE while that many are open,
-as rank 0's bound does: error_code overloaded).
+as rank 0's bound does: error_code overloaded), `refuse(gen) -> (ErrorCode, text) | None`
+(end it at once with that error, as rank 0 does).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class FakeRank0:
     drop_final: bool = False
     silent: bool = False
     max_open: int = 0
+    refuse: Callable[[Generate], tuple[ErrorCode, str] | None] | None = None
     endpoint: str = ""
     generates: list[Generate] = field(default_factory=list)
     aborts: list[tuple[str, str, float]] = field(default_factory=list)  # (rid, reason, at)
@@ -123,10 +125,12 @@ class FakeRank0:
                 return
             with self._lock:
                 full = self.max_open and len(self._reqs) >= self.max_open
-            if full:
+            refusal = (ErrorCode.OVERLOADED, "rank 0 is full") if full \
+                else self.refuse(b) if self.refuse else None
+            if refusal is not None:
                 self._send(ident, Tokens(request_id=b.request_id, tokens=[], index=0,
-                                         finish_reason="error", error="rank 0 is full",
-                                         error_code=ErrorCode.OVERLOADED.value))
+                                         finish_reason="error", error=refusal[1],
+                                         error_code=refusal[0]))
                 return
             out = (self.script or (lambda g: list(g.prompt)))(b)[: b.max_tokens]
             with self._lock:

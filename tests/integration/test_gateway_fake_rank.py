@@ -14,6 +14,7 @@ import pytest
 
 from common.envelope import Key
 from common.keys import ensure_cluster_key
+from common.messages import ErrorCode
 from common.tinymodel import build_model
 from services.gateway.settings import GatewaySettings
 from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
@@ -275,6 +276,30 @@ def test_bad_input_gets_openai_errors_and_service_continues(env):
     say(env, "still serving")
     r = client(env).completions.create(model=m, prompt="x")
     assert r.choices[0].text == "still serving"
+
+
+@pytest.mark.timeout(60)
+def test_rank_errors_become_http_by_code_not_by_text(env):
+    """Rank 0's refusal reaches the client with the status its error_code maps to; the
+    text (here always words the old prefix match would have sorted otherwise) is only
+    carried in the message."""
+    u, m, rank = env["url"], env["model"], env["rank"]
+    cases = [(ErrorCode.INVALID_REQUEST, "not serving (phase loading)", 400, "invalid_request"),
+             (ErrorCode.NOT_SERVING, "empty prompt", 503, "model_not_ready"),
+             (ErrorCode.RANK_STOPPED, "duplicate request_id", 502, "backend_error")]
+    try:
+        for code, text, status, openai_code in cases:
+            rank.refuse = lambda g, c=code, t=text: (c, t)
+            r = httpx.post(u + "/v1/completions", json={"model": m, "prompt": "x"}, timeout=10)
+            assert r.status_code == status, r.text
+            err = r.json()["error"]
+            assert err["code"] == openai_code and err["message"].endswith(text)
+            with httpx.stream("POST", u + "/v1/completions", timeout=10,
+                              json={"model": m, "prompt": "x", "stream": True}) as s:
+                events = [d for k, d in sse_lines(s) if k == "data" and d != "[DONE]"]
+            assert events[-1]["error"]["code"] == openai_code, events  # in-band, streamed
+    finally:
+        rank.refuse = None
 
 
 @pytest.mark.timeout(60)
