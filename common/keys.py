@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from common.deployment_info import DeploymentInfo, read_deployment_info
 from common.envelope import Key
 
 KEY_BYTES = 32
@@ -174,12 +175,14 @@ def unseal_key(cluster_key: Key, sealed: str, *, context: str) -> Key:
     return Key.from_secret(secret)
 
 
-def requests_key_of(info: dict, cluster_key: Key) -> Key:
-    """The requests key of a DeploymentInfo (admin `status` / `deployments`): sealed by the
-    supervisor (`requests_key_sealed`), or plain hex (`requests_key`, from test fakes).
-    Raises KeyFileError / ValueError if neither is usable."""
-    sealed = info.get("requests_key_sealed")
-    if sealed:
-        return unseal_key(cluster_key, str(sealed),
-                          context=f"{info.get('deployment_id')}/{info.get('job_id')}")
-    return Key.from_secret(bytes.fromhex(str(info.get("requests_key") or "")))
+def requests_key_of(info: DeploymentInfo | dict, cluster_key: Key) -> Key:
+    """The requests key of a DeploymentInfo (admin `status` / `deployments`), as the
+    supervisor sealed it (`requests_key_sealed`); a dict is read strictly first. Raises
+    DeploymentInfoError (a ValueError) for a malformed info, KeyFileError if no key is
+    sealed in it or it does not open with `cluster_key`."""
+    if not isinstance(info, DeploymentInfo):
+        info = read_deployment_info(info)
+    context = f"{info.deployment_id}/{info.job_id}"
+    if not info.requests_key_sealed:
+        raise KeyFileError(f"deployment {context} has no requests key yet")
+    return unseal_key(cluster_key, info.requests_key_sealed, context=context)

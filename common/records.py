@@ -1,5 +1,6 @@
-"""The typed records kept on disk: launch manifests (with one RankRecord per rank) and
-rank markers (DESIGN section 4), validated strictly in both directions.
+"""The typed records kept on disk: launch manifests (with one RankRecord per rank), rank
+markers (DESIGN section 4) and the supervisor's runtime file, validated strictly in both
+directions. Each has one reader in common.state; every process reads it through that.
 """
 
 from __future__ import annotations
@@ -196,3 +197,22 @@ class RankMarker(_Record):
         v = _checked(cls, d, path)
         v["phase"] = Phase(v["phase"])
         return cls(**v)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SupervisorRecord(_Record):
+    """`runtime/supervisor.json`: who the running supervisor is and where its sockets are.
+    Written by the supervisor once its sockets are bound; read by `lockstep up`, its
+    preflight, `lockstep admin`, the home lock's message and the gateway."""
+
+    pid: int
+    boot_id: str
+    start_time: float
+    admin: str
+    events: str
+    control: str
+    report: str
+    schema_version: int = SCHEMA_VERSION
+
+    _SPEC = {"schema_version": _VERSION, "pid": _PID, "boot_id": _STR, "start_time": _FLOAT,
+             "admin": _STR, "events": _STR, "control": _STR, "report": _STR}

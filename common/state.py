@@ -1,7 +1,8 @@
-"""Where Lockstep keeps its state ($LOCKSTEP_HOME), and launch manifests and rank
-markers on disk (DESIGN section 4): written atomically (common.statefiles), read back
-strictly (common.records). Readers report what they cannot read, with its path; they
-never guess.
+"""Where Lockstep keeps its state ($LOCKSTEP_HOME), and the records on disk there: launch
+manifests and rank markers (DESIGN section 4) and the supervisor's runtime file. Each is
+written atomically (common.statefiles) and has one strict reader here (the record types
+are in common.records), which every process uses. Readers report what they cannot read,
+with its path; they never guess.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.records import ID_RE, LaunchManifest, RankMarker
+from common.records import ID_RE, LaunchManifest, RankMarker, SupervisorRecord
 from common.statefiles import StateFileError, fsync_dir, read_json, write_json_atomic
 
 # Exactly what write_marker writes; [0-9] not \d, which also matches non-ASCII digits.
@@ -43,6 +44,7 @@ class Paths:
     logs: Path = field(init=False)
     state: Path = field(init=False)
     models: Path = field(init=False)
+    supervisor_file: Path = field(init=False)
 
     def __post_init__(self) -> None:
         home = Path(self.home).expanduser().absolute()  # a later chdir cannot move it
@@ -52,7 +54,8 @@ class Paths:
                   "admin_token": home / "admin.token", "runtime": runtime,
                   "manifests": runtime / "manifests", "markers": runtime / "markers",
                   "secrets": runtime / "secrets", "logs": runtime / "logs",
-                  "state": runtime / "state", "models": home / "models"}
+                  "state": runtime / "state", "models": home / "models",
+                  "supervisor_file": runtime / "supervisor.json"}
         for name, value in layout.items():
             object.__setattr__(self, name, value)
 
@@ -70,6 +73,21 @@ class Paths:
 def _mkdir_private(d: Path) -> None:
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(d, 0o700)  # mkdir's mode is filtered by the umask, and skips existing dirs
+
+
+# --- the supervisor's runtime file ---------------------------------------------------
+
+
+def write_supervisor_record(path: Path, record: SupervisorRecord) -> None:
+    write_json_atomic(path, record.to_dict())
+
+
+def read_supervisor_record(path: Path) -> SupervisorRecord:
+    """The running supervisor as its runtime file names it (`Paths.supervisor_file`, or
+    the gateway's configured path); StateFileError, naming the file, if it is missing or
+    is not exactly a SupervisorRecord of this version."""
+    path = Path(path)
+    return SupervisorRecord.from_dict(read_json(path), path=path)
 
 
 # --- manifests and markers on disk ---------------------------------------------------

@@ -31,7 +31,8 @@ from common.config import default_home
 from common.envelope import Key
 from common.keys import KeyFileError, load_cluster_key
 from common.messages import ADMIN_OUT, AdminReply, AdminRequest
-from common.statefiles import StateFileError, read_json
+from common.state import Paths, read_supervisor_record
+from common.statefiles import StateFileError
 
 LONG_COMMANDS = {"deploy": 900.0, "stop": 120.0, "replan": 900.0, "abort_all": 120.0,
                  "cancel": 60.0, "reap": 120.0}
@@ -65,8 +66,8 @@ class AdminClient:
 
 def supervisor_endpoint(home: Path) -> str:
     try:
-        return str(read_json(home / "runtime" / "supervisor.json")["admin"])
-    except (StateFileError, KeyError) as exc:
+        return read_supervisor_record(Paths(home).supervisor_file).admin
+    except StateFileError as exc:
         raise SystemExit(f"lockstep admin: no supervisor found under {home} ({exc}); "
                          "start one with `lockstep supervisor` or pass --endpoint") from None
 

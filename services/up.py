@@ -45,7 +45,8 @@ from common.keys import KeyFileError, ensure_cluster_key
 from common.launcher_watch import LAUNCHER_ENV, launcher_value
 from common.messages import ADMIN_OUT, AdminRequest
 from common.procs import ProcessIdentity, identify, is_alive, snapshot_children, terminate_ladder
-from common.state import Paths
+from common.state import Paths, read_supervisor_record
+from common.statefiles import StateFileError
 from services.up_console import UpConsole
 from services.up_preflight import busy_ports, supervisor_busy
 
@@ -93,16 +94,14 @@ class AdminLink:
     def wait_endpoints(self, timeout: float, stop: threading.Event, check) -> tuple[str, str]:
         """Wait until our supervisor wrote supervisor.json and answers ping."""
         deadline = time.monotonic() + timeout
-        f = self.paths.runtime / "supervisor.json"
         while time.monotonic() < deadline and not stop.is_set():
             check()
             try:
-                info = json.loads(f.read_text())
-            except (OSError, ValueError):
-                info = {}
-            if info.get("pid") == self.sup_pid:
-                eps = (info.get("admin_endpoint") or info.get("admin"),
-                       info.get("events_endpoint") or info.get("events") or "")
+                info = read_supervisor_record(self.paths.supervisor_file)
+            except StateFileError:  # not written yet (or an old one's, being replaced)
+                info = None
+            if info is not None and info.pid == self.sup_pid:
+                eps = (info.admin, info.events)
                 ch = Channel("up", "admin", sender="up", send_key=self.key, accept=ADMIN_OUT)
                 self.client = SyncRpcClient(self.ctx, eps[0], ch)
                 try:

@@ -9,8 +9,8 @@ import os
 import socket
 
 from common.procs import START_TIME_TOLERANCE, identify
-from common.state import Paths
-from common.statefiles import SCHEMA_VERSION, StateFileError, read_json
+from common.state import Paths, read_supervisor_record
+from common.statefiles import StateFileError
 from services.supervisor.homelock import SupervisorBusy, hold_home_lock
 
 
@@ -24,14 +24,13 @@ def supervisor_busy(paths: Paths) -> str | None:
     os.close(fd)  # free again at once: the supervisor we start takes it for good
     # A supervisor that predates the lock still names itself in its runtime file.
     try:
-        info = read_json(paths.runtime / "supervisor.json", versions=(SCHEMA_VERSION,))
-        pid, start = int(info["pid"]), float(info["start_time"])
-    except (StateFileError, KeyError, TypeError, ValueError):
+        info = read_supervisor_record(paths.supervisor_file)
+    except StateFileError:
         return None
-    me = identify(pid)
-    if me is not None and abs(me.start_time - start) <= START_TIME_TOLERANCE:
-        return (f"a supervisor is running for {paths.home} (pid {pid}, admin "
-                f"{info.get('admin')}; is another `lockstep up` running?)")
+    me = identify(info.pid)
+    if me is not None and abs(me.start_time - info.start_time) <= START_TIME_TOLERANCE:
+        return (f"a supervisor is running for {paths.home} (pid {info.pid}, admin "
+                f"{info.admin}; is another `lockstep up` running?)")
     return None
 
 

@@ -130,18 +130,17 @@ class RequestStream:
 
 
 class Backend:
-    def __init__(self, ctx: zmq.asyncio.Context, info: dict, *,
+    def __init__(self, ctx: zmq.asyncio.Context, info: dict, *, key: Key,
                  on_abort: Callable[[str], None] | None = None,
-                 orphan_grace_s: float = 5.0, key: Key | None = None,
+                 orphan_grace_s: float = 5.0,
                  max_inflight: int = 0, retry_after_s: int = 1) -> None:
         self.deployment_id = info["deployment_id"]
         self.job_id = info.get("job_id")
         self.model = info.get("model") or self.deployment_id
         self.model_path = info.get("model_path")
         self.endpoint = info["requests_endpoint"]
-        # The requests key: opened from the sealed admin-reply field by the caller
-        # (common.keys.requests_key_of); plain hex only from test fakes.
-        key = key or Key.from_secret(bytes.fromhex(info["requests_key"]))
+        # `key`: the requests key, opened from the sealed admin-reply field by the caller
+        # (common.keys.requests_key_of).
         channel = Channel("gateway", "requests", sender="gateway", send_key=key, accept=REQUESTS_OUT)
         self.client = AsyncRpcClient(ctx, self.endpoint, channel)
         self.streams: dict[str, RequestStream] = {}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from typing import Any
@@ -20,9 +19,12 @@ import zmq
 import zmq.asyncio
 
 from common.bus import AsyncRpcClient, BusTimeout, Channel, GapTracker, configure, new_request_id
+from common.deployment_info import DeploymentInfoError, read_deployment_info
 from common.envelope import Key
 from common.keys import KeyFileError, requests_key_of
 from common.messages import ADMIN_OUT, EVENTS, AdminReply, AdminRequest
+from common.state import read_supervisor_record
+from common.statefiles import StateFileError
 from services.gateway.backend import Backend
 from services.gateway.settings import GatewaySettings
 from services.gateway.tokenizers import Tokenizers
@@ -69,14 +71,10 @@ class Cluster:
         if s.admin_endpoint:
             return s.admin_endpoint, s.events_endpoint or ""
         try:
-            info = json.loads(s.supervisor_file.read_text())
-        except (OSError, ValueError):
+            info = read_supervisor_record(s.supervisor_file)
+        except StateFileError:
             return None
-        if not isinstance(info, dict):
-            return None
-        admin = info.get("admin_endpoint") or info.get("admin")
-        events = info.get("events_endpoint") or info.get("events") or ""
-        return (str(admin), str(events)) if admin else None
+        return info.admin, info.events
 
     def _connect(self) -> None:
         eps = self._resolve()
@@ -126,15 +124,18 @@ class Cluster:
         """One `status` call: deployments (DeploymentInfo) plus what /metrics exports."""
         timeout = min(5.0, self.settings.admin_timeout_s)
         reply = await self.admin("status", timeout=timeout)
-        if reply.ok and isinstance(reply.data.get("deployments"), list):
-            self.status = dict(reply.data)
-        else:  # an older supervisor: the dedicated command
-            reply = await self.admin("deployments", timeout=timeout)
         if not reply.ok:
-            raise SupervisorUnavailable(f"deployments: {reply.code}: {reply.message}")
-        deps = reply.data.get("deployments") or []
-        self.deployments = {d["deployment_id"]: d for d in deps
-                            if isinstance(d, dict) and isinstance(d.get("deployment_id"), str)}
+            raise SupervisorUnavailable(f"status: {reply.code}: {reply.message}")
+        deps = reply.data.get("deployments")
+        if not isinstance(deps, list):
+            raise SupervisorUnavailable("status: the reply carries no deployments list")
+        self.status = dict(reply.data)
+        self.deployments = {}
+        for d in deps:  # validated here, once (common.deployment_info); kept as sent
+            try:
+                self.deployments[read_deployment_info(d).deployment_id] = d
+            except DeploymentInfoError as exc:
+                log.warning("ignoring a deployment the supervisor reported: %s", exc)
         self.supervisor_error = None
         self.refreshed_at = time.time()
         self._reconcile()
@@ -151,7 +152,7 @@ class Cluster:
             if info.get("state") == SERVING and isinstance(info.get("model_path"), str):
                 self.tokenizers.want(info["model_path"])  # before /ready can be true for it
             if info.get("state") == SERVING and dep_id not in self.backends and (
-                    info.get("requests_key_sealed") or info.get("requests_key")):
+                    info.get("requests_key_sealed")):
                 try:
                     self.backends[dep_id] = Backend(
                         self.ctx, info, orphan_grace_s=self.settings.orphan_grace_s,

@@ -9,10 +9,10 @@ it dies, so a crash never leaves a stale lock behind.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 
-from common.state import Paths
+from common.state import Paths, read_supervisor_record
+from common.statefiles import StateFileError
 
 
 class SupervisorBusy(Exception):
@@ -34,8 +34,7 @@ def hold_home_lock(paths: Paths) -> int:
 
 def _who(paths: Paths) -> str:
     try:
-        with open(paths.runtime / "supervisor.json", encoding="utf-8") as f:
-            info = json.load(f)
-        return f" (pid {int(info['pid'])}, admin {info['admin']})"
-    except (OSError, ValueError, KeyError, TypeError):
+        info = read_supervisor_record(paths.supervisor_file)
+    except StateFileError:  # the lock is the evidence; the file only names the holder
         return ""
+    return f" (pid {info.pid}, admin {info.admin})"

@@ -17,8 +17,8 @@ from common.envelope import BOOT_ID, Message
 from common.keys import load_cluster_key
 from common.messages import AdminRequest, CancelAck, Event, Lease, RankReady, Telemetry
 from common.procs import START_TIME_TOLERANCE, identify
-from common.state import Paths
-from common.statefiles import SCHEMA_VERSION, write_json_atomic
+from common.records import SupervisorRecord
+from common.state import Paths, write_supervisor_record
 from services.supervisor import commands, ops
 from services.supervisor.after_failure import teardown_after_failure
 from services.supervisor.broadcast import Broadcaster
@@ -97,14 +97,13 @@ class Supervisor:
 
     @property
     def runtime_file(self):
-        return self.paths.runtime / "supervisor.json"
+        return self.paths.supervisor_file
 
     def _write_runtime_file(self) -> None:
-        write_json_atomic(self.runtime_file, {
-            "schema_version": SCHEMA_VERSION, "pid": self.me.pid, "boot_id": BOOT_ID,
-            "start_time": self.me.start_time, "admin": self.sockets.admin_endpoint,
-            "events": self.sockets.events_endpoint, "control": self.sockets.control_endpoint,
-            "report": self.sockets.report_endpoint})
+        write_supervisor_record(self.runtime_file, SupervisorRecord(
+            pid=self.me.pid, boot_id=BOOT_ID, start_time=self.me.start_time,
+            admin=self.sockets.admin_endpoint, events=self.sockets.events_endpoint,
+            control=self.sockets.control_endpoint, report=self.sockets.report_endpoint))
 
     async def close(self, *, teardown: bool = True) -> None:
         """Stop every deployment (verified), then the loops and sockets."""

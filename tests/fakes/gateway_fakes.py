@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 import zmq
 
 from common.bus import Channel, configure
+from common.deployment_info import DeploymentInfo, RankInfo
 from common.envelope import Key
+from common.keys import seal_key
 from common.messages import (
     ADMIN_IN,
     REQUESTS_IN,
@@ -35,6 +37,7 @@ from common.messages import (
     StatsRequest,
     Tokens,
 )
+from common.schema import to_wire
 
 
 @dataclass
@@ -219,15 +222,20 @@ class FakeSupervisor:
         self._ctx.term()
 
     def info(self) -> dict:
-        return {"deployment_id": self.deployment_id, "job_id": "job-1", "state": self.state,
-                "model": self.model_path.rstrip("/").rsplit("/", 1)[-1],
-                "model_path": self.model_path, "tp": 1, "pp": 1, "backend": "none",
-                "world_size": 1, "requests_endpoint": self.rank.endpoint,
-                "requests_key": self.key.secret.hex(), "canary_at": self.canary_at, "error": None,
-                "ranks": [{"rank": 0, "host": "127.0.0.1", "pid": 1, "phase": "serving",
-                           "step": self.rank.step, "active": len(self.rank.active_ids),
-                           "cancel_epoch": 0, "acked_epoch": 0, "mem_active": 0,
-                           "last_seen": time.time()}]}
+        """A DeploymentInfo as the supervisor sends it: the requests key (here the fake's
+        one key, which the fake rank also uses) sealed under the cluster key."""
+        return to_wire(DeploymentInfo(
+            deployment_id=self.deployment_id, job_id="job-1", state=self.state,
+            model=self.model_path.rstrip("/").rsplit("/", 1)[-1],
+            model_path=self.model_path, tp=1, pp=1, backend="none", world_size=1,
+            requests_endpoint=self.rank.endpoint,
+            requests_key_sealed=seal_key(self.key, self.key,
+                                         context=f"{self.deployment_id}/job-1"),
+            canary_at=self.canary_at, error=None, teardown=None,
+            ranks=[RankInfo(rank=0, host="127.0.0.1", remote=False, pid=1, phase="serving",
+                            step=self.rank.step, active=len(self.rank.active_ids),
+                            cancel_epoch=0, acked_epoch=0, mem_active=0,
+                            last_seen=time.time())]))
 
     def publish(self, name: str = "state", topic: str = "events") -> None:
         """An event; topic "deployment" (name "state") is a state change, as the supervisor's."""

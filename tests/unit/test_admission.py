@@ -15,10 +15,12 @@ from hypothesis import strategies as st
 from common import messages as m
 from common.admission import Budget, LogLimiter
 from common.bus import Channel
+from common.deployment_info import DeploymentInfo, DeploymentInfoError
 from common.envelope import PREFIX, Key, Reason, Signer
 from common.handshake import Initiator, session_keys
 from common.keys import KeyFileError, LaunchKeys, requests_key_of, seal_key, unseal_key
 from common.rankspec import SCHEMA_VERSION, RankSpec
+from common.schema import to_wire
 from services.rank.auth import InitiatorLink
 from services.supervisor.admission import ReportAdmission
 from tests.support.clock import FakeClock
@@ -65,9 +67,21 @@ def test_sealed_key_opens_only_with_the_cluster_key_and_context():
     for key, ctx in ((other, "d/j"), (cluster, "d/j2")):
         with pytest.raises(KeyFileError):
             unseal_key(key, sealed, context=ctx)
-    info = {"deployment_id": "d", "job_id": "j", "requests_key_sealed": sealed}
+    info = deployment_info("d", "j", sealed)
     assert requests_key_of(info, cluster).key_id == req.key_id
-    assert requests_key_of({"requests_key": req.secret.hex()}, cluster).key_id == req.key_id
+    # Only a sealed key is taken: a plaintext one (what test fakes used to send) is not.
+    with pytest.raises(DeploymentInfoError) as exc:
+        requests_key_of({**info, "requests_key": req.secret.hex()}, cluster)
+    assert exc.value.reason == "extra_field"
+    with pytest.raises(KeyFileError, match="no requests key"):
+        requests_key_of({**info, "requests_key_sealed": ""}, cluster)
+
+
+def deployment_info(dep: str, job: str, sealed: str) -> dict:
+    return to_wire(DeploymentInfo(
+        deployment_id=dep, job_id=job, state="serving", model="m", model_path="/m", tp=1,
+        pp=1, backend="none", world_size=1, requests_endpoint="tcp://127.0.0.1:1",
+        requests_key_sealed=sealed, canary_at=None, error=None, teardown=None, ranks=[]))
 
 
 # --- supervisor report admission ------------------------------------------------------
