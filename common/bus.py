@@ -182,10 +182,13 @@ class AsyncRpcClient:
     timed-out call never wedges the socket (no REQ state machine), and late replies
     are dropped. Streams (many replies per id) get a queue via `open_stream`."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, channel: Channel) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, channel: Channel,
+                 options: dict[int, int] | None = None) -> None:
         self.endpoint = endpoint
         self.channel = channel
         self.sock = configure(ctx.socket(zmq.DEALER))
+        for opt, value in (options or {}).items():  # before connect: libzmq copies them then
+            self.sock.setsockopt(opt, value)
         self.sock.connect(endpoint)
         self._waiters: dict[str, asyncio.Future] = {}
         self._streams: dict[str, asyncio.Queue] = {}

@@ -113,6 +113,7 @@ class ErrorCode(str, enum.Enum):
     OVERLOADED = "overloaded"  # rank 0 has max_open_requests open: retry later
     RANK_STOPPED = "rank_stopped"  # rank 0 left (shutdown, failure) with the stream open
     WATCHDOG_ABORT = "watchdog_abort"  # the abort stage ended the stream (finish abort)
+    RANK_LOST = "rank_lost"  # the gateway lost its link to rank 0 (never sent by a rank)
 
 
 @dataclass

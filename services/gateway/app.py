@@ -47,10 +47,16 @@ class Gateway:
     def pick(self, model: str) -> Backend:
         c = self.cluster
         cands = [b for b in c.backends.values() if b.model == model]
-        if cands:
-            b = min(cands, key=lambda b: b.active)
+        live = [b for b in cands if not b.lost]
+        if live:
+            b = min(live, key=lambda b: b.active)
             b.check_room()  # 429 before any tokenizing: the cheapest refusal under overload
             return b
+        if cands:  # rank 0 lost, seen by the gateway itself (rank_link.py)
+            b = cands[0]
+            raise ApiError(503, f"model {model!r} is not serving: deployment {b.deployment_id}: "
+                           f"{b.lost}; waiting for the supervisor", code="model_not_ready",
+                           headers={"retry-after": "5"})
         known = [d for d in c.deployments.values() if d.get("model") == model]
         if known:
             d = known[0]
@@ -191,6 +197,7 @@ def create_app(settings: GatewaySettings, key: Key) -> FastAPI:
         ok = False
         for d in gw.cluster.serving():
             b = gw.cluster.backends.get(d["deployment_id"])
+            b = None if b is None or b.lost else b  # rank 0 lost: not ready, whatever the canary
             tok = gw.cluster.tokenizers.state(d.get("model_path"))
             at = gw.cluster.canary_at(d)
             fresh = at is not None and time.time() - at <= fresh_s

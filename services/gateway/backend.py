@@ -40,6 +40,7 @@ from common.messages import (
     Tokens,
 )
 from services.gateway.errors import ApiError
+from services.gateway.rank_link import DEALER_OPTIONS, LinkWatch
 
 log = logging.getLogger("lockstep.gateway.backend")
 SEND_TIMEOUT_S = 5.0
@@ -142,7 +143,10 @@ class Backend:
         # `key`: the requests key, opened from the sealed admin-reply field by the caller
         # (common.keys.requests_key_of).
         channel = Channel("gateway", "requests", sender="gateway", send_key=key, accept=REQUESTS_OUT)
-        self.client = AsyncRpcClient(ctx, self.endpoint, channel)
+        self.client = AsyncRpcClient(ctx, self.endpoint, channel, options=DEALER_OPTIONS)
+        # Rank 0 lost is seen here, at once (rank_link.py): its streams fail in-band.
+        self.link = LinkWatch(self.client.sock, self.endpoint, self.fail_lost)
+        self.lost: str | None = None  # why rank 0 is lost: not routed to any more
         self.streams: dict[str, RequestStream] = {}
         self.orphan_grace_s = orphan_grace_s
         self.max_inflight = max_inflight  # 0: no bound
@@ -171,6 +175,8 @@ class Backend:
     async def generate(self, gen: Generate) -> RequestStream:
         if self.closed:
             raise ConnectionError(f"deployment {self.deployment_id} is gone")
+        if self.lost:
+            raise ConnectionError(f"deployment {self.deployment_id}: {self.lost}")
         self.check_room()  # no await before the stream is registered: the bound holds
         s = RequestStream(self, gen.request_id, len(gen.prompt))
         self.client.open_stream(gen.request_id, s.queue)
@@ -275,6 +281,18 @@ class Backend:
                 n += 1
         return n
 
+    def fail_lost(self, reason: str) -> None:
+        """The link to rank 0 closed: every stream whose final chunk has not arrived ends
+        now with error_code rank_lost (a 502, or an SSE error event then [DONE]), and the
+        deployment is not routed to any more (cluster.py decides when it is again)."""
+        self.lost = reason
+        for s in list(self.streams.values()):
+            if s.queue.final_at is None:
+                s.queue.put_nowait(Tokens(request_id=s.request_id, tokens=[], index=0,
+                                          finish_reason="error", error=reason,
+                                          error_code=ErrorCode.RANK_LOST))
+                self._unregister(s)
+
     def fail_all(self, reason: str) -> None:
         """The deployment is gone: end every stream as an abort, forget them all."""
         for s in list(self.streams.values()):
@@ -325,4 +343,5 @@ class Backend:
         self.fail_all(reason)
         for t in list(self._tasks):
             t.cancel()
+        self.link.close()
         self.client.close(linger=500)

@@ -148,6 +148,12 @@ class Cluster:
                 log.info("deployment %s is %s: closing its request channel", dep_id, state)
                 b.close(f"deployment {dep_id} is {state}")
                 del self.backends[dep_id]
+            elif b.lost and b.link.state.back_since_loss():
+                # Lost, then rank 0 answered again and the supervisor still vouches for
+                # the same job: a link blip, not a death. A fresh channel serves it again.
+                log.info("deployment %s: rank 0 answers again; serving it again", dep_id)
+                b.close(f"deployment {dep_id}: {b.lost}")
+                del self.backends[dep_id]
         for dep_id, info in self.deployments.items():
             if info.get("state") == SERVING and isinstance(info.get("model_path"), str):
                 self.tokenizers.want(info["model_path"])  # before /ready can be true for it
@@ -264,7 +270,8 @@ class Cluster:
         return [d for d in self.deployments.values() if d.get("state") == SERVING]
 
     def models(self) -> list[dict]:
-        return [d for d in self.serving() if d["deployment_id"] in self.backends]
+        return [d for d in self.serving() if d["deployment_id"] in self.backends
+                and not self.backends[d["deployment_id"]].lost]
 
     def canary_at(self, dep: dict) -> float | None:
         """Last proof that the deployment generates: the supervisor's canary or ours."""

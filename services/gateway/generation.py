@@ -62,6 +62,7 @@ RANK_ERRORS: dict[ErrorCode, RankErrorShape] = {
     ErrorCode.OVERLOADED: RankErrorShape(429, "overloaded", "rank 0 is at its bound: "),
     ErrorCode.RANK_STOPPED: RankErrorShape(502, "backend_error", "generation failed on rank 0: "),
     ErrorCode.WATCHDOG_ABORT: RankErrorShape(502, "backend_error", "generation failed on rank 0: "),
+    ErrorCode.RANK_LOST: RankErrorShape(502, "backend_error", "generation failed on rank 0: "),
 }
 # A chunk that ended in error with no code (a rank that predates the code) is an engine
 # failure, as any error without a cause.

@@ -1,0 +1,137 @@
+"""The gateway fails a dead rank 0's streams itself, at once, without the supervisor:
+`lockstep up` (real supervisor, reaper, gateway, TP=2 MLX ranks), a stream and a
+non-streamed request running, the supervisor frozen (SIGSTOP) so that it cannot tell the
+gateway anything, then rank 0 SIGKILLed. Both requests end with the typed error within a
+bound measured from the kill; new requests get 503 until the supervisor (SIGCONT) has
+redeployed; then they are served again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.gwutil import free_port, poll_until, sse_lines
+from tests.support.processes import interrupt, process_gone, up_argv
+
+ROOT = Path(__file__).resolve().parents[2]
+FAIL_WITHIN_S = 5.0  # from the kill to the error at the client: the supervisor has no part
+
+
+def _supervisor_pid(up: subprocess.Popen) -> int:
+    for p in psutil.Process(up.pid).children(recursive=True):
+        cmd = p.cmdline()
+        if cmd[2:4] == ["services.cli", "supervisor"]:
+            return p.pid
+    raise AssertionError("no supervisor under lockstep up")
+
+
+class Running:
+    """One request in a thread: for a stream, the chunks and the first error event; for
+    a plain request, the response. `ended_at` (monotonic) is when it ended."""
+
+    def __init__(self, url: str, body: dict) -> None:
+        self.url, self.body = url, body
+        self.chunks = 0
+        self.error: dict | None = None
+        self.done = False
+        self.status: int | None = None
+        self.json: dict | None = None
+        self.ended_at: float | None = None
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            if self.body.get("stream"):
+                with httpx.stream("POST", self.url, json=self.body, timeout=120) as r:
+                    self.status = r.status_code
+                    for kind, data in sse_lines(r):
+                        if kind != "data":
+                            continue
+                        if data == "[DONE]":
+                            self.done = True
+                            break
+                        if "error" in data:
+                            self.error = data["error"]
+                        else:
+                            self.chunks += 1
+            else:
+                r = httpx.post(self.url, json=self.body, timeout=120)
+                self.status, self.json = r.status_code, r.json()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.failure = exc
+        self.ended_at = time.monotonic()
+
+
+@pytest.mark.timeout(420)
+def test_rank0_killed_with_the_supervisor_frozen_fails_streams_at_once(tmp_path):
+    port = free_port()
+    out = tmp_path / "up.out"
+    with open(out, "wb") as log:
+        up = subprocess.Popen(up_argv(tmp_path / "home", port, "--restarts", "1"), cwd=ROOT,
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    text = lambda: out.read_text(errors="replace")  # noqa: E731
+    sup: int | None = None
+    try:
+        poll_until(lambda: text().count("Press Ctrl-C") == 1, 240, "the first banner", 0.5)
+        hdr = {"authorization": "Bearer " + (tmp_path / "home/admin.token").read_text().strip()}
+        deps = httpx.get(url + "/admin/api/cluster/deployments", headers=hdr,
+                         timeout=10).json()["deployments"]
+        first = next(d for d in deps if d["state"] == "serving")
+        rank0 = next(r["pid"] for r in first["ranks"] if r["rank"] == 0)
+        model = first["model"]
+        sup = _supervisor_pid(up)
+
+        body = {"model": model, "prompt": "the library of", "max_tokens": 3000,
+                "temperature": 0}
+        stream = Running(url + "/v1/completions", {**body, "stream": True})
+        plain = Running(url + "/v1/completions", body)
+        poll_until(lambda: stream.chunks >= 3 or stream.ended_at, 60, "the stream to flow")
+        assert stream.ended_at is None, (stream.status, stream.error, stream.failure)
+        assert plain.ended_at is None, (plain.status, plain.json)
+
+        os.kill(sup, signal.SIGSTOP)  # from now on the supervisor can tell nobody anything
+        os.kill(rank0, signal.SIGKILL)
+        killed_at = time.monotonic()
+        poll_until(lambda: stream.ended_at and plain.ended_at, FAIL_WITHIN_S + 5,
+                   "both requests to end")
+        assert stream.failure is None and plain.failure is None, (stream.failure, plain.failure)
+        # The stream: an OpenAI-shaped error event, then [DONE].
+        assert stream.status == 200 and stream.done, (stream.status, stream.done)
+        assert stream.error is not None and stream.error["code"] == "backend_error", stream.error
+        assert "connection to rank 0" in stream.error["message"], stream.error
+        # The plain request: 502 backend_error, the same typed cause.
+        assert plain.status == 502, (plain.status, plain.json)
+        assert plain.json["error"]["code"] == "backend_error", plain.json
+        for r in (stream, plain):
+            assert r.ended_at - killed_at < FAIL_WITHIN_S, r.ended_at - killed_at
+        # Not routed to any more: 503 at once, and not ready, the supervisor still frozen.
+        r = httpx.post(url + "/v1/completions", timeout=10, json={**body, "max_tokens": 2})
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "model_not_ready", r.text
+        assert r.headers["retry-after"] == "5"
+        ready = httpx.get(url + "/ready", timeout=10)
+        assert ready.status_code == 503, ready.text
+        assert psutil.Process(sup).status() == psutil.STATUS_STOPPED  # it had no part
+
+        os.kill(sup, signal.SIGCONT)
+        sup = None
+        poll_until(lambda: text().count("Press Ctrl-C") == 2, 240, "the redeploy's banner", 0.5)
+        poll_until(lambda: process_gone(rank0), 30, "the killed rank 0 to be reaped")
+        r = httpx.post(url + "/v1/completions", timeout=60, json={**body, "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 4
+    finally:
+        if sup is not None:
+            os.kill(sup, signal.SIGCONT)
+        interrupt(up, 90)
