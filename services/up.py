@@ -40,6 +40,7 @@ import zmq
 
 from common.bus import BusTimeout, Channel, SyncRpcClient, new_request_id
 from common.config import ConfigError, default_home, load_settings
+from common.deployment_info import DeploymentInfo, DeploymentInfoError, read_deployment_info
 from common.envelope import Key
 from common.keys import KeyFileError, ensure_cluster_key
 from common.launcher_watch import LAUNCHER_ENV, launcher_value
@@ -129,12 +130,22 @@ class AdminLink:
             raise UpError(f"{command}: {reply.code}: {reply.message}")
         return dict(reply.data)
 
-    def deployment(self, dep_id: str) -> dict | None:
+    def deployments(self, timeout: float) -> list[DeploymentInfo]:
+        """Every deployment the supervisor holds, each read strictly."""
+        deps = self.call("deployments", {}, timeout=timeout).get("deployments")
+        if not isinstance(deps, list):
+            raise UpError("deployments: the reply carries no deployments list")
         try:
-            deps = self.call("deployments", {}, timeout=5.0).get("deployments") or []
+            return [read_deployment_info(d) for d in deps]
+        except DeploymentInfoError as exc:
+            raise UpError(f"deployments: {exc}") from None
+
+    def deployment(self, dep_id: str) -> DeploymentInfo | None:
+        try:
+            deps = self.deployments(5.0)
         except (UpError, BusTimeout):
             return None
-        return next((d for d in deps if d.get("deployment_id") == dep_id), None)
+        return next((d for d in deps if d.deployment_id == dep_id), None)
 
     def abort_and_teardown(self, log, rank_pids: set[int]) -> bool:
         ok = True
@@ -142,22 +153,21 @@ class AdminLink:
             ev = self.call("abort_all", {"deployment_id": None, "timeout_s": 15.0}, timeout=30.0)
             log(f"abort_all: epoch {ev.get('epoch')}, zero active: {ev.get('zero_active')}, "
                 f"ranks {ev.get('ranks')}")
-            deps = self.call("deployments", {}, timeout=10.0).get("deployments") or []
+            deps = self.deployments(10.0)
         except (UpError, BusTimeout) as exc:
             log(f"abort_all failed: {exc}")
             return False
         for d in deps:
-            rank_pids |= {r["pid"] for r in d.get("ranks") or []
-                          if r.get("pid") and not r.get("remote")}  # local pids only
-            if d.get("state") in ("stopped",):
+            rank_pids |= {r.pid for r in d.ranks if r.pid and not r.remote}  # local pids only
+            if d.state in ("stopped",):
                 continue
             try:
-                out = self.call("stop", {"deployment_id": d["deployment_id"], "force": True},
+                out = self.call("stop", {"deployment_id": d.deployment_id, "force": True},
                                 timeout=180.0).get("outcome") or {}
-                log(f"deployment {d['deployment_id']} torn down "
+                log(f"deployment {d.deployment_id} torn down "
                     f"({'/'.join(out.get('path') or []) or 'ok'}, proven {out.get('proven', True)})")
             except (UpError, BusTimeout) as exc:
-                log(f"teardown of {d['deployment_id']} NOT verified: {exc}")
+                log(f"teardown of {d.deployment_id} NOT verified: {exc}")
                 ok = False
         return ok
 
@@ -304,13 +314,13 @@ class Up:
         self.check_children()
         dep = self.admin.deployment(dep_id)
         if dep is not None:
-            for r in dep.get("ranks") or []:
+            for r in dep.ranks:
                 # a remote rank's pid is another host's: the supervisor proves it there
-                if r.get("pid") and not r.get("remote") and r["pid"] not in self.rank_ids:
-                    self.rank_ids[r["pid"]] = identify(r["pid"])
+                if r.pid and not r.remote and r.pid not in self.rank_ids:
+                    self.rank_ids[r.pid] = identify(r.pid)
             # "stopped" is an operator's unload through the admin API: not ours to undo
-            if dep.get("state") in ("failed", "teardown_failed"):
-                raise DeploymentDown(dep_id, dep["state"], dep.get("error"))
+            if dep.state in ("failed", "teardown_failed"):
+                raise DeploymentDown(dep_id, dep.state, dep.error)
 
     def deploy_and_wait(self, model: str, hosts, envs, backend: str) -> str | None:
         s = self.s
@@ -323,8 +333,8 @@ class Up:
         deadline = time.monotonic() + s.ready_timeout
         while not self.stop_flag.is_set():  # this deployment serving, not a stale /ready
             self.progress(dep_id)
-            dep = self.admin.deployment(dep_id) or {}
-            if dep.get("state") == "serving":
+            dep = self.admin.deployment(dep_id)
+            if dep is not None and dep.state == "serving":
                 break
             if time.monotonic() > deadline:
                 raise UpError(f"deployment {dep_id} not serving after {s.ready_timeout:.0f}s")

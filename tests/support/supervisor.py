@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from common.keys import generate_key_file, load_cluster_key
-from common.statefiles import read_json
+from common.state import read_supervisor_record
 from services.admin_cli import AdminClient
 from services.supervisor.settings import SupervisorSettings
 from tests.support.polling import poll_for
@@ -43,8 +43,9 @@ def supervisor_argv(home: Path, *options: str) -> list[str]:
 
 
 def runtime_names(runtime: Path, proc: subprocess.Popen) -> bool:
-    """runtime/supervisor.json exists and names `proc`: that supervisor is up."""
-    return runtime.exists() and read_json(runtime)["pid"] == proc.pid
+    """runtime/supervisor.json exists and names `proc`: that supervisor is up. Read with
+    the one strict reader every process uses, so a file it refuses fails the test."""
+    return runtime.exists() and read_supervisor_record(runtime).pid == proc.pid
 
 
 def fake_settings(home: Path, **kw: Any) -> SupervisorSettings:

@@ -18,8 +18,7 @@ import zmq
 from common.bus import Channel, configure
 from common.keys import generate_key_file, load_cluster_key
 from common.messages import EVENTS, Event
-from common.state import Paths, read_manifests
-from common.statefiles import read_json
+from common.state import Paths, read_manifests, read_supervisor_record
 from tests.support.processes import lockstep_env
 from tests.support.supervisor import (
     FAKE_RANK,
@@ -60,7 +59,7 @@ def _events(home: Path) -> tuple[zmq.Context, zmq.Socket, Channel]:
     ctx = zmq.Context()
     sub = configure(ctx.socket(zmq.SUB))
     sub.setsockopt(zmq.SUBSCRIBE, b"events")
-    sub.connect(read_json(home / "runtime" / "supervisor.json")["events"])
+    sub.connect(read_supervisor_record(home / "runtime" / "supervisor.json").events)
     key = load_cluster_key(home / "keys" / "cluster.key")
     return ctx, sub, Channel("test", "events", sender="t", send_key=key, accept=EVENTS)
 
