@@ -7,22 +7,30 @@ arguments must match on all ranks or their step schedules diverge.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.config import (
+    AtLeastOne,
+    Count,
+    PositiveSeconds,
+    Seconds,
+    check,
+    env_name,
+    load_settings,
+)
 from common.schema import decode_into, to_wire
 from common.statefiles import read_json, write_json_atomic
 
 SCHEMA_VERSION = 1
 
-# Environment variables a rank reads on top of its spec's settings (rank side:
-# services/rank/watchdogs.py). The supervisor strips them from what ranks inherit, so its
-# own resolved settings win; a deployment's explicit envs may still set them.
-WATCHDOG_ENV = {
-    "LOCKSTEP_PEER_ABORT_GRACE": "abort_grace_s",
-    "LOCKSTEP_PROGRESS_STALL_TIMEOUT": "progress_stall_s",
-    "LOCKSTEP_SIGNAL_CLEAR_TIMEOUT": "signal_clear_timeout_s",
-}
+# Settings a rank's own environment may set over its spec (DESIGN 7), by the one parser
+# (common.config): `LOCKSTEP_<NAME>` of the same field. The supervisor strips them from
+# what ranks inherit, so its own resolved settings win; a deployment's explicit envs may
+# still set them.
+ENV_OVERRIDES = ("peer_abort_grace", "progress_stall_timeout", "signal_clear_timeout")
+WATCHDOG_ENV = tuple(env_name(n) for n in ENV_OVERRIDES)
 
 
 OPEN_REQUESTS_PER_SLOT = 8  # rank 0's default bound: 8 x max_batch open requests
@@ -30,26 +38,35 @@ OPEN_REQUESTS_PER_SLOT = 8  # rank 0's default bound: 8 x max_batch open request
 
 @dataclass
 class RankSettings:
-    max_batch: int = 16  # completion_batch_size
+    """A field the supervisor sets has the name of its SupervisorSettings field (and so
+    of its flag and variable): `rank_settings()` in services/supervisor/launch.py copies
+    them by name."""
+
+    max_batch: AtLeastOne = 16  # completion_batch_size
     # Rank 0 refuses a GENERATE (error_code overloaded) while this many requests are
     # open, running or waiting; 0 = OPEN_REQUESTS_PER_SLOT x max_batch.
-    max_open_requests: int = 0
-    prefill_batch: int = 8
-    prefill_step: int = 512
-    default_max_tokens: int = 256
-    telemetry_interval_s: float = 1.0
-    plan_fetch_after_s: float = 0.25  # follower asks for missed plans after this silence
-    replay_buffer: int = 1024  # plans rank 0 keeps for followers that missed some
-    lease_stale_s: float = 45.0
-    peer_probe_interval_s: float = 0.5
-    peer_probe_interval_loading_s: float = 2.0
-    peer_fail_tolerance: int = 2
-    peer_abort_grace_s: float = 5.0
-    progress_stall_s: float = 120.0
-    signal_clear_timeout_s: float = 10.0
+    max_open_requests: Count = 0
+    prefill_batch: AtLeastOne = 8
+    prefill_step: AtLeastOne = 512
+    default_max_tokens: AtLeastOne = 256
+    rank_telemetry_interval_s: PositiveSeconds = 1.0
+    plan_fetch_after_s: PositiveSeconds = 0.25  # follower asks for missed plans after this
+    replay_buffer: AtLeastOne = 1024  # plans rank 0 keeps for followers that missed some
+    lease_ttl: Seconds = 45.0  # no LEASE for this long (after one): launcher_lost; 0: off
+    peer_probe_interval_s: PositiveSeconds = 0.5
+    peer_probe_interval_loading_s: PositiveSeconds = 2.0
+    peer_fail_tolerance: AtLeastOne = 2
+    peer_abort_grace: Seconds = 5.0
+    progress_stall_timeout: Seconds = 120.0
+    signal_clear_timeout: Seconds = 10.0
     openblas: bool = True
-    auth_timeout_s: float = 30.0  # no mutual authentication with the supervisor by then: fail
-    test_seams: bool = False  # allows LOCKSTEP_TEST_* fault switches (tests only)
+    auth_timeout_s: PositiveSeconds = 30.0  # no mutual authentication by then: fail
+    rank_test_seams: bool = False  # allows LOCKSTEP_TEST_* fault switches (tests only)
+
+    def with_env(self, env: Mapping[str, str]) -> RankSettings:
+        """These settings, the ENV_OVERRIDES in `env` over them, every range checked
+        (common.config.ConfigError names the variable)."""
+        return load_settings(RankSettings, env=env, base=check(self), only=ENV_OVERRIDES)
 
     def open_requests_bound(self) -> int:
         if self.max_open_requests > 0:

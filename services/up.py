@@ -39,7 +39,15 @@ import httpx
 import zmq
 
 from common.bus import BusTimeout, Channel, SyncRpcClient, new_request_id
-from common.config import ConfigError, default_home, load_settings
+from common.config import (
+    AtLeastOne,
+    ConfigError,
+    Count,
+    Port,
+    PositiveSeconds,
+    default_home,
+    load_settings,
+)
 from common.deployment_info import DeploymentInfo, DeploymentInfoError, read_deployment_info
 from common.envelope import Key
 from common.keys import KeyFileError, ensure_cluster_key
@@ -56,20 +64,20 @@ from services.up_preflight import busy_ports, supervisor_busy
 class UpSettings:
     home: Path = field(default_factory=default_home)
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: Port = 8000
     model: str | None = None
-    tp: int = 2
-    pp: int = 1
+    tp: AtLeastOne = 2
+    pp: AtLeastOne = 1
     hosts: Path | None = None
     backend: str = "auto"
-    admin_port: int = 7710
-    events_port: int = 7711
-    control_port: int = 7712
-    report_port: int = 7713
-    reaper_events_port: int = 7714
-    ready_timeout: float = 600.0
-    stop_timeout: float = 15.0
-    restarts: int = 3  # redeploys after a deployment fails (a rank died, a peer was lost)
+    admin_port: Port = 7710
+    events_port: Port = 7711
+    control_port: Port = 7712
+    report_port: Port = 7713
+    reaper_events_port: Port = 7714
+    ready_timeout: PositiveSeconds = 600.0
+    stop_timeout: PositiveSeconds = 15.0
+    restarts: Count = 3  # redeploys after a deployment fails (a rank died, a peer was lost)
 
 
 class UpError(Exception):

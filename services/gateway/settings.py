@@ -28,11 +28,18 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import ConfigError, default_home, load_settings
+from common.config import (
+    AtLeastOne,
+    Count,
+    Port,
+    PositiveSeconds,
+    Seconds,
+    default_home,
+    load_settings,
+)
 from common.rankspec import RankSettings
 
 TOKEN_FILE = "admin.token"
@@ -45,28 +52,28 @@ INFLIGHT_PER_SLOT = 4
 class GatewaySettings:
     home: Path = field(default_factory=default_home)
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: Port = 8000
     admin_token: str | None = None
     api_keys: tuple[str, ...] = ()
-    request_read_timeout: float = 300.0
-    orphan_grace_s: float = 5.0
-    max_body_bytes: int = 4 * 1024 * 1024
-    input_bytes_per_token: int = 8
-    max_messages: int = 4096
-    max_tools: int = 128
-    prepare_threads: int = 2
-    ready_view_max_age_s: float = 15.0
-    keepalive_s: float = 5.0
-    canary_fresh_s: float = 60.0
-    default_max_tokens: int = 512
-    max_inflight: int = 0
-    overload_retry_after_s: int = 1
+    request_read_timeout: PositiveSeconds = 300.0
+    orphan_grace_s: Seconds = 5.0
+    max_body_bytes: AtLeastOne = 4 * 1024 * 1024
+    input_bytes_per_token: AtLeastOne = 8
+    max_messages: AtLeastOne = 4096
+    max_tools: Count = 128
+    prepare_threads: AtLeastOne = 2
+    ready_view_max_age_s: PositiveSeconds = 15.0
+    keepalive_s: PositiveSeconds = 5.0
+    canary_fresh_s: PositiveSeconds = 60.0
+    default_max_tokens: AtLeastOne = 512
+    max_inflight: Count = 0  # 0 = INFLIGHT_PER_SLOT x the rank's max_batch
+    overload_retry_after_s: Count = 1
     admin_endpoint: str | None = None
     events_endpoint: str | None = None
     reaper_events_endpoint: str | None = None
-    admin_timeout_s: float = 10.0
-    refresh_s: float = 2.0
-    abort_all_timeout_s: float = 15.0
+    admin_timeout_s: PositiveSeconds = 10.0
+    refresh_s: PositiveSeconds = 2.0
+    abort_all_timeout_s: Seconds = 15.0
     log_level: str = "info"
 
     @property
@@ -98,12 +105,4 @@ class GatewaySettings:
 
 
 def load(cli: dict | None = None, env: dict | None = None) -> GatewaySettings:
-    s = load_settings(GatewaySettings, cli, env if env is not None else dict(os.environ))
-    if s.max_inflight < 0:
-        raise ConfigError(f"LOCKSTEP_MAX_INFLIGHT={s.max_inflight}: must be >= 0 (0 = default)")
-    if s.overload_retry_after_s < 0:
-        raise ConfigError(f"LOCKSTEP_OVERLOAD_RETRY_AFTER_S={s.overload_retry_after_s}: must be >= 0")
-    for name in ("input_bytes_per_token", "max_messages", "prepare_threads"):
-        if getattr(s, name) < 1:
-            raise ConfigError(f"LOCKSTEP_{name.upper()}={getattr(s, name)}: must be >= 1")
-    return s
+    return load_settings(GatewaySettings, cli, env)

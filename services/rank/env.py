@@ -9,7 +9,8 @@
   here); preloading Debian's OpenBLAS (package libopenblas0-pthread) makes matmuls an
   order of magnitude faster. On by default on Linux when the library exists; off with
   `RankSettings.openblas = False` or `LOCKSTEP_OPENBLAS=0` in the base environment.
-  `LOCKSTEP_OPENBLAS_LIB=/path/libopenblas.so.0` picks another library. LD_PRELOAD must
+  `LOCKSTEP_OPENBLAS_LIB=/path/libopenblas.so.0` picks another library (both parsed by
+  common.config, `HostBlasSettings`). LD_PRELOAD must
   be set before the process starts, which is why this lives with the launcher. With it,
   OPENBLAS_NUM_THREADS=1 unless set: OpenBLAS's own threads fight MLX's for the cores
   (measured on 2 cores, bench preset: batch-8 decode 56 tok/s with 2 BLAS threads vs 96
@@ -19,11 +20,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 
+from common.config import env_name, load_settings
 from common.rankspec import RankSettings
 
 DEFAULTS = {
@@ -38,13 +42,30 @@ OPENBLAS_CANDIDATES = (
     "/usr/lib64/libopenblas.so.0",
     "/usr/lib/libopenblas.so.0",
 )
-_OFF = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class HostBlasSettings:
+    """This host's OpenBLAS switches, from the launching process's environment (the
+    supervisor's, or a remote host agent's): LOCKSTEP_OPENBLAS, LOCKSTEP_OPENBLAS_LIB."""
+
+    openblas: bool = True
+    openblas_lib: str = ""  # empty: the first of OPENBLAS_CANDIDATES that exists
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None) -> HostBlasSettings:
+        env = os.environ if env is None else env
+        # An empty variable is an unset one (as it always was here).
+        return load_settings(cls, env={k: v for k, v in env.items()
+                                       if k in _VARS and v.strip() != ""})
+
+
+_VARS = frozenset(env_name(f.name) for f in dataclasses.fields(HostBlasSettings))
 
 
 def find_openblas(env: Mapping[str, str] | None = None) -> str | None:
     """The OpenBLAS shared library to preload on this host, or None."""
-    env = os.environ if env is None else env
-    explicit = env.get("LOCKSTEP_OPENBLAS_LIB")
+    explicit = HostBlasSettings.load(env).openblas_lib
     if explicit:
         return explicit if os.path.isfile(explicit) else None
     for pattern in OPENBLAS_CANDIDATES:
@@ -57,7 +78,7 @@ def find_openblas(env: Mapping[str, str] | None = None) -> str | None:
 def openblas_enabled(settings: RankSettings, env: Mapping[str, str]) -> bool:
     if not settings.openblas or not sys.platform.startswith("linux"):
         return False
-    return env.get("LOCKSTEP_OPENBLAS", "1").strip().lower() not in _OFF
+    return HostBlasSettings.load(env).openblas
 
 
 def rank_environment(settings: RankSettings, base_env: Mapping[str, str]) -> dict[str, str]:

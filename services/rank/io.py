@@ -246,7 +246,7 @@ class RankIO:
         if self.reporting.accepted_now():  # telemetry at once, then periodic
             self._telemetry_at = now
         if now >= self._telemetry_at:
-            self._telemetry_at = now + self.spec.settings.telemetry_interval_s
+            self._telemetry_at = now + self.spec.settings.rank_telemetry_interval_s
             self.rt.write_marker()  # first: a reader that saw the report finds the file
             self.reporting.send(self.rt.telemetry())
         deadline = min(self._telemetry_at, self.session.timers(now), auth_at,

@@ -80,7 +80,7 @@ class RankRuntime:
         self.start_time = _start_time(self.pid)
         self.boot_id = BOOT_ID
         self.clock = clock
-        self.seams = TestSeams(spec.settings.test_seams)
+        self.seams = TestSeams(spec.settings.rank_test_seams)
         self.phase = Phase.STARTING
         self.error: str | None = None
         self.step = 0
@@ -128,7 +128,7 @@ class RankRuntime:
 
     def launcher_gone(self) -> str | None:
         """Why the launcher is gone (parent gone, lease stale), or None."""
-        v = LauncherWatchdog(self.timeouts.lease_stale_s).check(
+        v = LauncherWatchdog(self.timeouts.lease_ttl).check(
             time.monotonic(), parent_gone(self.parent_pid), self.last_lease_at)
         return None if v is None else v.reason
 
@@ -223,11 +223,11 @@ class RankRuntime:
 
     def arm_escape_hatch(self, why: str) -> None:
         """If the main thread cannot reach a clean exit in time (blocked in a collective
-        or in distributed init), leave anyway after `signal_clear_timeout_s`
+        or in distributed init), leave anyway after `signal_clear_timeout`
         (LOCKSTEP_SIGNAL_CLEAR_TIMEOUT): `hard_exit` with code 3."""
         if self._hatch is not None:
             return
-        timeout = self.timeouts.signal_clear_timeout_s
+        timeout = self.timeouts.signal_clear_timeout
 
         def fire() -> None:
             log.error("rank %d: no clean exit %gs after %s; leaving", self.rank, timeout, why)

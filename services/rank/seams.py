@@ -1,30 +1,46 @@
-"""Fault switches for tests, honoured only when `RankSettings.test_seams` is true
+"""Fault switches for tests, honoured only when `RankSettings.rank_test_seams` is true
 (docs/rank.md "Test seams"): LOCKSTEP_TEST_DROP_PLAN_SEQ, LOCKSTEP_TEST_STEP_DELAY_S,
 LOCKSTEP_TEST_BLOCK_STEP_AFTER, LOCKSTEP_TEST_HANG_ON_SIGTERM."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from common.config import Seconds, env_name, load_settings
 
 log = logging.getLogger("lockstep.rank")
 
 
+@dataclass(frozen=True)
+class SeamSettings:
+    """The switches, each `LOCKSTEP_<NAME>` (parsed by common.config)."""
+
+    test_drop_plan_seq: int | None = None
+    test_step_delay_s: Seconds = 0.0
+    test_block_step_after: int | None = None
+    test_hang_on_sigterm: bool = False
+
+
 class TestSeams:
-    """Fault switches, honoured only when `settings.test_seams` is true."""
+    """Fault switches, honoured only when `settings.rank_test_seams` is true."""
 
     __test__ = False  # not a pytest class
 
-    def __init__(self, enabled: bool, env: dict[str, str] | None = None) -> None:
-        env = os.environ if env is None else env
-        get = env.get if enabled else (lambda _k, d=None: d)
-        drop = get("LOCKSTEP_TEST_DROP_PLAN_SEQ")
-        self.drop_plan_seq: int | None = int(drop) if drop else None
-        self.step_delay_s = float(get("LOCKSTEP_TEST_STEP_DELAY_S") or 0.0)
-        block = get("LOCKSTEP_TEST_BLOCK_STEP_AFTER")
-        self.block_step_after: int | None = int(block) if block else None
-        self.hang_on_signal = (get("LOCKSTEP_TEST_HANG_ON_SIGTERM") or "0") not in ("", "0")
+    def __init__(self, enabled: bool, env: Mapping[str, str] | None = None) -> None:
+        s = SeamSettings()
+        if enabled:
+            env = os.environ if env is None else env
+            s = load_settings(SeamSettings, env={k: v for k, v in env.items()
+                                                 if k in _VARS and v.strip() != ""})
+        self.drop_plan_seq = s.test_drop_plan_seq
+        self.step_delay_s = s.test_step_delay_s
+        self.block_step_after = s.test_block_step_after
+        self.hang_on_signal = s.test_hang_on_sigterm
 
     def before_step(self, step: int) -> None:
         """LOCKSTEP_TEST_BLOCK_STEP_AFTER=N: the main thread never starts step N."""
@@ -37,3 +53,6 @@ class TestSeams:
         if self.hang_on_signal:
             log.warning("test seam: clean-up after %s hangs", why)
             threading.Event().wait()
+
+
+_VARS = frozenset(env_name(f.name) for f in dataclasses.fields(SeamSettings))

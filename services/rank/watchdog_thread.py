@@ -87,11 +87,11 @@ class Watchdogs:
                  leave_wait_s: float = LEAVE_WAIT_S) -> None:
         self.hooks, self.s, self.clock, self.sleep = hooks, settings, clock, sleep
         self.leave_wait_s = leave_wait_s
-        self.launcher = LauncherWatchdog(settings.lease_stale_s)
-        self.progress = ProgressWatchdog(settings.progress_stall_s)
-        self.peer = PeerWatchdog(settings.fail_tolerance, settings.abort_grace_s) \
+        self.launcher = LauncherWatchdog(settings.lease_ttl)
+        self.progress = ProgressWatchdog(settings.progress_stall_timeout)
+        self.peer = PeerWatchdog(settings.peer_fail_tolerance, settings.peer_abort_grace) \
             if hooks.leader and hooks.world_size > 1 else None
-        self.rank0 = LeaderWatchdog(settings.fail_tolerance, settings.abort_grace_s) \
+        self.rank0 = LeaderWatchdog(settings.peer_fail_tolerance, settings.peer_abort_grace) \
             if not hooks.leader else None
         self.last_tick: float | None = None
         self.ended: tuple[int, Phase, str] | None = None
@@ -106,7 +106,8 @@ class Watchdogs:
             self.sleep(self.tick())
 
     def interval(self) -> float:
-        return self.s.probe_interval_s if self.hooks.fast() else self.s.probe_interval_loading_s
+        s = self.s
+        return s.peer_probe_interval_s if self.hooks.fast() else s.peer_probe_interval_loading_s
 
     def tick(self) -> float:
         """One pass over every watchdog; returns the seconds until the next."""
@@ -141,11 +142,11 @@ class Watchdogs:
                 return
             if v.what is Seen.ABORT:
                 log.error("peer watchdog: %s; abort stage: every in-flight request is "
-                          "cancelled, re-probing for %gs", v.reason, self.s.abort_grace_s)
+                          "cancelled, re-probing for %gs", v.reason, self.s.peer_abort_grace)
                 self.hooks.abort_all(f"peer lost: {v.reason}")
             elif v.what is Seen.SUSPECT:
                 log.error("peer watchdog: %s; waiting up to %gs more", v.reason,
-                          self.s.abort_grace_s)
+                          self.s.peer_abort_grace)
             elif v.what is Seen.RECOVERED:
                 log.warning("peer watchdog: %s; serving on", v.reason)
             elif v.what is Seen.LOST:

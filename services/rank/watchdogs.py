@@ -4,14 +4,14 @@
                       follower); a follower that has not echoed a round's nonce by the
                       next round failed it. `fail_tolerance` failures in a row → abort
                       stage; every peer answering again → recovered; still failing
-                      `abort_grace_s` after the stage began → lost (grace 0: lost at
+                      `peer_abort_grace` after the stage began → lost (grace 0: lost at
                       once).
     LeaderWatchdog    followers: rank 0 pings every interval; silence longer than
                       (tolerance + 1) intervals → suspect, that plus the grace → lost.
     LauncherWatchdog  every rank: the parent is gone, or the supervisor's lease is older
-                      than `lease_stale_s` (a lease never seen is never stale).
+                      than `lease_ttl` (a lease never seen is never stale).
     ProgressWatchdog  every rank: requests active but the step counter unchanged for
-                      `progress_stall_s` (what catches a rank stuck in a collective).
+                      `progress_stall_timeout` (what catches a rank stuck in a collective).
 
 `Watchdogs` (services/rank/watchdog_thread.py) runs them on a thread of their own. None of these
 classes reads a clock: each call takes `now`, so unit tests need no real seconds. After
@@ -27,10 +27,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from common.rankspec import WATCHDOG_ENV, RankSettings
-
-# Environment overrides on the rank (they beat the spec): DESIGN 7.
-ENV_OVERRIDES = WATCHDOG_ENV
+from common.config import ConfigError
+from common.rankspec import RankSettings
 
 
 class WatchdogConfigError(ValueError):
@@ -39,44 +37,25 @@ class WatchdogConfigError(ValueError):
 
 @dataclass(frozen=True)
 class WatchdogSettings:
-    probe_interval_s: float = 0.5  # rank 0 → followers, once loaded
-    probe_interval_loading_s: float = 2.0  # while loading
-    fail_tolerance: int = 2  # consecutive failed rounds before the abort stage
-    abort_grace_s: float = 5.0  # re-probing after the abort stage; 0: no abort stage
-    lease_stale_s: float = 45.0  # 0: lease not watched
-    progress_stall_s: float = 120.0  # 0: progress not watched
-    signal_clear_timeout_s: float = 10.0  # the escape hatch after SIGTERM/SIGINT/SHUTDOWN
+    """The watchdogs' subset of RankSettings, under the same names."""
+
+    peer_probe_interval_s: float = 0.5  # rank 0 → followers, once loaded
+    peer_probe_interval_loading_s: float = 2.0  # while loading
+    peer_fail_tolerance: int = 2  # consecutive failed rounds before the abort stage
+    peer_abort_grace: float = 5.0  # re-probing after the abort stage; 0: no abort stage
+    lease_ttl: float = 45.0  # 0: lease not watched
+    progress_stall_timeout: float = 120.0  # 0: progress not watched
+    signal_clear_timeout: float = 10.0  # the escape hatch after SIGTERM/SIGINT/SHUTDOWN
 
     @classmethod
     def resolve(cls, s: RankSettings, env: Mapping[str, str] | None = None) -> WatchdogSettings:
-        """From the spec's settings, then the LOCKSTEP_* overrides in `env`."""
-        values = {
-            "probe_interval_s": s.peer_probe_interval_s,
-            "probe_interval_loading_s": s.peer_probe_interval_loading_s,
-            "fail_tolerance": s.peer_fail_tolerance,
-            "abort_grace_s": s.peer_abort_grace_s,
-            "lease_stale_s": s.lease_stale_s,
-            "progress_stall_s": s.progress_stall_s,
-            "signal_clear_timeout_s": s.signal_clear_timeout_s,
-        }
-        for var, name in ENV_OVERRIDES.items():
-            raw = (env or {}).get(var)
-            if raw is None or raw.strip() == "":
-                continue
-            try:
-                values[name] = float(raw)
-            except ValueError:
-                raise WatchdogConfigError(f"{var}={raw!r} is not a number of seconds") from None
-        for f in dataclasses.fields(cls):
-            v = values[f.name]
-            if not math.isfinite(v) or v < 0:
-                raise WatchdogConfigError(f"watchdog setting {f.name}={v!r} must be >= 0")
-        if values["probe_interval_s"] <= 0 or values["probe_interval_loading_s"] <= 0:
-            raise WatchdogConfigError("peer probe intervals must be > 0")
-        if values["fail_tolerance"] < 1:
-            raise WatchdogConfigError("peer_fail_tolerance must be >= 1")
-        values["fail_tolerance"] = int(values["fail_tolerance"])
-        return cls(**values)
+        """From the spec's settings, then the LOCKSTEP_* overrides in `env` (the one
+        parser: RankSettings.with_env), every range checked."""
+        try:
+            s = s.with_env(env or {})
+        except ConfigError as exc:
+            raise WatchdogConfigError(str(exc)) from None
+        return cls(**{f.name: getattr(s, f.name) for f in dataclasses.fields(cls)})
 
 
 class Seen(str, enum.Enum):
@@ -220,8 +199,8 @@ class LeaderWatchdog:
 
 
 class LauncherWatchdog:
-    def __init__(self, lease_stale_s: float) -> None:
-        self.lease_stale_s = lease_stale_s
+    def __init__(self, lease_ttl: float) -> None:
+        self.lease_ttl = lease_ttl
         self.base = -math.inf
 
     def check(self, now: float, parent_gone: str | None,
@@ -229,12 +208,12 @@ class LauncherWatchdog:
         """`parent_gone`: why the launcher process is gone, or None while it lives."""
         if parent_gone:
             return Verdict(Seen.LAUNCHER_LOST, parent_gone)
-        if last_lease_at is None or self.lease_stale_s <= 0:
+        if last_lease_at is None or self.lease_ttl <= 0:
             return None  # a lease never seen is not stale
         age = now - max(last_lease_at, self.base)
-        if age > self.lease_stale_s:
+        if age > self.lease_ttl:
             return Verdict(Seen.LAUNCHER_LOST, f"no supervisor lease for {age:.1f}s "
-                                               f"(stale after {self.lease_stale_s:g}s)")
+                                               f"(stale after {self.lease_ttl:g}s)")
         return None
 
     def rebase(self, now: float) -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import zmq
 
-from common.config import ConfigError, load_settings
+from common.config import ConfigError, Port, PositiveSeconds, load_settings
 from common.keys import KeyFileError, load_cluster_key
 from common.launcher_watch import watch_launcher
 from common.state import Paths, default_home
@@ -53,19 +53,14 @@ log = logging.getLogger("lockstep.reaper")
 @dataclass(frozen=True)
 class ReaperSettings:
     home: Path | None = None  # LOCKSTEP_HOME, default ~/.lockstep
-    reaper_interval: float = 10.0
-    reaper_term_timeout: float = 5.0
-    reaper_kill_timeout: float = 5.0
-    reaper_events_port: int | None = None  # None: no events PUB; 0: any free port
+    reaper_interval: PositiveSeconds = 10.0
+    reaper_term_timeout: PositiveSeconds = 5.0
+    reaper_kill_timeout: PositiveSeconds = 5.0
+    reaper_events_port: Port | None = None  # None: no events PUB; 0: any free port
     reaper_events_host: str = "127.0.0.1"
     ssh_config: str = ""  # for remote ranks whose record names no ssh client config
-    ssh_connect_timeout: float = 5.0
-    ssh_command_timeout: float = 30.0
-
-    def __post_init__(self) -> None:
-        for name in ("reaper_interval", "reaper_term_timeout", "reaper_kill_timeout"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+    ssh_connect_timeout: PositiveSeconds = 5.0
+    ssh_command_timeout: PositiveSeconds = 30.0
 
 
 class _StopFlag:

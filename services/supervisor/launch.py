@@ -60,14 +60,14 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
+# The supervisor's settings each rank gets in its spec: one name on both sides.
+RANK_FIELDS = ("lease_ttl", "peer_abort_grace", "progress_stall_timeout",
+               "signal_clear_timeout", "rank_telemetry_interval_s", "max_open_requests",
+               "rank_test_seams")
+
+
 def rank_settings(settings: SupervisorSettings) -> RankSettings:
-    return RankSettings(lease_stale_s=settings.lease_ttl,
-                        telemetry_interval_s=settings.rank_telemetry_interval_s,
-                        peer_abort_grace_s=settings.peer_abort_grace,
-                        progress_stall_s=settings.progress_stall_timeout,
-                        signal_clear_timeout_s=settings.signal_clear_timeout,
-                        max_open_requests=settings.max_open_requests,
-                        test_seams=settings.rank_test_seams)
+    return RankSettings(**{name: getattr(settings, name) for name in RANK_FIELDS})
 
 
 def _where(dep: Deployment, m: Member) -> RemoteHost | None:

@@ -41,42 +41,51 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import default_home, load_settings
+from common.config import (
+    AtLeastOne,
+    Count,
+    Port,
+    PositiveSeconds,
+    Seconds,
+    default_home,
+    load_settings,
+)
 
 
 @dataclass(frozen=True)
 class SupervisorSettings:
     home: Path = field(default_factory=default_home)
-    admin_port: int = 7710
-    events_port: int = 7711
-    control_port: int = 7712
-    report_port: int = 7713
+    admin_port: Port = 7710
+    events_port: Port = 7711
+    control_port: Port = 7712
+    report_port: Port = 7713
     bind_host: str = "127.0.0.1"
     rank_host: str = "127.0.0.1"
-    load_timeout: float = 120.0
-    graceful_timeout: float = 5.0
-    stop_timeout: float = 10.0
-    kill_timeout: float = 5.0
-    lease_interval: float = 1.0
-    lease_ttl: float = 45.0
-    peer_abort_grace: float = 5.0  # rank watchdogs (services/rank/watchdogs.py)
-    progress_stall_timeout: float = 120.0
-    signal_clear_timeout: float = 10.0
-    canary_runs: int = 3
-    canary_window_s: float = 1.0
-    canary_tokens: int = 4
-    canary_timeout_s: float = 60.0
-    abort_all_timeout: float = 15.0
-    cancel_timeout: float = 10.0
-    rank_command: str = ""
-    rank_telemetry_interval_s: float = 1.0
-    max_open_requests: int = 0  # rank 0's bound (common.rankspec.RankSettings)
+    load_timeout: PositiveSeconds = 120.0
+    graceful_timeout: Seconds = 5.0
+    stop_timeout: Seconds = 10.0
+    kill_timeout: Seconds = 5.0
+    lease_interval: PositiveSeconds = 1.0
+    # Rank settings under the same name as in RankSettings (launch.rank_settings):
+    lease_ttl: Seconds = 45.0
+    peer_abort_grace: Seconds = 5.0  # rank watchdogs (services/rank/watchdogs.py)
+    progress_stall_timeout: Seconds = 120.0
+    signal_clear_timeout: Seconds = 10.0
+    rank_telemetry_interval_s: PositiveSeconds = 1.0
+    max_open_requests: Count = 0  # rank 0's bound (common.rankspec.RankSettings)
     rank_test_seams: bool = False
+    canary_runs: AtLeastOne = 3
+    canary_window_s: Seconds = 1.0
+    canary_tokens: AtLeastOne = 4
+    canary_timeout_s: PositiveSeconds = 60.0
+    abort_all_timeout: Seconds = 15.0
+    cancel_timeout: Seconds = 10.0
+    rank_command: str = ""
     hosts: Path | None = None
     ssh_config: str = ""
-    ssh_connect_timeout: float = 5.0
-    ssh_command_timeout: float = 30.0
-    remote_poll_s: float = 0.5
+    ssh_connect_timeout: PositiveSeconds = 5.0
+    ssh_command_timeout: PositiveSeconds = 30.0
+    remote_poll_s: PositiveSeconds = 0.5
 
     def rank_argv(self, spec_path: Path) -> list[str]:
         base = shlex.split(self.rank_command) or [sys.executable, "-m", "services.rank"]

@@ -85,7 +85,7 @@ class Deployment:
         self.mode = mode
         self.world = 1 if mode == "single" else 2
         self.model = model_dir(preset)
-        self.settings = RankSettings(**{"test_seams": True, **(settings or {})})
+        self.settings = RankSettings(**{"rank_test_seams": True, **(settings or {})})
         self.extra_env = dict(env or {})
         self.per_rank_env = {r: dict(e) for r, e in (rank_env or {}).items()}
         self.use_launcher = launcher

@@ -193,7 +193,7 @@ def test_killed_launcher_orphans_end_themselves_as_launcher_lost(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_stale_lease_ends_the_rank_as_launcher_lost(tmp_path):
-    with Deployment(tmp_path, mode="single", settings={"lease_stale_s": 1.5},
+    with Deployment(tmp_path, mode="single", settings={"lease_ttl": 1.5},
                     env=SLOW_STEPS) as d:
         rid = d.submit(PROMPTS[0], LONG)
         d.wait_tokens(rid, 2)

@@ -232,7 +232,7 @@ class FakeRank:
     def watchdog(self) -> None:
         if os.getppid() != self.ppid:
             self.leave(Phase.LAUNCHER_LOST, "launcher (parent) gone", 4)
-        stale = self.spec.settings.lease_stale_s
+        stale = self.spec.settings.lease_ttl
         if self.last_lease and time.monotonic() - self.last_lease > stale:
             self.leave(Phase.LAUNCHER_LOST, f"supervisor lease stale for {stale:.0f}s", 4)
 
@@ -263,7 +263,7 @@ class FakeRank:
         now = time.monotonic()
         if now >= self.next_telemetry:
             self.telemetry()
-            self.next_telemetry = now + self.spec.settings.telemetry_interval_s
+            self.next_telemetry = now + self.spec.settings.rank_telemetry_interval_s
 
     def run(self) -> None:
         self.marker(Phase.STARTING)

@@ -31,7 +31,7 @@ def test_supervisor_flags_beat_its_inherited_environment(tmp_path, monkeypatch):
     env = _env(_dep(tmp_path, []), 0, Paths(tmp_path), settings, {})
     assert not set(WATCHDOG_ENV) & set(env)
     got = WatchdogSettings.resolve(rank_settings(settings), env)  # as the rank resolves it
-    assert (got.abort_grace_s, got.progress_stall_s, got.signal_clear_timeout_s) == (2.0, 30.0, 4.0)
+    assert (got.peer_abort_grace, got.progress_stall_timeout, got.signal_clear_timeout) == (2.0, 30.0, 4.0)
 
 
 def test_a_deployments_explicit_envs_still_override(tmp_path, monkeypatch):
@@ -40,4 +40,4 @@ def test_a_deployments_explicit_envs_still_override(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCKSTEP_PEER_ABORT_GRACE", "99")
     settings = SupervisorSettings(home=tmp_path)
     env = _env(_dep(tmp_path, ["LOCKSTEP_PEER_ABORT_GRACE=0"]), 0, Paths(tmp_path), settings, {})
-    assert WatchdogSettings.resolve(rank_settings(settings), env).abort_grace_s == 0.0
+    assert WatchdogSettings.resolve(rank_settings(settings), env).peer_abort_grace == 0.0

@@ -85,9 +85,9 @@ class FakeRank:
         return [c[0] for c in self.calls if c[0] != "probe"]
 
 
-SHORT = WatchdogSettings(probe_interval_s=0.2, probe_interval_loading_s=2.0, fail_tolerance=2,
-                         abort_grace_s=1.5, lease_stale_s=3.0, progress_stall_s=5.0,
-                         signal_clear_timeout_s=1.0)
+SHORT = WatchdogSettings(peer_probe_interval_s=0.2, peer_probe_interval_loading_s=2.0, peer_fail_tolerance=2,
+                         peer_abort_grace=1.5, lease_ttl=3.0, progress_stall_timeout=5.0,
+                         signal_clear_timeout=1.0)
 
 
 def run_for(rank: FakeRank, wd: Watchdogs, seconds: float, event=None) -> None:
@@ -121,8 +121,8 @@ def test_thread_stopped_peer_aborts_then_exits_peer_lost_within_the_bound():
     abort = next(c for c in rank.calls if c[0] == "abort_all")
     hard = rank.calls[-1]
     assert hard[2:] == (1, "peer_lost")
-    assert abort[1] - stopped_at <= 3 * SHORT.probe_interval_s + 1e-9  # 2 failed rounds
-    assert hard[1] - stopped_at <= SHORT.abort_grace_s + 4 * SHORT.probe_interval_s
+    assert abort[1] - stopped_at <= 3 * SHORT.peer_probe_interval_s + 1e-9  # 2 failed rounds
+    assert hard[1] - stopped_at <= SHORT.peer_abort_grace + 4 * SHORT.peer_probe_interval_s
     assert ("request_exit",) not in [c[:1] for c in rank.calls]  # busy: straight out
 
 
@@ -139,7 +139,7 @@ def test_thread_abort_then_recover_keeps_running():
     run_for(rank, wd, 20.0, lambda now: setattr(rank, "step", rank.step + 1))
     assert rank.kinds() == ["abort_all"] and wd.ended is None
     probes = [c for c in rank.calls if c[0] == "probe"]
-    assert len(probes) >= 20 / SHORT.probe_interval_s - 2  # still probing
+    assert len(probes) >= 20 / SHORT.peer_probe_interval_s - 2  # still probing
 
 
 def test_thread_single_rank_has_no_peer_watchdog_and_never_fires():
@@ -206,7 +206,7 @@ def test_thread_progress_stall_fails_without_asking_the_stuck_main_thread():
     assert rank.kinds() == ["mark", "hard_exit"]  # no abort stage, no request to leave
     assert rank.calls[0][2] == "failed"
     took = rank.calls[-1][1] - blocked_at
-    assert SHORT.progress_stall_s - 1e-6 <= took <= SHORT.progress_stall_s + 0.6
+    assert SHORT.progress_stall_timeout - 1e-6 <= took <= SHORT.progress_stall_timeout + 0.6
 
 
 def test_thread_follower_loses_a_silent_rank_0_and_survives_a_short_silence():
@@ -224,7 +224,7 @@ def test_thread_follower_loses_a_silent_rank_0_and_survives_a_short_silence():
         run_for(rank, wd, 30.0)
     assert rank.kinds() == ["mark", "abort_all", "request_exit", "hard_exit"]
     lost = rank.calls[0][1] - silent_at
-    limit = (SHORT.fail_tolerance + 1) * SHORT.probe_interval_s + SHORT.abort_grace_s
+    limit = (SHORT.peer_fail_tolerance + 1) * SHORT.peer_probe_interval_s + SHORT.peer_abort_grace
     assert limit - 1e-6 <= lost <= limit + 0.2
 
 
@@ -254,8 +254,8 @@ def test_parent_gone_and_the_supervisor_settings_for_ranks():
     s = load(env={"LOCKSTEP_PEER_ABORT_GRACE": "2", "LOCKSTEP_PROGRESS_STALL_TIMEOUT": "30",
                   "LOCKSTEP_SIGNAL_CLEAR_TIMEOUT": "4", "LOCKSTEP_LEASE_TTL": "9"})
     r = rank_settings(s)
-    assert (r.peer_abort_grace_s, r.progress_stall_s, r.signal_clear_timeout_s,
-            r.lease_stale_s) == (2.0, 30.0, 4.0, 9.0)
+    assert (r.peer_abort_grace, r.progress_stall_timeout, r.signal_clear_timeout,
+            r.lease_ttl) == (2.0, 30.0, 4.0, 9.0)
     d = rank_settings(load(env={}))
-    assert (d.peer_abort_grace_s, d.progress_stall_s, d.signal_clear_timeout_s) == \
+    assert (d.peer_abort_grace, d.progress_stall_timeout, d.signal_clear_timeout) == \
         (5.0, 120.0, 10.0)

@@ -21,15 +21,15 @@ from services.rank.watchdogs import (
 
 
 def test_settings_come_from_the_spec_and_the_environment_wins():
-    s = RankSettings(peer_abort_grace_s=3.0, progress_stall_s=60.0, signal_clear_timeout_s=4.0,
-                     peer_probe_interval_s=0.2, lease_stale_s=9.0)
+    s = RankSettings(peer_abort_grace=3.0, progress_stall_timeout=60.0, signal_clear_timeout=4.0,
+                     peer_probe_interval_s=0.2, lease_ttl=9.0)
     w = WatchdogSettings.resolve(s, {})
-    assert (w.abort_grace_s, w.progress_stall_s, w.signal_clear_timeout_s) == (3.0, 60.0, 4.0)
-    assert (w.probe_interval_s, w.lease_stale_s, w.fail_tolerance) == (0.2, 9.0, 2)
+    assert (w.peer_abort_grace, w.progress_stall_timeout, w.signal_clear_timeout) == (3.0, 60.0, 4.0)
+    assert (w.peer_probe_interval_s, w.lease_ttl, w.peer_fail_tolerance) == (0.2, 9.0, 2)
     w = WatchdogSettings.resolve(s, {"LOCKSTEP_PEER_ABORT_GRACE": "0",
                                      "LOCKSTEP_PROGRESS_STALL_TIMEOUT": "2.5",
                                      "LOCKSTEP_SIGNAL_CLEAR_TIMEOUT": "1", "OTHER": "x"})
-    assert (w.abort_grace_s, w.progress_stall_s, w.signal_clear_timeout_s) == (0.0, 2.5, 1.0)
+    assert (w.peer_abort_grace, w.progress_stall_timeout, w.signal_clear_timeout) == (0.0, 2.5, 1.0)
     assert WatchdogSettings.resolve(RankSettings()) == WatchdogSettings()  # DESIGN 7 defaults
     for env in ({"LOCKSTEP_PEER_ABORT_GRACE": "soon"}, {"LOCKSTEP_PROGRESS_STALL_TIMEOUT": "-1"},
                 {"LOCKSTEP_SIGNAL_CLEAR_TIMEOUT": "nan"}):
@@ -151,7 +151,7 @@ def test_leader_watchdog_suspects_then_loses_a_silent_rank_0():
 
 
 def test_launcher_watchdog_parent_and_lease():
-    wd = LauncherWatchdog(lease_stale_s=45.0)
+    wd = LauncherWatchdog(lease_ttl=45.0)
     assert wd.check(1e6, None, None) is None  # a lease never seen is not stale
     assert wd.check(100.0, None, 60.0) is None
     v = wd.check(105.1, None, 60.0)
@@ -159,7 +159,7 @@ def test_launcher_watchdog_parent_and_lease():
     assert wd.check(0.0, "parent 42 gone", None).reason == "parent 42 gone"
     wd.rebase(200.0)  # this rank was stopped: leases queued meanwhile are on their way
     assert wd.check(210.0, None, 60.0) is None
-    assert LauncherWatchdog(lease_stale_s=0).check(1e9, None, 0.0) is None  # off
+    assert LauncherWatchdog(lease_ttl=0).check(1e9, None, 0.0) is None  # off
 
 
 # -- progress watchdog ------------------------------------------------------------------
