@@ -28,6 +28,7 @@ import zmq
 
 from common.bus import BusTimeout, Channel, SyncRpcClient, new_request_id
 from common.config import default_home
+from common.deployment_info import DeploymentInfoError, read_deployment_info
 from common.envelope import Key
 from common.keys import KeyFileError, load_cluster_key
 from common.messages import ADMIN_OUT, AdminReply, AdminRequest
@@ -173,14 +174,14 @@ def human(cmd: str, data: dict[str, Any]) -> str:
             s = data["supervisor"]
             lines.append(f"supervisor pid {s['pid']} up {s['uptime_s']:.0f}s home {s['home']} "
                          f"cancel epoch {data['cancel_epoch']}")
-        for d in data["deployments"]:
-            lines.append(f"{d['deployment_id']}  {d['state']:<15} {d['model']} tp={d['tp']} "
-                         f"pp={d['pp']} backend={d['backend']} job={d['job_id']}"
-                         + (f"  error: {d['error']}" if d.get("error") else ""))
-            for r in d["ranks"]:
-                lines.append(f"    rank {r['rank']} pid {r['pid']:<7} {r['phase']:<10} "
-                             f"step {r['step']:<6} active {r['active']:<3} "
-                             f"acked epoch {r['acked_epoch']}")
+        for d in map(read_deployment_info, data["deployments"]):
+            lines.append(f"{d.deployment_id}  {d.state:<15} {d.model} tp={d.tp} "
+                         f"pp={d.pp} backend={d.backend} job={d.job_id}"
+                         + (f"  error: {d.error}" if d.error else ""))
+            for r in d.ranks:
+                lines.append(f"    rank {r.rank} pid {r.pid:<7} {r.phase:<10} "
+                             f"step {r.step:<6} active {r.active:<3} "
+                             f"acked epoch {r.acked_epoch}")
         if not data["deployments"]:
             lines.append("no deployments")
         if cmd == "status":
@@ -237,7 +238,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"ok": reply.ok, "code": reply.code, "message": reply.message,
                           "data": reply.data}, indent=2, sort_keys=True, default=str))
     elif reply.ok:
-        print(human(cmd, reply.data))
+        try:
+            print(human(cmd, reply.data))
+        except DeploymentInfoError as exc:  # not what the supervisor writes: say so
+            print(f"lockstep admin: {exc} (see --json)", file=sys.stderr)
+            return 1
     else:
         print(f"error [{reply.code}]: {reply.message}", file=sys.stderr)
     return 0 if reply.ok else 1

@@ -26,6 +26,7 @@ from common.state import (
     write_supervisor_record,
 )
 from common.statefiles import StateFileError
+from services.admin_cli import human
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.plan import DeployPlan
 
@@ -163,3 +164,13 @@ def test_deployment_info_reader_refuses_what_the_supervisor_does_not_send(change
         read_deployment_info(wire)
     assert exc.value.reason == reason and exc.value.deployment_id == "dep-1"
     assert "dep-1" in str(exc.value)
+
+
+def test_admin_cli_prints_deployments_through_the_strict_reader() -> None:
+    cluster = Key.from_secret(b"c" * 32)
+    wire = _deployment(cluster)[0].to_wire(cluster_key=cluster)
+    out = human("deployments", {"deployments": [wire]})
+    assert out.splitlines()[0].startswith("dep-1  serving")
+    assert "tp=2 pp=1 backend=ring job=job-1" in out and "rank 1 pid 0" in out
+    with pytest.raises(DeploymentInfoError, match="dep-1: extra_field"):
+        human("deployments", {"deployments": [{**wire, "requests_key": "00" * 32}]})
