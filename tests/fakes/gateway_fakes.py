@@ -68,11 +68,16 @@ class FakeRank0:
     finished: dict[str, str] = field(default_factory=dict)
     step: int = 0
 
-    def start(self) -> FakeRank0:
+    def start(self, endpoint: str | None = None) -> FakeRank0:
+        """Serve on a free port, or on `endpoint` (a rank 0 back where it was)."""
         self._ctx = zmq.Context()
         self._sock = configure(self._ctx.socket(zmq.ROUTER))
-        port = self._sock.bind_to_random_port("tcp://127.0.0.1")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
+        if endpoint:
+            self._sock.bind(endpoint)
+            self.endpoint = endpoint
+        else:
+            port = self._sock.bind_to_random_port("tcp://127.0.0.1")
+            self.endpoint = f"tcp://127.0.0.1:{port}"
         self._ch = Channel("fake-rank", "requests", sender="rank0", send_key=self.key,
                            accept=REQUESTS_IN)
         self._reqs: dict[str, _Req] = {}
