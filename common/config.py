@@ -98,7 +98,8 @@ def validate(cls: type[T], values: Mapping[str, Any]) -> T:
         for err in exc.errors():
             name = str(err["loc"][0]) if err["loc"] else "?"
             shown = values.get(name, err.get("input"))
-            parts.append(f"{name}={shown!r} ({env_name(name)}): {err['msg'].lower()}")
+            flag = "--" + name.replace("_", "-")
+            parts.append(f"{name}={shown!r} ({flag} / {env_name(name)}): {err['msg'].lower()}")
         raise ConfigError("; ".join(parts)) from None
 
 
