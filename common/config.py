@@ -111,9 +111,10 @@ def check(settings: T) -> T:
 
 def load_settings(cls: type[T], cli: dict[str, Any] | None = None,
                   env: Mapping[str, str] | None = None, *, base: T | None = None,
-                  only: Iterable[str] | None = None) -> T:
+                  only: Iterable[str] | None = None, blank_is_unset: bool = False) -> T:
     """CLI > `env` (os.environ if None) > `base`'s values (else the defaults). `only`:
-    the fields the environment may set (a rank's overlay over its spec)."""
+    the fields the environment may set (a rank's overlay over its spec);
+    `blank_is_unset`: an empty variable counts as unset."""
     env = os.environ if env is None else env
     hints = typing.get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]
@@ -122,7 +123,7 @@ def load_settings(cls: type[T], cli: dict[str, Any] | None = None,
                                                       for f in fields}
     for f in fields:
         key = env_name(f.name)
-        if f.name in allowed and key in env:
+        if f.name in allowed and key in env and not (blank_is_unset and not env[key].strip()):
             values[f.name] = _coerce(f.name, env[key], hints[f.name])
     for k, v in (cli or {}).items():
         if v is not None:

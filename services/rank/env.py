@@ -20,14 +20,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from common.config import env_name, load_settings
+from common.config import load_settings
 from common.rankspec import RankSettings
 
 DEFAULTS = {
@@ -54,13 +53,8 @@ class HostBlasSettings:
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None) -> HostBlasSettings:
-        env = os.environ if env is None else env
         # An empty variable is an unset one (as it always was here).
-        return load_settings(cls, env={k: v for k, v in env.items()
-                                       if k in _VARS and v.strip() != ""})
-
-
-_VARS = frozenset(env_name(f.name) for f in dataclasses.fields(HostBlasSettings))
+        return load_settings(cls, env=env, blank_is_unset=True)
 
 
 def find_openblas(env: Mapping[str, str] | None = None) -> str | None:

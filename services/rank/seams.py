@@ -4,14 +4,12 @@ LOCKSTEP_TEST_BLOCK_STEP_AFTER, LOCKSTEP_TEST_HANG_ON_SIGTERM."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from common.config import Seconds, env_name, load_settings
+from common.config import Seconds, load_settings
 
 log = logging.getLogger("lockstep.rank")
 
@@ -32,11 +30,8 @@ class TestSeams:
     __test__ = False  # not a pytest class
 
     def __init__(self, enabled: bool, env: Mapping[str, str] | None = None) -> None:
-        s = SeamSettings()
-        if enabled:
-            env = os.environ if env is None else env
-            s = load_settings(SeamSettings, env={k: v for k, v in env.items()
-                                                 if k in _VARS and v.strip() != ""})
+        s = load_settings(SeamSettings, env=env, blank_is_unset=True) if enabled \
+            else SeamSettings()
         self.drop_plan_seq = s.test_drop_plan_seq
         self.step_delay_s = s.test_step_delay_s
         self.block_step_after = s.test_block_step_after
@@ -53,6 +48,3 @@ class TestSeams:
         if self.hang_on_signal:
             log.warning("test seam: clean-up after %s hangs", why)
             threading.Event().wait()
-
-
-_VARS = frozenset(env_name(f.name) for f in dataclasses.fields(SeamSettings))

@@ -120,3 +120,16 @@ def test_default_home(monkeypatch):
     assert default_home() == Path("/home/someone/.lockstep")
     monkeypatch.setenv("LOCKSTEP_HOME", "~/elsewhere")
     assert default_home() == Path("/home/someone/elsewhere")
+
+
+def test_an_overlay_sets_only_the_named_fields_over_a_base():
+    base = Demo(port=9000, ratio=0.1)
+    s = load_settings(Demo, env={"LOCKSTEP_PORT": "1", "LOCKSTEP_RATIO": "0.9"}, base=base,
+                      only=("ratio",))
+    assert (s.port, s.ratio) == (9000, 0.9)
+
+
+def test_blank_is_unset_only_when_asked():
+    assert load_settings(Demo, env={"LOCKSTEP_PORT": " "}, blank_is_unset=True).port == 8000
+    with pytest.raises(ConfigError, match="LOCKSTEP_PORT"):
+        load_settings(Demo, env={"LOCKSTEP_PORT": " "})
