@@ -6,6 +6,7 @@ DeploymentInfo on the admin wire, the deployment)."""
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from common.deployment_info import DeploymentInfoError, read_deployment_info
 from common.envelope import Key
 from common.keys import LaunchKeys, requests_key_of
+from common.procs import identify
 from common.records import LaunchManifest, Phase, RankMarker, RankRecord, SupervisorRecord
 from common.state import (
     Paths,
@@ -28,7 +30,9 @@ from common.state import (
 from common.statefiles import StateFileError
 from services.admin_cli import human
 from services.supervisor.deployment import Deployment, RankState
+from services.supervisor.homelock import SupervisorBusy, hold_home_lock
 from services.supervisor.plan import DeployPlan
+from services.up_preflight import supervisor_busy
 
 SUP = SupervisorRecord(pid=4242, boot_id="b" * 32, start_time=1700000000.5,
                        admin="tcp://127.0.0.1:5001", events="tcp://127.0.0.1:5002",
@@ -174,3 +178,26 @@ def test_admin_cli_prints_deployments_through_the_strict_reader() -> None:
     assert "tp=2 pp=1 backend=ring job=job-1" in out and "rank 1 pid 0" in out
     with pytest.raises(DeploymentInfoError, match="dep-1: extra_field"):
         human("deployments", {"deployments": [{**wire, "requests_key": "00" * 32}]})
+
+
+def test_up_preflight_and_the_home_lock_name_the_supervisor_from_its_record(
+        paths: Paths) -> None:
+    me = identify(os.getpid())
+    assert me is not None
+    rec = SupervisorRecord(pid=me.pid, boot_id="b", start_time=me.start_time,
+                           admin="tcp://127.0.0.1:5001", events="", control="", report="")
+    write_supervisor_record(paths.supervisor_file, rec)
+    # Lock free, but the record names a live process (as a supervisor without the lock
+    # would): preflight says who, from the record.
+    assert f"(pid {me.pid}, admin tcp://127.0.0.1:5001;" in (supervisor_busy(paths) or "")
+    fd = hold_home_lock(paths)
+    try:
+        with pytest.raises(SupervisorBusy, match=f"pid {me.pid}, admin tcp://127.0.0.1:5001"):
+            hold_home_lock(paths)
+        _rewrite(paths.supervisor_file, lambda d: d.update(admin_endpoint=d.pop("admin")))
+        with pytest.raises(SupervisorBusy) as exc:  # the lock is the evidence: still refused
+            hold_home_lock(paths)
+        assert "admin" not in str(exc.value).split(str(paths.home))[1]
+    finally:
+        os.close(fd)
+    assert supervisor_busy(paths) is None  # a record it refuses names nobody
