@@ -1,5 +1,9 @@
 """Supervisor settings: CLI > `LOCKSTEP_<NAME>` environment > defaults.
 
+A field's name is the setting's one name: flag `--peer-abort-grace`, variable
+`LOCKSTEP_PEER_ABORT_GRACE`, field `peer_abort_grace` here and in each rank's
+`RankSettings` (launch.RANK_FIELDS); ranges are on the field types (common/config.py).
+
 | setting | default | meaning |
 |---|---|---|
 | home | `~/.lockstep` | `$LOCKSTEP_HOME` |
