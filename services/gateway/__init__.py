@@ -1,0 +1,20 @@
+"""The gateway: the OpenAI-compatible HTTP API and the admin API (`lockstep gateway`).
+
+Map — which module owns which behaviour of DESIGN.md (§8 HTTP API, §6 cancellation).
+Wiring, /health, /ready (readiness: serving, tokenizer loaded, canary fresh, view not
+stale) and the body cap: `app`; the OpenAI endpoints: `openai_routes`, their request
+schemas and validation `openai_schemas`; errors in OpenAI's shape `errors`, the 500
+catch-all `catch_all`. Input bounds (body, JSON depth, surrogates, counts, prompt bytes
+before tokenizing, work off the loop): `app` (body), `jsonguard`, `openai_schemas`,
+`prompts`, `prepare_pool`. From rank 0's chunks to what the client sees: `generation`
+(detokenize → stop strings → tool calls, read timeout, rank error codes → HTTP in one
+table), with `detok`, `stops`, `toolcalls`, `tokenizers` (loaded once per model); bodies
+and SSE, and abort on client disconnect (a listener next to the writer): `streaming`.
+One deployment's request channel to rank 0 — admission (`max_inflight`, 429), ABORT on
+release, drains, orphans reaped, the active counter: `request_channel`; rank 0 lost,
+seen by the gateway itself (socket monitor, heartbeats) so its streams fail at once
+without waiting for the supervisor: `rank_link`. The supervisor (admin calls, events,
+deployments, one channel per serving deployment): `cluster_view`. Admin API (status,
+deploy, unload, abort-all with evidence, reap): `admin_api`. Metrics: `metrics`.
+Settings: `settings`.
+"""

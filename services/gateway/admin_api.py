@@ -22,9 +22,9 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.gateway.cluster import AdminTimeout, SupervisorUnavailable
+from services.gateway.cluster_view import AdminTimeout, SupervisorUnavailable
 from services.gateway.errors import ADMIN_STATUS, ApiError
-from services.gateway.openai_api import parse_json
+from services.gateway.openai_schemas import parse_json
 
 router = APIRouter(prefix="/admin/api/cluster")
 DEPLOY_WAIT_S = 600.0
@@ -127,7 +127,7 @@ async def status(request: Request) -> dict:
                        "backends": {k: b.active for k, b in gw.cluster.backends.items()},
                        "events_seen": gw.cluster.events_seen, "event_gaps": gw.cluster.gaps.gaps,
                        "refreshed_at": gw.cluster.refreshed_at}
-    # The reaper has no admin socket: its counters arrive on its events (cluster.py).
+    # The reaper has no admin socket: its counters arrive on its events (cluster_view.py).
     data["rejections"] = [*(data.get("rejections") or []), *gw.cluster.reaper_rejections]
     return data
 

@@ -17,13 +17,13 @@ from common.bus import new_request_id
 from common.envelope import Key
 from common.messages import Generate
 from services.gateway import admin_api, openai_routes
-from services.gateway.backend import Backend
-from services.gateway.cluster import Cluster
+from services.gateway.catch_all import CatchAll
+from services.gateway.cluster_view import Cluster
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError, error_json
-from services.gateway.internal_errors import CatchAll
 from services.gateway.metrics import Metrics
-from services.gateway.offload import Offload
+from services.gateway.prepare_pool import PreparePool
+from services.gateway.request_channel import Backend
 from services.gateway.settings import GatewaySettings
 
 log = logging.getLogger("lockstep.gateway")
@@ -41,7 +41,7 @@ class Gateway:
         self.metrics = Metrics()
         self.cluster = Cluster(settings, key, self.metrics)
         self.metrics.cluster = self.cluster
-        self.offload = Offload(settings.prepare_threads)
+        self.prepare_pool = PreparePool(settings.prepare_threads)
         self._probe_lock = asyncio.Lock()
 
     def pick(self, model: str) -> Backend:
@@ -154,7 +154,7 @@ def create_app(settings: GatewaySettings, key: Key) -> FastAPI:
             yield
         finally:
             await gw.cluster.stop()
-            gw.offload.close()
+            gw.prepare_pool.close()
 
     app = FastAPI(title="lockstep gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)

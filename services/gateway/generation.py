@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from common.messages import ErrorCode
-from services.gateway.backend import RequestStream
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
 from services.gateway.metrics import Metrics
+from services.gateway.request_channel import RequestStream
 from services.gateway.stops import StopMatcher
 from services.gateway.toolcalls import ToolCall, ToolCallParser
 

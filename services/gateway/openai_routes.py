@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from common.messages import Generate
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Generation
-from services.gateway.openai_api import ChatRequest, CompletionRequest, tool_names, validate
+from services.gateway.openai_schemas import ChatRequest, CompletionRequest, tool_names, validate
 from services.gateway.prompts import prompt_ids
 from services.gateway.streaming import EventStreamResponse, Shape, collect, sse_events
 
@@ -75,13 +75,13 @@ async def _handle(request: Request, *, chat: bool) -> Response:
     check_api_key(request)
     s = gw.settings
     # Only reading the (capped) body happens here; parsing a large one, the chat
-    # template and tokenizing run in gw.offload's few threads (docs/gateway.md, bounds).
+    # template and tokenizing run in gw.prepare_pool's few threads (docs/gateway.md, bounds).
     raw = await request.body()
-    req = await gw.offload.parse(len(raw), validate, ChatRequest if chat else CompletionRequest,
+    req = await gw.prepare_pool.parse(len(raw), validate, ChatRequest if chat else CompletionRequest,
                                  raw, max_messages=s.max_messages, max_tools=s.max_tools)
     backend = gw.pick(req.model)
     tok = await gw.tokenizer(backend)
-    prompt = await gw.offload.run(prompt_ids, req, tok, s.input_bytes_per_token)
+    prompt = await gw.prepare_pool.run(prompt_ids, req, tok, s.input_bytes_per_token)
     ids, prefix = prompt.ids, prompt.echo
     if not ids:
         raise ApiError(400, "the prompt is empty", param="messages" if chat else "prompt",

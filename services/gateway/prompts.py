@@ -1,7 +1,7 @@
 """From a validated request to the prompt's token ids, with every input bounded first.
 
 Synchronous and CPU-bound (chat template, tokenizer): callers run it off the event loop
-(`offload.Offload`). Tokenizing costs time and memory per byte, so a prompt is measured
+(`prepare_pool.PreparePool`). Tokenizing costs time and memory per byte, so a prompt is measured
 before it is tokenized: its UTF-8 bytes (for chat: the whole rendered template, all
 messages and tools) must be under `context × input_bytes_per_token`. Real text averages
 3-5 bytes per token (byte-level BPE: English ~4, code ~3, CJK ~2-3), so 8 refuses
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from services.gateway.detok import ChatTemplateError, ModelTokenizer
 from services.gateway.errors import ApiError
-from services.gateway.openai_api import (
+from services.gateway.openai_schemas import (
     ChatRequest,
     CompletionRequest,
     template_messages,

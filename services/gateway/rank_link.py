@@ -12,8 +12,8 @@ Two signals, both from libzmq on the gateway's DEALER:
 
 `LinkState` decides, pure: monitor events and `now` in, a typed `Link` out. `LinkWatch`
 feeds it from the monitor socket and calls `on_lost(reason)` once per loss. A loss is
-final for its Backend (backend.py): the deployment is not routed to until the
-supervisor reports it again after the link came back, or reports a new job (cluster.py).
+final for its Backend (request_channel.py): the deployment is not routed to until the
+supervisor reports it again after the link came back, or reports a new job (cluster_view.py).
 """
 
 from __future__ import annotations

@@ -237,7 +237,7 @@ def test_orphans_and_lost_finals_do_not_leak(env):
     # backend finished, consumer gone (never read its final chunk) → reaped after the grace
     rank.drop_final = False
     backend = next(iter(gw.cluster.backends.values()))
-    from services.gateway.backend import RequestStream
+    from services.gateway.request_channel import RequestStream
 
     s = RequestStream(backend, "orphan-1", 1)
     s.queue.put_nowait(type("M", (), {"body": type("T", (), {"finish_reason": "stop"})()})())

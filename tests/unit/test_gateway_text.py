@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from common.tinymodel import build_model
 from services.gateway.detok import load_tokenizer
 from services.gateway.errors import ApiError
-from services.gateway.openai_api import ChatRequest, CompletionRequest, validate
+from services.gateway.openai_schemas import ChatRequest, CompletionRequest, validate
 from services.gateway.stops import StopMatcher
 from services.gateway.toolcalls import ToolCallParser
 

@@ -284,7 +284,7 @@ class Backend:
     def fail_lost(self, reason: str) -> None:
         """The link to rank 0 closed: every stream whose final chunk has not arrived ends
         now with error_code rank_lost (a 502, or an SSE error event then [DONE]), and the
-        deployment is not routed to any more (cluster.py decides when it is again)."""
+        deployment is not routed to any more (cluster_view.py decides when it is again)."""
         self.lost = reason
         for s in list(self.streams.values()):
             if s.queue.final_at is None:

@@ -25,7 +25,7 @@ from common.keys import KeyFileError, requests_key_of
 from common.messages import ADMIN_OUT, EVENTS, AdminReply, AdminRequest
 from common.state import read_supervisor_record
 from common.statefiles import StateFileError
-from services.gateway.backend import Backend
+from services.gateway.request_channel import Backend
 from services.gateway.settings import GatewaySettings
 from services.gateway.tokenizers import Tokenizers
 

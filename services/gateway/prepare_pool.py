@@ -20,7 +20,7 @@ T = TypeVar("T")
 INLINE_BYTES = 16 * 1024
 
 
-class Offload:
+class PreparePool:
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gw-prepare")
