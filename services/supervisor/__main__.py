@@ -51,21 +51,30 @@ async def _run(settings: SupervisorSettings) -> int:
     from services.supervisor.service import Supervisor
 
     sup = Supervisor(settings)
+    loop = asyncio.get_running_loop()
+    asked: list[signal.Signals] = []
+    started = asyncio.Event()
+
+    async def stop() -> None:
+        await started.wait()  # a signal during start (its reap) stops it once it is up
+        await sup.close()
+
+    def quit_(sig: signal.Signals) -> None:  # only schedules work, on the loop
+        if not asked:
+            asked.append(sig)
+            logging.getLogger("lockstep.supervisor").info(
+                "%s: stopping, verified teardown of every deployment", sig.name)
+            sup.spawn(stop())
+
+    # Before start: runtime/supervisor.json appears during it, and a SIGTERM from whoever
+    # reads it must take the orderly path, not the default death.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, quit_, sig)
     await sup.start()
+    started.set()
     sk = sup.sockets
     print(json.dumps({"pid": sup.me.pid, "admin": sk.admin_endpoint, "events": sk.events_endpoint,
                       "control": sk.control_endpoint, "report": sk.report_endpoint}), flush=True)
-    loop = asyncio.get_running_loop()
-    quitting = []
-
-    def quit_(sig: signal.Signals) -> None:  # only schedules work, on the loop
-        if not quitting:
-            logging.getLogger("lockstep.supervisor").info(
-                "%s: stopping, verified teardown of every deployment", sig.name)
-            quitting.append(sup.spawn(sup.close()))
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, quit_, sig)
     watch_launcher("supervisor")  # `lockstep up` gone → SIGTERM → the stop above
     await sup.wait_closed()
     return 0
