@@ -41,6 +41,11 @@ class BusTimeout(Exception):
     """A request-reply call passed its deadline without a reply."""
 
 
+class BusInterrupted(BusTimeout):
+    """The caller gave up waiting (its `interrupted()` turned true) before a reply came.
+    A timeout as far as the socket goes: a late reply may still arrive."""
+
+
 def configure(sock: zmq.Socket, *, max_size: int = DEFAULT_MAX_SIZE, hwm: int = 10000) -> zmq.Socket:
     """Size cap enforced by libzmq itself (oversize peers are disconnected unread)."""
     sock.setsockopt(zmq.MAXMSGSIZE, max_size)
@@ -266,8 +271,12 @@ class SyncRpcClient:
         self.sock = configure(ctx.socket(zmq.DEALER))
         self.sock.connect(endpoint)
 
-    def call(self, body: Any, timeout: float) -> Message:
+    def call(self, body: Any, timeout: float,
+             interrupted: Callable[[], bool] | None = None) -> Message:
+        """Send `body` and wait for its reply until `timeout`; with `interrupted`, the
+        wait is sliced (0.2 s) so a caller's stop request ends it at once (BusInterrupted)."""
         deadline = time.monotonic() + timeout
+        slice_ms = 200 if interrupted is not None else None
         payload = self.channel.pack(body)
         while True:  # a full send queue (peer gone) must not block past the deadline
             try:
@@ -279,8 +288,11 @@ class SyncRpcClient:
                     raise BusTimeout(f"could not send to {self.endpoint} within {timeout:.1f}s") from None
                 self.sock.poll(int(left * 1000) + 1, zmq.POLLOUT)
         while True:
+            if interrupted is not None and interrupted():
+                raise BusInterrupted(f"stopped waiting for {self.endpoint}")
             left = deadline - time.monotonic()
-            if left <= 0 or not self.sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+            wait_ms = int(left * 1000) + 1
+            if left <= 0 or not self.sock.poll(min(wait_ms, slice_ms or wait_ms), zmq.POLLIN):
                 if time.monotonic() >= deadline:
                     raise BusTimeout(f"no reply from {self.endpoint} within {timeout:.1f}s")
                 continue

@@ -32,13 +32,14 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import zmq
 
-from common.bus import BusTimeout, Channel, SyncRpcClient, new_request_id
+from common.bus import BusInterrupted, BusTimeout, Channel, SyncRpcClient, new_request_id
 from common.config import (
     AtLeastOne,
     ConfigError,
@@ -99,6 +100,9 @@ class AdminLink:
         self.paths, self.key, self.sup_pid = paths, key, sup_pid
         self.ctx = zmq.Context()
         self.client: SyncRpcClient | None = None
+        # While serving, a stop request (Ctrl-C, SIGHUP, SIGTERM) ends any wait for a reply
+        # at once; the shutdown clears it, since its own calls are the orderly stop.
+        self.interrupted: Callable[[], bool] | None = None
 
     def wait_endpoints(self, timeout: float, stop: threading.Event, check) -> tuple[str, str]:
         """Wait until our supervisor wrote supervisor.json and answers ping."""
@@ -128,7 +132,7 @@ class AdminLink:
             raise UpError("no supervisor connection")
         try:
             reply = self.client.call(AdminRequest(request_id=new_request_id(), command=command,
-                                                  args=args), timeout).body
+                                                  args=args), timeout, self.interrupted).body
         except BusTimeout:
             # Lazy Pirate: a timed-out DEALER may get a late reply; start a fresh socket.
             self.client.close()
@@ -291,6 +295,7 @@ class Up:
                                         str(s.events_port), "--control-port", str(s.control_port),
                                         "--report-port", str(s.report_port)])
         self.admin = AdminLink(self.paths, key, sup.pid)
+        self.admin.interrupted = self.stop_flag.is_set
         admin_ep, events_ep = self.admin.wait_endpoints(60.0, self.stop_flag, self.check_children)
         self.spawn("reaper", ["--events-port", str(s.reaper_events_port)])
         gw_args = ["--host", s.host, "--port", str(s.port), "--admin-endpoint", admin_ep,
@@ -368,6 +373,8 @@ class Up:
     def shutdown(self) -> bool:
         """abort_all → verified teardown → stop services → prove every pid gone."""
         ok = True
+        if self.admin is not None:
+            self.admin.interrupted = None  # the stop's own calls are not to be cut short
         if self.admin is not None and self.procs.get("supervisor") and \
                 self.procs["supervisor"].poll() is None:
             ok = self.admin.abort_and_teardown(self.log, self.rank_pids) and ok
@@ -435,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         code = up.run()
+    except BusInterrupted:  # a stop request cut a wait short (e.g. a redeploy's stop)
+        code = 0
     except (UpError, BusTimeout, KeyFileError, OSError, ValueError) as exc:  # then shutdown
         up.log(str(exc), err=True)
         code = 1

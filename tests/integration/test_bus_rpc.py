@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 
 import pytest
@@ -75,6 +76,26 @@ async def test_async_late_reply_is_dropped(endpoints, servers, aclients, caplog)
                     5.0, "late reply dropped")
     await apoll_for(lambda: server.served == 2, 5.0, "both answered")
     assert client._waiters == {}
+
+
+@pytest.mark.timeout(30)
+def test_sync_call_interrupted_ends_the_wait_long_before_its_deadline(endpoints, servers, sctx):
+    # `lockstep up` waits up to minutes for a redeploy's stop; Ctrl-C must end that wait.
+    server = servers(endpoints("admin"), answering=False)
+    client = SyncRpcClient(sctx, server.endpoint, client_channel())
+    stop = threading.Event()
+    timer = threading.Timer(0.3, stop.set)
+    try:
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(bus.BusInterrupted):
+            client.call(request("held"), timeout=25.0, interrupted=stop.is_set)
+        assert time.monotonic() - t0 < 10.0  # the slice, not the 25 s deadline, ended it
+        assert len(server.received) == 1
+        assert issubclass(bus.BusInterrupted, BusTimeout)  # callers reset the socket alike
+    finally:
+        timer.cancel()
+        client.close()
 
 
 @pytest.mark.timeout(30)
