@@ -25,6 +25,7 @@ import time
 
 from services.supervisor import ops
 from services.supervisor.deployment import Deployment
+from services.supervisor.deployment_state import DeploymentState
 from services.supervisor.errors import TeardownError
 from services.supervisor.settings import SupervisorSettings
 
@@ -82,7 +83,7 @@ async def _attempts(sup, dep: Deployment) -> None:
             return
         late = attempt >= MIN_ATTEMPTS and time.monotonic() + RETRY_S >= give_up_at
         if dep.abort_reason is not None or late:
-            sup.set_state(dep, "teardown_failed", why)
+            sup.set_state(dep, DeploymentState.TEARDOWN_FAILED, why)
             sup.incident(dep, "teardown_failed", why, {"outcome": dep.teardown or {},
                                                         "attempts": attempt})
             return

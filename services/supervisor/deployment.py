@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +13,10 @@ from common.envelope import Key
 from common.keys import LaunchKeys, seal_key
 from common.procs import ProcessIdentity, is_alive
 from common.records import LaunchManifest
+from services.supervisor.deployment_state import LIVE, DeploymentState, StateMachine
 from services.supervisor.plan import DeployPlan
 
-STATES = ("launching", "loading", "canary", "serving", "stopping", "stopped", "failed",
-          "teardown_failed")
-LIVE = frozenset({"launching", "loading", "canary", "serving", "stopping"})
+__all__ = ["LIVE", "Deployment", "DeploymentState", "RankState"]
 
 
 @dataclass
@@ -72,7 +71,7 @@ class Deployment:
     deployment_id: str
     job_id: str
     plan: DeployPlan
-    state: str = "launching"
+    initial: InitVar[DeploymentState | str] = DeploymentState.LAUNCHING
     keys: LaunchKeys | None = None
     control: Channel | None = None  # signs control PUB messages for this launch
     report: Channel | None = None  # verifies this launch's report messages
@@ -96,6 +95,14 @@ class Deployment:
     rank_endpoints: dict[int, tuple[str, str]] = field(default_factory=dict)  # (ctl, report)
     jaccl_coordinator: str = ""
     remote_watch: Any = None  # asyncio.Task polling remote markers and liveness
+    life: StateMachine = field(init=False)  # the state and its history: moved only by it
+
+    def __post_init__(self, initial: DeploymentState | str) -> None:
+        self.life = StateMachine(self.deployment_id, DeploymentState(initial))
+
+    @property
+    def state(self) -> DeploymentState:
+        return self.life.state
 
     @property
     def world_size(self) -> int:
@@ -113,7 +120,7 @@ class Deployment:
 
     def to_wire(self, *, with_key: bool = True, cluster_key: Key | None = None) -> dict[str, Any]:
         return {
-            "deployment_id": self.deployment_id, "job_id": self.job_id, "state": self.state,
+            "deployment_id": self.deployment_id, "job_id": self.job_id, "state": self.state.value,
             "model": self.model_name, "model_path": self.plan.model_path, "tp": self.plan.tp,
             "pp": self.plan.pp, "backend": self.plan.backend, "world_size": self.world_size,
             "requests_endpoint": self.requests_endpoint,

@@ -23,6 +23,7 @@ from common.state import manifest_path, remove_manifest, retire_markers, write_m
 from services.supervisor import launch, readiness, remote_ops
 from services.supervisor.canary import run_canary
 from services.supervisor.deployment import LIVE, Deployment
+from services.supervisor.deployment_state import DeploymentState as S
 from services.supervisor.errors import AdminError, LaunchError, TeardownError, survivor_text
 from services.supervisor.plan import DeployPlan, make_plan, signature
 from services.supervisor.teardown import TeardownOutcome, verified_teardown
@@ -61,7 +62,7 @@ async def deploy(sup, *, model_path: str | None, tp: int, pp: int, hosts, backen
     if not ID_RE.fullmatch(dep_id):
         raise AdminError("bad_request", f"deployment_id: {dep_id!r} must match {ID_RE.pattern}")
     old = sup.deployments.get(dep_id)
-    if old is not None and (old.state in LIVE or old.state == "teardown_failed" or old.busy):
+    if old is not None and (old.state in LIVE or old.state == S.TEARDOWN_FAILED or old.busy):
         raise AdminError("conflict", f"deployment {dep_id} exists ({old.state}); stop it first")
     if model_path is None:
         model_path = await default_model(sup)
@@ -81,13 +82,13 @@ async def start(sup, dep_id: str, plan: DeployPlan, *, wait: bool) -> dict[str, 
     dep = Deployment(dep_id, new_id("j-"), plan)
     dep.busy = True
     sup.deployments[dep_id] = dep
-    sup.set_state(dep, "launching", f"backend {plan.backend}, world size {plan.world_size}")
+    sup.set_state(dep, S.LAUNCHING, f"backend {plan.backend}, world size {plan.world_size}")
     task = sup.spawn(_launch(sup, dep))
     dep.launch_task = task
     if not wait:
-        return {"deployment_id": dep_id, "job_id": dep.job_id, "state": dep.state}
+        return {"deployment_id": dep_id, "job_id": dep.job_id, "state": dep.state.value}
     await asyncio.shield(task)
-    return {"deployment_id": dep_id, "job_id": dep.job_id, "state": dep.state}
+    return {"deployment_id": dep_id, "job_id": dep.job_id, "state": dep.state.value}
 
 
 async def _launch(sup, dep: Deployment) -> None:
@@ -104,18 +105,18 @@ async def _launch(sup, dep: Deployment) -> None:
                 sup.sockets.add_report_route(dep.keys.report, dep.report, dep)
                 launch.start_ranks(dep, sup.paths, sup.me, s, sup.launcher,
                                    floor=sup.epochs.current, extra_env=sup.rank_env)
-            sup.set_state(dep, "loading", f"{dep.world_size} rank(s) started")
+            sup.set_state(dep, S.LOADING, f"{dep.world_size} rank(s) started")
             await readiness.wait_ready(dep, sup.paths, s.load_timeout, aborted)
             await readiness.release_serve(dep, sup.paths, lambda b: sup._publish_dep(dep, b),
                                           min(30.0, s.load_timeout), aborted)
-            sup.set_state(dep, "canary", "every rank ready and serving")
+            sup.set_state(dep, S.CANARY, "every rank ready and serving")
             tokens = await run_canary(dep, sup.ctx, sup.me.sender, runs=s.canary_runs,
                                       window_s=s.canary_window_s, tokens=s.canary_tokens,
                                       timeout=s.canary_timeout_s,
                                       aborted=lambda: aborted() or _lost(dep))
             dep.canary_at = time.time()
             dep.busy = False
-            sup.set_state(dep, "serving", f"canary passed {s.canary_runs}x: tokens {tokens}")
+            sup.set_state(dep, S.SERVING, f"canary passed {s.canary_runs}x: tokens {tokens}")
         except asyncio.CancelledError:  # the supervisor is closing: leave nothing running
             await _fail_launch(sup, dep, LaunchError("launch cancelled: supervisor closing"))
             raise
@@ -150,7 +151,7 @@ async def _fail_launch(sup, dep: Deployment, err: LaunchError) -> None:
         return
     dep.launch_error = err
     dep.teardown = outcome.to_wire()
-    sup.set_state(dep, "failed", dep.error)
+    sup.set_state(dep, S.FAILED, dep.error)
 
 
 # --- teardown bookkeeping --------------------------------------------------------------
@@ -191,7 +192,7 @@ async def teardown(sup, dep: Deployment, *, graceful_s: float | None = None,
     err = TeardownError(dep.deployment_id, outcome.survivors, outcome.to_wire())
     record_unproven(sup, dep, str(err))
     if final:
-        sup.set_state(dep, "teardown_failed", str(err))
+        sup.set_state(dep, S.TEARDOWN_FAILED, str(err))
         sup.incident(dep, "teardown_failed", str(err), {"outcome": outcome.to_wire()})
     raise err
 
@@ -216,11 +217,11 @@ async def stop(sup, deployment_id: str, *, force: bool) -> dict[str, Any]:
     if task is not None and not task.done():
         dep.abort_reason = "stop requested"
         await asyncio.shield(task)
-        if dep.state == "teardown_failed":
+        if dep.state == S.TEARDOWN_FAILED:
             raise _teardown_admin_error(dep)
-        if dep.state == "failed":  # the launch tore itself down, verified
+        if dep.state == S.FAILED:  # the launch tore itself down, verified
             sup.deployments.pop(deployment_id, None)
-            sup.set_state(dep, "stopped", "stopped during launch")
+            sup.set_state(dep, S.STOPPED, "stopped during launch")
             return {"deployment_id": deployment_id, "outcome": dep.teardown or {}}
     failing = dep.failure_task
     if failing is not None and not failing.done():
@@ -242,7 +243,7 @@ async def stop(sup, deployment_id: str, *, force: bool) -> dict[str, Any]:
     dep.busy = True
     previous = dep.state
     try:
-        sup.set_state(dep, "stopping", "stop requested" + (" (forced)" if force else ""))
+        sup.set_state(dep, S.STOPPING, "stop requested" + (" (forced)" if force else ""))
         try:
             outcome = await teardown(sup, dep)
         except TeardownError:
@@ -250,7 +251,7 @@ async def stop(sup, deployment_id: str, *, force: bool) -> dict[str, Any]:
     finally:
         dep.busy = False
     sup.deployments.pop(deployment_id, None)
-    sup.set_state(dep, "stopped", f"verified teardown: {' -> '.join(outcome.path) or 'none alive'}"
+    sup.set_state(dep, S.STOPPED, f"verified teardown: {' -> '.join(outcome.path) or 'none alive'}"
                   f" (was {previous})")
     reply = {"deployment_id": deployment_id, "outcome": outcome.to_wire()}
     if abort is not None:
@@ -263,7 +264,7 @@ async def active_requests(sup, dep: Deployment) -> int:
     one interval either way, so a request admitted since the last report counts too. Only
     when rank 0 cannot answer (not serving, or no reply in time) does telemetry decide."""
     active = dep.active_requests()
-    if dep.keys is None or (not active and dep.state != "serving"):
+    if dep.keys is None or (not active and dep.state != S.SERVING):
         return active
     channel = Channel("supervisor", "stats", sender=sup.me.sender, send_key=dep.keys.requests,
                       accept=REQUESTS_OUT)
@@ -288,7 +289,7 @@ def _teardown_admin_error(dep: Deployment) -> AdminError:
 def launch_failure(dep: Deployment) -> AdminError:
     err: LaunchError | None = dep.launch_error
     data: dict[str, Any] = {"deployment_id": dep.deployment_id, "job_id": dep.job_id,
-                            "state": dep.state, "error": dep.error,
+                            "state": dep.state.value, "error": dep.error,
                             "rank": err.rank if err else None, "teardown": dep.teardown}
     msg = dep.error or "launch failed"
     if err is not None and err.teardown is not None:

@@ -17,11 +17,13 @@ from common.records import RankMarker
 from common.ssh import SshError
 from common.statefiles import StateFileError
 from services.supervisor.deployment import Deployment, RankState
+from services.supervisor.deployment_state import DeploymentState
 from services.supervisor.remote import RemoteHost, idents_json
 
 log = logging.getLogger("lockstep.supervisor")
 SERVING_FACTOR = 10
-WATCHED_STATES = frozenset({"launching", "loading", "canary", "serving"})
+S = DeploymentState
+WATCHED_STATES = frozenset({S.LAUNCHING, S.LOADING, S.CANARY, S.SERVING})
 
 
 def probe_host(host: RemoteHost, ranks: list[RankState], deployment_id: str,
@@ -73,4 +75,4 @@ async def watch(dep: Deployment, poll_s: float) -> None:
     """Until the deployment leaves the watched states (teardown cancels it first)."""
     while dep.state in WATCHED_STATES:
         await probe_all(dep)
-        await asyncio.sleep(poll_s * (SERVING_FACTOR if dep.state == "serving" else 1))
+        await asyncio.sleep(poll_s * (SERVING_FACTOR if dep.state == S.SERVING else 1))

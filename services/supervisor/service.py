@@ -23,6 +23,7 @@ from services.supervisor import commands, ops
 from services.supervisor.after_failure import teardown_after_failure
 from services.supervisor.broadcast import Broadcaster
 from services.supervisor.deployment import LIVE, Deployment
+from services.supervisor.deployment_state import STARTING, DeploymentState
 from services.supervisor.epochs import EpochStore
 from services.supervisor.errors import AdminError
 from services.supervisor.homelock import hold_home_lock
@@ -145,15 +146,16 @@ class Supervisor:
     def emit(self, topic: str, name: str, dep: Deployment | None, reason: str = "",
              data: dict[str, Any] | None = None, state: str | None = None) -> None:
         ev = Event(topic=topic, name=name, deployment_id=dep.deployment_id if dep else "",
-                   state=state if state is not None else (dep.state if dep else ""),
+                   state=state if state is not None else (dep.state.value if dep else ""),
                    reason=reason[:60000], at=time.time(), data=data or {})
         self.sockets.publish_event(ev)
 
-    def set_state(self, dep: Deployment, state: str, reason: str = "") -> None:
-        if dep.state == state:
+    def set_state(self, dep: Deployment, state: DeploymentState, reason: str = "") -> None:
+        """The one way a state changes (the table's edges, deployment_state); an event."""
+        was = dep.state
+        if not dep.life.transition(state, reason):
             return
-        log.info("deployment %s: %s -> %s %s", dep.deployment_id, dep.state, state, reason)
-        dep.state = state
+        log.info("deployment %s: %s -> %s %s", dep.deployment_id, was, state, reason)
         self.emit("deployment", "state", dep, reason, {"job_id": dep.job_id})
 
     def incident(self, dep: Deployment, name: str, reason: str, data: dict | None = None) -> None:
@@ -247,7 +249,7 @@ class Supervisor:
             for dep in list(self.deployments.values()):
                 if dep.state not in LIVE or dep.control is None:
                     continue
-                starting = starting or dep.state in ("launching", "loading")
+                starting = starting or dep.state in STARTING
                 dep.lease_seq += 1
                 self._publish_dep(dep, Lease(
                     deployment_id=dep.deployment_id, job_id=dep.job_id, lease_seq=dep.lease_seq,
@@ -266,7 +268,8 @@ class Supervisor:
                     log.exception("monitor failed for %s", dep.deployment_id)
 
     def _check_ranks(self, dep: Deployment) -> None:
-        if dep.state not in ("canary", "serving") or (dep.busy and dep.state != "canary"):
+        S = DeploymentState
+        if dep.state not in (S.CANARY, S.SERVING) or (dep.busy and dep.state != S.CANARY):
             return  # launching/loading: the launch watches its ranks; stopping: teardown does
         lost = []
         for rs in dep.ranks.values():
@@ -279,10 +282,10 @@ class Supervisor:
                 lost.append(f"rank {rs.rank} (pid {rs.pid}) {what}"
                             + (f": {rs.error}" if rs.error else ""))
                 self.broadcaster.on_rank_dead(dep.deployment_id, rs.rank)
-        if not lost or dep.state == "canary":
+        if not lost or dep.state == S.CANARY:
             return  # during the canary the launch itself reports the failure
         reason = "; ".join(lost)
         self.incident(dep, "rank_lost", reason, {"job_id": dep.job_id})
         dep.error = reason
-        self.set_state(dep, "failed", reason)
+        self.set_state(dep, S.FAILED, reason)
         dep.failure_task = self.spawn(teardown_after_failure(self, dep, reason))

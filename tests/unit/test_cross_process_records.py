@@ -132,7 +132,7 @@ def _deployment(cluster: Key) -> tuple[Deployment, LaunchKeys]:
     keys = LaunchKeys(secrets.token_bytes(32), "dep-1", "job-1")
     plan = DeployPlan(model_path="/models/tiny", tp=2, pp=1, backend="ring",
                       requested_backend="auto", hosts=None, members=[])
-    dep = Deployment(deployment_id="dep-1", job_id="job-1", plan=plan, state="serving",
+    dep = Deployment(deployment_id="dep-1", job_id="job-1", plan=plan, initial="serving",
                      keys=keys, requests_endpoint="tcp://127.0.0.1:6000",
                      canary_at=5.0, error=None, teardown={"path": ["term"], "ok": True},
                      ranks={0: RankState(rank=0, host="127.0.0.1", rejects={"plan.mac": 1}),

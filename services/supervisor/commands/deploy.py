@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.supervisor import ops
+from services.supervisor.deployment_state import DeploymentState as S
 
 
 @dataclass
@@ -40,6 +41,6 @@ async def run(sup, args: Args) -> dict:
                               deployment_id=args.deployment_id, wait=args.wait, envs=args.envs)
     if args.wait:
         dep = sup.deployments.get(result["deployment_id"])
-        if dep is not None and dep.job_id == result["job_id"] and dep.state != "serving":
+        if dep is not None and dep.job_id == result["job_id"] and dep.state != S.SERVING:
             raise ops.launch_failure(dep)
     return result

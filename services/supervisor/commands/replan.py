@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.supervisor import ops
+from services.supervisor.deployment_state import DeploymentState as S
 
 
 @dataclass
@@ -31,6 +32,6 @@ async def run(sup, args: Args) -> dict:
                               args.force)
     if not result["preview"]:
         dep = sup.deployments.get(args.deployment_id)
-        if dep is not None and dep.state != "serving":
+        if dep is not None and dep.state != S.SERVING:
             raise ops.launch_failure(dep)
     return result

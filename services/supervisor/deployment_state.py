@@ -1,0 +1,87 @@
+"""A deployment's lifecycle state: one enum (its values are the wire strings of
+DeploymentInfo.state and Event.state), one table of the allowed edges, and the one
+owner of the transitions and of the claim that a launch, stop or teardown holds on it.
+
+    launching -> loading -> canary -> serving            (deploy: ops.start/_launch)
+    launching | loading | canary -> failed | teardown_failed    (a launch that failed)
+    serving -> failed                                    (the monitor: a rank was lost)
+    failed -> teardown_failed                            (after_failure gave up)
+    serving | failed | teardown_failed -> stopping       (a stop; teardown_failed: a retry)
+    stopping -> stopped | teardown_failed                (the stop's verified teardown)
+    failed -> stopped                                    (a stop during its launch)
+
+`stopped` is terminal (the deployment has left the table); `teardown_failed` is left
+only by a stop."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class DeploymentState(str, Enum):
+    LAUNCHING = "launching"
+    LOADING = "loading"
+    CANARY = "canary"
+    SERVING = "serving"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    TEARDOWN_FAILED = "teardown_failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+S = DeploymentState
+ALLOWED: dict[DeploymentState, frozenset[DeploymentState]] = {
+    S.LAUNCHING: frozenset({S.LOADING, S.FAILED, S.TEARDOWN_FAILED}),
+    S.LOADING: frozenset({S.CANARY, S.FAILED, S.TEARDOWN_FAILED}),
+    S.CANARY: frozenset({S.SERVING, S.FAILED, S.TEARDOWN_FAILED}),
+    S.SERVING: frozenset({S.FAILED, S.STOPPING}),
+    S.FAILED: frozenset({S.TEARDOWN_FAILED, S.STOPPING, S.STOPPED}),
+    S.TEARDOWN_FAILED: frozenset({S.STOPPING}),
+    S.STOPPING: frozenset({S.STOPPED, S.TEARDOWN_FAILED}),
+    S.STOPPED: frozenset(),
+}
+# Ranks may be running: leases are renewed, abort-all reaches it, a stop tears it down.
+LIVE = frozenset({S.LAUNCHING, S.LOADING, S.CANARY, S.SERVING, S.STOPPING})
+STARTING = frozenset({S.LAUNCHING, S.LOADING})  # leases renewed fast: ranks wait for one
+
+
+class IllegalTransition(RuntimeError):
+    """An edge the table does not allow: a bug in the caller, never an operator's error."""
+
+    def __init__(self, deployment_id: str, frm: DeploymentState, to: DeploymentState) -> None:
+        super().__init__(f"deployment {deployment_id}: {frm.value} -> {to.value} is not an "
+                         f"allowed transition (from {frm.value}: "
+                         f"{', '.join(sorted(s.value for s in ALLOWED[frm])) or 'none'})")
+        self.deployment_id, self.frm, self.to = deployment_id, frm, to
+
+
+@dataclass(frozen=True)
+class Transition:
+    frm: DeploymentState
+    to: DeploymentState
+    reason: str
+    at: float  # wall time
+
+
+@dataclass
+class StateMachine:
+    deployment_id: str
+    state: DeploymentState = DeploymentState.LAUNCHING
+    history: list[Transition] = field(default_factory=list)
+
+    def transition(self, to: DeploymentState | str, reason: str = "") -> bool:
+        """Move to `to` (raises IllegalTransition on an edge the table lacks); False, and
+        nothing recorded, if already there."""
+        to = DeploymentState(to)
+        if to is self.state:
+            return False
+        if to not in ALLOWED[self.state]:
+            raise IllegalTransition(self.deployment_id, self.state, to)
+        self.history.append(Transition(self.state, to, reason, time.time()))
+        self.state = to
+        return True
