@@ -116,14 +116,9 @@ def _matching(identity: ProcessIdentity) -> psutil.Process | None:
     return proc
 
 
-def is_same_process(identity: ProcessIdentity) -> bool:
-    """The pid exists, is not a zombie, and has the recorded start time and cmdline
-    (or, while it is exiting, an empty one)."""
-    return _matching(identity) is not None
-
-
 def is_alive(identity: ProcessIdentity) -> bool:
-    """The same process and not a zombie (a zombie has exited: it holds no memory)."""
+    """The pid exists, is not a zombie (a zombie has exited: it holds no memory), and has
+    the recorded start time and cmdline (or, while it is exiting, an empty one)."""
     return _matching(identity) is not None
 
 
@@ -157,7 +152,7 @@ def _pgid(pid: int) -> int | None:
 def _group_proven(pgid: int, members: Iterable[ProcessIdentity]) -> bool:
     # A pgid stays taken while any member lives, so one live recorded member that is
     # still in the group proves the group is ours and not a reused number.
-    return any(is_same_process(m) and _pgid(m.pid) == pgid for m in members)
+    return any(is_alive(m) and _pgid(m.pid) == pgid for m in members)
 
 
 def _signal_group(pgid: int, sig: int, members: Iterable[ProcessIdentity],

@@ -28,8 +28,9 @@ from services.rank.engine import Engine
 from services.rank.errors import StartupError
 from services.rank.io import RankIO
 from services.rank.outbox import AnnounceReady, Served
+from services.rank.process_exit import EXIT_FAILED, EXIT_OK
 from services.rank.removals import RemovalLog, removals_path
-from services.rank.runtime import EXIT_FAILED, EXIT_OK, RankRuntime
+from services.rank.runtime import RankRuntime
 from services.rank.watchdog_thread import RankSide, Watchdogs
 from services.rank.watchdogs import Inside, WatchdogConfigError, WatchdogSettings, Where
 

@@ -17,8 +17,9 @@ from services.rank.engine import Divergence, Emitted, Engine, Finished
 from services.rank.errors import StepCause, step_cause
 from services.rank.io import RankIO
 from services.rank.outbox import Report
+from services.rank.process_exit import EXIT_FAILED
 from services.rank.removals import RemovalLog
-from services.rank.runtime import EXIT_FAILED, RankRuntime
+from services.rank.runtime import RankRuntime
 from services.rank.watchdogs import Inside, Where
 
 log = logging.getLogger("lockstep.rank.loop")

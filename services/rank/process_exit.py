@@ -10,6 +10,11 @@ import sys
 
 import mlx.core as mx
 
+# A rank's exit codes (the supervisor reads them from the marker and the process status).
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_SIGNAL_HATCH = 3  # not gone within signal_clear_timeout after SIGTERM or shutdown
+
 
 def release_memory() -> bool:
     """Give MLX's memory back before leaving: no wired limit, no buffer cache. Not

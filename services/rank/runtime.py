@@ -33,15 +33,19 @@ from common.rankspec import RankSpec
 from common.records import Phase, RankMarker
 from common.state import Paths, marker_path, write_marker
 from services.rank.outbox import AbortAll, Command
-from services.rank.process_exit import cache_memory, flush_logs, kernel_alarm, release_memory
+from services.rank.process_exit import (
+    EXIT_FAILED,
+    EXIT_SIGNAL_HATCH,
+    cache_memory,
+    flush_logs,
+    kernel_alarm,
+    release_memory,
+)
 from services.rank.seams import TestSeams
 from services.rank.watchdog_thread import parent_gone
 from services.rank.watchdogs import LauncherWatchdog, WatchdogSettings, Where
 
 log = logging.getLogger("lockstep.rank")
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_SIGNAL_HATCH = 3
 HARD_EXIT_WAIT_S = 5.0  # a hard exit lets a clean exit already under way finish first
 HARD_EXIT_IO_S = 1.0  # what a hard exit gives the I/O thread to flush the last messages
 # The last resort, in the kernel: if a Python-level way out cannot run (a thread stuck

@@ -34,6 +34,7 @@ from common.messages import Ping
 from common.records import Phase
 from services.rank.events import ExitEv
 from services.rank.outbox import Probe
+from services.rank.process_exit import EXIT_FAILED
 from services.rank.watchdogs import (
     Inside,
     LauncherWatchdog,
@@ -47,7 +48,6 @@ from services.rank.watchdogs import (
 )
 
 log = logging.getLogger("lockstep.rank.watchdog")
-EXIT_FAILED = 1
 MAX_TICK_S = 0.5
 LEAVE_WAIT_S = 5.0  # a free main thread gets this long to leave cleanly
 SUSPENDED_AFTER_S = 2.0  # a tick this late means this process itself did not run

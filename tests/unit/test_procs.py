@@ -20,7 +20,6 @@ from common.procs import (
     ProcessIdentity,
     identify,
     is_alive,
-    is_same_process,
     signal_group,
     signal_identity,
     snapshot_children,
@@ -118,7 +117,7 @@ def test_identify_names_a_running_process(spawn: Spawn, program: Path) -> None:
     assert ident.cmdline == (sys.executable, str(program), "obedient")
     # Boot-relative: the wall-clock create_time minus the boot time psutil reads now.
     assert abs(ident.start_time - (psutil.Process(proc.pid).create_time() - psutil.boot_time())) < 0.02
-    assert is_same_process(ident) and is_alive(ident)
+    assert is_alive(ident)
     # Lists from a manifest compare equal to tuples.
     assert ProcessIdentity(ident.pid, ident.start_time, list(ident.cmdline)) == ident  # type: ignore[arg-type]
     assert snapshot_children(proc.pid) == [ident]
@@ -180,7 +179,7 @@ def test_identity_with_wrong_start_time_or_cmdline_is_refused(spawn: Spawn) -> N
     wrong_time = ProcessIdentity(ident.pid, ident.start_time + 1.0, ident.cmdline)
     wrong_cmd = ProcessIdentity(ident.pid, ident.start_time, (*ident.cmdline, "x"))
     for wrong in (wrong_time, wrong_cmd):
-        assert not is_same_process(wrong) and not is_alive(wrong)
+        assert not is_alive(wrong)
         assert not signal_identity(wrong, signal.SIGKILL)
         assert not signal_group(proc.pid, signal.SIGKILL, members=[wrong])
         # The recorded process is gone (the pid is someone else's): nothing to signal.
@@ -188,7 +187,7 @@ def test_identity_with_wrong_start_time_or_cmdline_is_refused(spawn: Spawn) -> N
         assert outcome.path == [] and outcome.survivors == []
         ping(proc)
     # Float noise below the clock-tick resolution is still the same process.
-    assert is_same_process(ProcessIdentity(ident.pid, ident.start_time + 0.004, ident.cmdline))
+    assert is_alive(ProcessIdentity(ident.pid, ident.start_time + 0.004, ident.cmdline))
     assert signal_identity(ident, 0)
 
 
@@ -201,7 +200,7 @@ def test_zombie_counts_as_exited_and_is_never_signalled(spawn: Spawn) -> None:
     poll_for(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE, 10.0,
              "the killed child to become a zombie")
     assert identify(proc.pid) is None
-    assert not is_alive(ident) and not is_same_process(ident)
+    assert not is_alive(ident)
     assert not signal_identity(ident, signal.SIGKILL)
     assert not signal_group(proc.pid, signal.SIGKILL, members=[ident])
     assert wait_exit([ident], 5.0) == []
@@ -316,4 +315,4 @@ def test_identity_survives_a_wall_clock_step(spawn: Spawn, program: Path,
     monkeypatch.setattr(pslinux, "boot_time", lambda: real() + 3600.0)  # clock set 1 h ahead
     assert psutil.Process(proc.pid).create_time() - before > 3599  # psutil's view moved
     assert identify(proc.pid) == ident
-    assert is_alive(ident) and is_same_process(ident)
+    assert is_alive(ident)
