@@ -29,7 +29,7 @@ from services.gateway.request_channel import Backend
 from services.gateway.settings import GatewaySettings
 from services.gateway.tokenizers import Tokenizers
 
-log = logging.getLogger("lockstep.gateway.cluster")
+log = logging.getLogger("lockstep.gateway.cluster_view")
 SERVING = "serving"
 
 

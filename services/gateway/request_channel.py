@@ -42,7 +42,7 @@ from common.messages import (
 from services.gateway.errors import ApiError
 from services.gateway.rank_link import DEALER_OPTIONS, LinkWatch
 
-log = logging.getLogger("lockstep.gateway.backend")
+log = logging.getLogger("lockstep.gateway.request_channel")
 SEND_TIMEOUT_S = 5.0
 
 
