@@ -25,7 +25,7 @@ import time
 
 from services.supervisor import ops
 from services.supervisor.deployment import Deployment
-from services.supervisor.deployment_state import DeploymentState
+from services.supervisor.deployment_state import Claim, DeploymentState
 from services.supervisor.errors import TeardownError
 from services.supervisor.settings import SupervisorSettings
 
@@ -53,15 +53,14 @@ def retry_window(s: SupervisorSettings) -> float:
 
 
 async def teardown_after_failure(sup, dep: Deployment, reason: str) -> None:
-    if dep.busy:  # a stop or launch is already tearing it down
+    if not dep.life.claim(Claim.AFTER_FAILURE):  # a stop or launch is tearing it down
         log.warning("deployment %s: no teardown after the failure: busy (%s)",
                     dep.deployment_id, dep.state)
         return
-    dep.busy = True
     try:
         await _attempts(sup, dep)
     finally:
-        dep.busy = False
+        dep.life.release()
 
 
 async def _attempts(sup, dep: Deployment) -> None:

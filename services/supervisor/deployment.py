@@ -6,7 +6,7 @@ import subprocess
 import time
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.bus import Channel
 from common.envelope import Key
@@ -15,6 +15,14 @@ from common.procs import ProcessIdentity, is_alive
 from common.records import LaunchManifest
 from services.supervisor.deployment_state import LIVE, DeploymentState, StateMachine
 from services.supervisor.plan import DeployPlan
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from common.messages import RankReady
+    from common.records import RankMarker
+    from services.hostagent.client import RemoteHost
+    from services.supervisor.errors import LaunchError
 
 __all__ = ["LIVE", "Deployment", "DeploymentState", "RankState"]
 
@@ -35,13 +43,13 @@ class RankState:
     mem_active: int = 0
     last_seen: float = 0.0  # wall time of the last report
     telemetry_rx: float = 0.0  # monotonic receive time of the last telemetry
-    ready: Any = None  # the identity-checked RankReady body
+    ready: RankReady | None = None  # the identity-checked RankReady body
     rejects: dict[str, int] = field(default_factory=dict)  # rank's "socket.reason" -> count
     error: str | None = None
     log_path: Path | None = None  # on the rank's host
-    remote: Any = None  # remote.RemoteHost for a rank on another host
+    remote: RemoteHost | None = None  # for a rank on another host
     remote_state: str = "unknown"  # last probe there: alive | gone | reused | ambiguous
-    remote_marker: Any = None  # its marker as last read there (identity-checked)
+    remote_marker: RankMarker | None = None  # its marker as last read there (identity-checked)
     remote_error: str | None = None  # the last probe's ssh failure, if any
 
     @property
@@ -86,15 +94,14 @@ class Deployment:
     teardown: dict[str, Any] | None = None  # last teardown outcome / failure evidence
     created_at: float = field(default_factory=time.time)
     lease_seq: int = 0
-    busy: bool = False  # a launch, stop or replan is running on it
-    launch_task: Any = None  # asyncio.Task of the launch while it runs
-    failure_task: Any = None  # asyncio.Task tearing down the rest after a rank was lost
+    launch_task: asyncio.Task[None] | None = None  # the launch while it runs
+    failure_task: asyncio.Task[None] | None = None  # tearing down the rest after a loss
     abort_reason: str | None = None  # set by stop to end a launch in progress
-    launch_error: Any = None  # the LaunchError of a failed launch
-    remote_hosts: dict[int, Any] = field(default_factory=dict)  # host index -> RemoteHost
+    launch_error: LaunchError | None = None  # of a failed launch
+    remote_hosts: dict[int, RemoteHost] = field(default_factory=dict)  # by host index
     rank_endpoints: dict[int, tuple[str, str]] = field(default_factory=dict)  # (ctl, report)
     jaccl_coordinator: str = ""
-    remote_watch: Any = None  # asyncio.Task polling remote markers and liveness
+    remote_watch: asyncio.Task[None] | None = None  # polls remote markers and liveness
     life: StateMachine = field(init=False)  # the state and its history: moved only by it
 
     def __post_init__(self, initial: DeploymentState | str) -> None:
@@ -103,6 +110,11 @@ class Deployment:
     @property
     def state(self) -> DeploymentState:
         return self.life.state
+
+    @property
+    def busy(self) -> bool:
+        """A launch, stop or post-failure teardown holds it (`life.claim`)."""
+        return self.life.busy
 
     @property
     def world_size(self) -> int:

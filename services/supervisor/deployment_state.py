@@ -11,7 +11,8 @@ owner of the transitions and of the claim that a launch, stop or teardown holds 
     failed -> stopped                                    (a stop during its launch)
 
 `stopped` is terminal (the deployment has left the table); `teardown_failed` is left
-only by a stop."""
+only by a stop. A launch, stop or post-failure teardown holds the deployment's one claim
+(`StateMachine.claim`) while it runs."""
 
 from __future__ import annotations
 
@@ -50,6 +51,14 @@ LIVE = frozenset({S.LAUNCHING, S.LOADING, S.CANARY, S.SERVING, S.STOPPING})
 STARTING = frozenset({S.LAUNCHING, S.LOADING})  # leases renewed fast: ranks wait for one
 
 
+class Claim(str, Enum):
+    """Who holds a deployment: one at a time; the others are refused or wait."""
+
+    LAUNCH = "launch"
+    STOP = "stop"
+    AFTER_FAILURE = "teardown after failure"
+
+
 class IllegalTransition(RuntimeError):
     """An edge the table does not allow: a bug in the caller, never an operator's error."""
 
@@ -73,6 +82,22 @@ class StateMachine:
     deployment_id: str
     state: DeploymentState = DeploymentState.LAUNCHING
     history: list[Transition] = field(default_factory=list)
+    holder: Claim | None = None  # the one lock: a launch, stop or teardown running on it
+
+    @property
+    def busy(self) -> bool:
+        return self.holder is not None
+
+    def claim(self, holder: Claim) -> bool:
+        """Take the deployment for `holder`; False if someone holds it already. (Single
+        event loop: no await between the check and the take.)"""
+        if self.holder is not None:
+            return False
+        self.holder = holder
+        return True
+
+    def release(self) -> None:
+        self.holder = None
 
     def transition(self, to: DeploymentState | str, reason: str = "") -> bool:
         """Move to `to` (raises IllegalTransition on an edge the table lacks); False, and

@@ -23,6 +23,7 @@ from common.state import manifest_path, remove_manifest, retire_markers, write_m
 from services.supervisor import launch, readiness, remote_ops
 from services.supervisor.canary import run_canary
 from services.supervisor.deployment import LIVE, Deployment
+from services.supervisor.deployment_state import Claim
 from services.supervisor.deployment_state import DeploymentState as S
 from services.supervisor.errors import AdminError, LaunchError, TeardownError, survivor_text
 from services.supervisor.plan import DeployPlan, make_plan, signature
@@ -80,7 +81,7 @@ async def start(sup, dep_id: str, plan: DeployPlan, *, wait: bool) -> dict[str, 
     if dep_id in sup.deployments and sup.deployments[dep_id].busy:
         raise AdminError("conflict", f"deployment {dep_id} is busy")
     dep = Deployment(dep_id, new_id("j-"), plan)
-    dep.busy = True
+    dep.life.claim(Claim.LAUNCH)
     sup.deployments[dep_id] = dep
     sup.set_state(dep, S.LAUNCHING, f"backend {plan.backend}, world size {plan.world_size}")
     task = sup.spawn(_launch(sup, dep))
@@ -115,7 +116,7 @@ async def _launch(sup, dep: Deployment) -> None:
                                       timeout=s.canary_timeout_s,
                                       aborted=lambda: aborted() or _lost(dep))
             dep.canary_at = time.time()
-            dep.busy = False
+            dep.life.release()
             sup.set_state(dep, S.SERVING, f"canary passed {s.canary_runs}x: tokens {tokens}")
         except asyncio.CancelledError:  # the supervisor is closing: leave nothing running
             await _fail_launch(sup, dep, LaunchError("launch cancelled: supervisor closing"))
@@ -127,7 +128,7 @@ async def _launch(sup, dep: Deployment) -> None:
                 log.exception("launch of %s failed", dep.deployment_id)
             await _fail_launch(sup, dep, err)
     finally:
-        dep.busy = False
+        dep.life.release()
 
 
 def _lost(dep: Deployment) -> str | None:
@@ -240,7 +241,8 @@ async def stop(sup, deployment_id: str, *, force: bool) -> dict[str, Any]:
                              {"active": active})
         abort = await sup.broadcaster.abort_all([dep], sup.settings.abort_all_timeout,
                                                 reason="forced stop")
-    dep.busy = True
+    if not dep.life.claim(Claim.STOP):  # taken while rank 0 counted its requests
+        raise AdminError("conflict", f"deployment {deployment_id} is busy ({dep.state})")
     previous = dep.state
     try:
         sup.set_state(dep, S.STOPPING, "stop requested" + (" (forced)" if force else ""))
@@ -249,7 +251,7 @@ async def stop(sup, deployment_id: str, *, force: bool) -> dict[str, Any]:
         except TeardownError:
             raise _teardown_admin_error(dep) from None
     finally:
-        dep.busy = False
+        dep.life.release()
     sup.deployments.pop(deployment_id, None)
     sup.set_state(dep, S.STOPPED, f"verified teardown: {' -> '.join(outcome.path) or 'none alive'}"
                   f" (was {previous})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.supervisor.deployment import LIVE, Deployment
-from services.supervisor.deployment_state import ALLOWED, IllegalTransition, StateMachine
+from services.supervisor.deployment_state import ALLOWED, Claim, IllegalTransition, StateMachine
 from services.supervisor.deployment_state import DeploymentState as S
 from services.supervisor.plan import DeployPlan
 
@@ -64,3 +64,11 @@ def test_a_deployment_is_launching_and_its_wire_state_is_a_plain_string() -> Non
     dep.life.transition(S.LOADING)
     wire = dep.to_wire(with_key=False)["state"]
     assert wire == "loading" and type(wire) is str
+
+
+def test_one_claim_at_a_time() -> None:
+    m = StateMachine("d")
+    assert not m.busy and m.claim(Claim.LAUNCH) and m.busy
+    assert not m.claim(Claim.STOP) and m.holder is Claim.LAUNCH  # the stop is refused
+    m.release()
+    assert not m.busy and m.claim(Claim.AFTER_FAILURE) and m.holder is Claim.AFTER_FAILURE
