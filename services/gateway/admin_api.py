@@ -125,6 +125,8 @@ async def status(request: Request) -> dict:
     data = await call(request, "status")
     data["gateway"] = {"active": gw.cluster.active,
                        "backends": {k: b.active for k, b in gw.cluster.backends.items()},
+                       # seen by the gateway itself (rank_link.py): not routed to
+                       "rank0_lost": {k: b.lost for k, b in gw.cluster.backends.items() if b.lost},
                        "events_seen": gw.cluster.events_seen, "event_gaps": gw.cluster.gaps.gaps,
                        "refreshed_at": gw.cluster.refreshed_at}
     # The reaper has no admin socket: its counters arrive on its events (cluster_view.py).

@@ -31,7 +31,7 @@ def env(tmp_path):
     rank = FakeRank0(key, step_s=0.05).start()
     sup = FakeSupervisor(key, rank, str(model)).start()
     settings = GatewaySettings(
-        home=tmp_path / "home", port=free_port(), admin_endpoint=sup.admin_endpoint,
+        home=tmp_path / "home", port=free_port(), admin_token="t", admin_endpoint=sup.admin_endpoint,
         events_endpoint=sup.events_endpoint, keepalive_s=0.2, orphan_grace_s=0.5,
         request_read_timeout=60, refresh_s=0.5)
     gw = GatewayThread(settings, key).start()
@@ -99,6 +99,9 @@ def test_rank0_gone_fails_its_streams_at_once_and_is_not_routed_to_until_back(en
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_ready", r.text
         assert httpx.get(url + "/ready", timeout=10).status_code == 503
         assert httpx.get(url + "/v1/models", timeout=10).json()["data"] == []
+    lost = httpx.get(url + "/admin/api/cluster/status", headers={"authorization": "Bearer t"},
+                     timeout=10).json()["gateway"]["rank0_lost"]
+    assert "connection to rank 0" in lost["dep-fake"], lost
     refreshes = len(env["sup"].commands)
     poll_until(lambda: len(env["sup"].commands) >= refreshes + 2, 10, "two more refreshes")
     r = httpx.post(url + "/v1/completions", json={**body, "max_tokens": 2}, timeout=10)
