@@ -15,7 +15,7 @@ import re
 import secrets
 import shutil
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.bus import AsyncRpcClient, BusTimeout, Channel, new_request_id
 from common.messages import REQUESTS_OUT, Shutdown, Stats, StatsRequest
@@ -29,6 +29,9 @@ from services.supervisor.errors import AdminError, LaunchError, TeardownError, s
 from services.supervisor.plan import DeployPlan, make_plan, signature
 from services.supervisor.teardown import TeardownOutcome, verified_teardown
 
+if TYPE_CHECKING:
+    from services.supervisor.service import Supervisor
+
 log = logging.getLogger("lockstep.supervisor")
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 STATS_TIMEOUT_S = 2.0
@@ -39,15 +42,15 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
 
 
-async def default_model(sup) -> str:
+async def default_model(sup: Supervisor) -> str:
     from common.tinymodel import build_model
 
-    async with sup._model_lock:
+    async with sup.model_lock:
         path = await asyncio.to_thread(build_model, sup.paths.models / "tiny")
     return str(path)
 
 
-def get(sup, deployment_id: str) -> Deployment:
+def get(sup: Supervisor, deployment_id: str) -> Deployment:
     dep = sup.deployments.get(deployment_id)
     if dep is None:
         raise AdminError("not_found", f"no deployment {deployment_id!r}")
@@ -57,7 +60,7 @@ def get(sup, deployment_id: str) -> Deployment:
 # --- deploy ---------------------------------------------------------------------------
 
 
-async def deploy(sup, *, model_path: str | None, tp: int, pp: int, hosts, backend: str,
+async def deploy(sup: Supervisor, *, model_path: str | None, tp: int, pp: int, hosts, backend: str,
                  deployment_id: str | None, wait: bool, envs: list[str]) -> dict[str, Any]:
     dep_id = deployment_id or new_id("d-")
     if not ID_RE.fullmatch(dep_id):
@@ -76,7 +79,7 @@ async def deploy(sup, *, model_path: str | None, tp: int, pp: int, hosts, backen
     return await start(sup, dep_id, plan, wait=wait)
 
 
-async def start(sup, dep_id: str, plan: DeployPlan, *, wait: bool) -> dict[str, Any]:
+async def start(sup: Supervisor, dep_id: str, plan: DeployPlan, *, wait: bool) -> dict[str, Any]:
     await sup.reap()  # raises reap_blocked: nothing is spawned
     if dep_id in sup.deployments and sup.deployments[dep_id].busy:
         raise AdminError("conflict", f"deployment {dep_id} is busy")
@@ -92,7 +95,7 @@ async def start(sup, dep_id: str, plan: DeployPlan, *, wait: bool) -> dict[str, 
     return {"deployment_id": dep_id, "job_id": dep.job_id, "state": dep.state.value}
 
 
-async def _launch(sup, dep: Deployment) -> None:
+async def _launch(sup: Supervisor, dep: Deployment) -> None:
     s = sup.settings
     def aborted() -> str | None:
         return dep.abort_reason
@@ -108,7 +111,7 @@ async def _launch(sup, dep: Deployment) -> None:
                                    floor=sup.epochs.current, extra_env=sup.rank_env)
             sup.set_state(dep, S.LOADING, f"{dep.world_size} rank(s) started")
             await readiness.wait_ready(dep, sup.paths, s.load_timeout, aborted)
-            await readiness.release_serve(dep, sup.paths, lambda b: sup._publish_dep(dep, b),
+            await readiness.release_serve(dep, sup.paths, lambda b: sup.publish_dep(dep, b),
                                           min(30.0, s.load_timeout), aborted)
             sup.set_state(dep, S.CANARY, "every rank ready and serving")
             tokens = await run_canary(dep, sup.ctx, sup.me.sender, runs=s.canary_runs,
@@ -140,7 +143,7 @@ def _lost(dep: Deployment) -> str | None:
     return None
 
 
-async def _fail_launch(sup, dep: Deployment, err: LaunchError) -> None:
+async def _fail_launch(sup: Supervisor, dep: Deployment, err: LaunchError) -> None:
     dep.error = str(err)
     sup.incident(dep, "launch_failed", dep.error, {"job_id": dep.job_id, "rank": err.rank})
     try:
@@ -158,7 +161,7 @@ async def _fail_launch(sup, dep: Deployment, err: LaunchError) -> None:
 # --- teardown bookkeeping --------------------------------------------------------------
 
 
-def _finalize(sup, dep: Deployment) -> None:
+def _finalize(sup: Supervisor, dep: Deployment) -> None:
     """Verified: remove the manifest, the launch secret, the job files and the markers."""
     remove_manifest(sup.paths, dep.job_id)
     if dep.secret_path is not None:
@@ -172,7 +175,7 @@ def _finalize(sup, dep: Deployment) -> None:
         sup.sockets.drop_report_route(dep.keys.report)
 
 
-async def teardown(sup, dep: Deployment, *, graceful_s: float | None = None,
+async def teardown(sup: Supervisor, dep: Deployment, *, graceful_s: float | None = None,
                    final: bool = True) -> TeardownOutcome:
     """Verified teardown; raises TeardownError if not proven, with the evidence kept in
     the manifest. `final` (a stop): the state becomes teardown_failed; not final (an
@@ -182,7 +185,7 @@ async def teardown(sup, dep: Deployment, *, graceful_s: float | None = None,
         dep.remote_watch.cancel()
     body = Shutdown(deployment_id=dep.deployment_id, job_id=dep.job_id, reason="stop")
     outcome = await verified_teardown(
-        dep, sup.paths, publish_shutdown=lambda: sup._publish_dep(dep, body),
+        dep, sup.paths, publish_shutdown=lambda: sup.publish_dep(dep, body),
         graceful_s=s.graceful_timeout if graceful_s is None else graceful_s,
         stop_timeout=s.stop_timeout, kill_timeout=s.kill_timeout, seams=sup.seams)
     dep.teardown = outcome.to_wire()
@@ -198,7 +201,7 @@ async def teardown(sup, dep: Deployment, *, graceful_s: float | None = None,
     raise err
 
 
-def record_unproven(sup, dep: Deployment, why: str) -> None:
+def record_unproven(sup: Supervisor, dep: Deployment, why: str) -> None:
     """An unproven teardown, appended to the manifest (kept: the reaper and the next stop
     start from it). Never one that a proven teardown has removed."""
     if dep.manifest is None or not manifest_path(sup.paths, dep.job_id).exists():
@@ -212,7 +215,7 @@ def record_unproven(sup, dep: Deployment, why: str) -> None:
 # --- stop -------------------------------------------------------------------------------
 
 
-async def stop(sup, deployment_id: str, *, force: bool) -> dict[str, Any]:
+async def stop(sup: Supervisor, deployment_id: str, *, force: bool) -> dict[str, Any]:
     dep = get(sup, deployment_id)
     task = dep.launch_task
     if task is not None and not task.done():
@@ -261,7 +264,7 @@ async def stop(sup, deployment_id: str, *, force: bool) -> dict[str, Any]:
     return reply
 
 
-async def active_requests(sup, dep: Deployment) -> int:
+async def active_requests(sup: Supervisor, dep: Deployment) -> int:
     """Active requests as rank 0 counts them now (a fresh STATS): telemetry lags by up to
     one interval either way, so a request admitted since the last report counts too. Only
     when rank 0 cannot answer (not serving, or no reply in time) does telemetry decide."""
@@ -303,7 +306,7 @@ def launch_failure(dep: Deployment) -> AdminError:
 # --- replan -----------------------------------------------------------------------------
 
 
-async def replan(sup, deployment_id: str, backend: str, sig: str | None,
+async def replan(sup: Supervisor, deployment_id: str, backend: str, sig: str | None,
                  force: bool = False) -> dict[str, Any]:
     dep = get(sup, deployment_id)
     if dep.busy:

@@ -63,7 +63,7 @@ class Supervisor:
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
         self._closed = asyncio.Event()
-        self._model_lock = asyncio.Lock()
+        self.model_lock = asyncio.Lock()  # one build of the default tiny model at a time
         self._reap_lock = asyncio.Lock()
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -83,7 +83,7 @@ class Supervisor:
         self.me = SupervisorIdentity(os.getpid(), me.start_time if me else time.time(), BOOT_ID,
                                      self.sockets.sender, self.sockets.control_endpoint,
                                      self.sockets.report_endpoint)
-        self.broadcaster = Broadcaster(self._publish_dep, self.epochs)
+        self.broadcaster = Broadcaster(self.publish_dep, self.epochs)
         self._write_runtime_file()
         self._loops = [asyncio.create_task(c) for c in (
             self.sockets.admin_loop(self._on_admin), self.sockets.report_loop(self._on_report),
@@ -162,7 +162,7 @@ class Supervisor:
         log.error("incident %s on %s: %s", name, dep.deployment_id, reason)
         self.emit("incident", name, dep, reason, data)
 
-    def _publish_dep(self, dep: Deployment, body: Any) -> None:
+    def publish_dep(self, dep: Deployment, body: Any) -> None:
         if dep.control is not None:
             self.sockets.publish_control(dep.deployment_id, dep.control, body)
 
@@ -251,7 +251,7 @@ class Supervisor:
                     continue
                 starting = starting or dep.state in STARTING
                 dep.lease_seq += 1
-                self._publish_dep(dep, Lease(
+                self.publish_dep(dep, Lease(
                     deployment_id=dep.deployment_id, job_id=dep.job_id, lease_seq=dep.lease_seq,
                     ttl_s=self.settings.lease_ttl, cancel_epoch=self.epochs.current))
             # Ranks wait for their first lease before loading: renew fast while starting.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from common.messages import AdminReply, AdminRequest
 from common.schema import SchemaError, decode_into
@@ -28,6 +29,9 @@ from services.supervisor.commands import (
 )
 from services.supervisor.errors import AdminError
 
+if TYPE_CHECKING:
+    from services.supervisor.service import Supervisor
+
 log = logging.getLogger("lockstep.supervisor.admin")
 
 REGISTRY: dict[str, ModuleType] = {
@@ -37,7 +41,7 @@ REGISTRY: dict[str, ModuleType] = {
 }
 
 
-async def dispatch(sup, req: AdminRequest) -> AdminReply:
+async def dispatch(sup: Supervisor, req: AdminRequest) -> AdminReply:
     mod = REGISTRY.get(req.command)
     try:
         if mod is None:

@@ -13,10 +13,14 @@ reports zero active requests after the abort. The reply is that evidence.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from services.supervisor import ops
 from services.supervisor.deployment import LIVE
 from services.supervisor.errors import AdminError
+
+if TYPE_CHECKING:
+    from services.supervisor.service import Supervisor
 
 
 @dataclass
@@ -25,7 +29,7 @@ class Args:
     timeout_s: float | None = None
 
 
-async def run(sup, args: Args) -> dict:
+async def run(sup: Supervisor, args: Args) -> dict:
     if args.deployment_id is not None:
         deps = [ops.get(sup, args.deployment_id)]
     else:

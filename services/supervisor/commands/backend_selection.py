@@ -15,8 +15,12 @@ connectivity matrix, a link to every other host); else ring. Each blocker is nam
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from services.supervisor.plan import selection_for
+
+if TYPE_CHECKING:
+    from services.supervisor.service import Supervisor
 
 
 @dataclass
@@ -25,5 +29,5 @@ class Args:
     backend: str = "auto"
 
 
-async def run(sup, args: Args) -> dict:
+async def run(sup: Supervisor, args: Args) -> dict:
     return selection_for(args.hosts, args.backend).to_wire()

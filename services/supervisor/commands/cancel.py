@@ -12,9 +12,13 @@ Epochs strictly increase across all deployments and survive a restart.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from services.supervisor import ops
 from services.supervisor.errors import AdminError
+
+if TYPE_CHECKING:
+    from services.supervisor.service import Supervisor
 
 
 @dataclass
@@ -25,7 +29,7 @@ class Args:
     reason: str = ""
 
 
-async def run(sup, args: Args) -> dict:
+async def run(sup: Supervisor, args: Args) -> dict:
     if args.scope not in ("all", "requests"):
         raise AdminError("bad_request", "args.scope: must be 'all' or 'requests'")
     if args.scope == "requests" and not args.request_ids:

@@ -18,9 +18,13 @@ wait for the readiness barrier, release serve, pass the canary.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from services.supervisor import ops
 from services.supervisor.deployment_state import DeploymentState as S
+
+if TYPE_CHECKING:
+    from services.supervisor.service import Supervisor
 
 
 @dataclass
@@ -35,7 +39,7 @@ class Args:
     envs: list[str] = field(default_factory=list)
 
 
-async def run(sup, args: Args) -> dict:
+async def run(sup: Supervisor, args: Args) -> dict:
     result = await ops.deploy(sup, model_path=args.model_path, tp=args.tp, pp=args.pp,
                               hosts=args.hosts, backend=args.backend,
                               deployment_id=args.deployment_id, wait=args.wait, envs=args.envs)

@@ -16,6 +16,10 @@ shows it in clear. The launch secret itself never leaves the supervisor.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.supervisor.service import Supervisor
 
 
 @dataclass
@@ -23,5 +27,5 @@ class Args:
     pass
 
 
-async def run(sup, args: Args) -> dict:
+async def run(sup: Supervisor, args: Args) -> dict:
     return {"deployments": [d.to_wire(cluster_key=sup.cluster_key) for d in sup.deployments.values()]}

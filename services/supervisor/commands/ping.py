@@ -8,8 +8,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from common.envelope import BOOT_ID
+
+if TYPE_CHECKING:
+    from services.supervisor.service import Supervisor
 
 
 @dataclass
@@ -17,7 +21,7 @@ class Args:
     pass
 
 
-async def run(sup, args: Args) -> dict:
+async def run(sup: Supervisor, args: Args) -> dict:
     from services.supervisor.service import VERSION
 
     return {"pid": sup.me.pid, "boot_id": BOOT_ID, "version": VERSION}

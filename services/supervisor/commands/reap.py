@@ -10,8 +10,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from services.supervisor.errors import AdminError
+
+if TYPE_CHECKING:
+    from services.supervisor.service import Supervisor
 
 
 @dataclass
@@ -19,7 +23,7 @@ class Args:
     pass
 
 
-async def run(sup, args: Args) -> dict:
+async def run(sup: Supervisor, args: Args) -> dict:
     try:
         return await sup.reap()
     except AdminError as exc:

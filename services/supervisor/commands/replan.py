@@ -14,9 +14,13 @@ the gateway), and nothing is changed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from services.supervisor import ops
 from services.supervisor.deployment_state import DeploymentState as S
+
+if TYPE_CHECKING:
+    from services.supervisor.service import Supervisor
 
 
 @dataclass
@@ -27,7 +31,7 @@ class Args:
     force: bool = False
 
 
-async def run(sup, args: Args) -> dict:
+async def run(sup: Supervisor, args: Args) -> dict:
     result = await ops.replan(sup, args.deployment_id, args.backend, args.signature,
                               args.force)
     if not result["preview"]:

@@ -16,8 +16,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from common.envelope import BOOT_ID, REGISTRY
+
+if TYPE_CHECKING:
+    from services.supervisor.service import Supervisor
 
 
 @dataclass
@@ -25,7 +29,7 @@ class Args:
     pass
 
 
-async def run(sup, args: Args) -> dict:
+async def run(sup: Supervisor, args: Args) -> dict:
     sk = sup.sockets
     return {
         "supervisor": {"pid": sup.me.pid, "boot_id": BOOT_ID,
@@ -41,7 +45,7 @@ async def run(sup, args: Args) -> dict:
     }
 
 
-def rank_rejections(sup) -> list[dict]:
+def rank_rejections(sup: Supervisor) -> list[dict]:
     """Ranks' `socket.reason` counters (from telemetry) as status rows, summed over ranks."""
     total: Counter[tuple[str, str]] = Counter()
     for dep in sup.deployments.values():

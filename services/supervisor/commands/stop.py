@@ -16,8 +16,12 @@ its manifest are kept, and the next stop retries.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from services.supervisor import ops
+
+if TYPE_CHECKING:
+    from services.supervisor.service import Supervisor
 
 
 @dataclass
@@ -26,5 +30,5 @@ class Args:
     force: bool = False
 
 
-async def run(sup, args: Args) -> dict:
+async def run(sup: Supervisor, args: Args) -> dict:
     return await ops.stop(sup, args.deployment_id, force=args.force)
