@@ -39,7 +39,7 @@ OPEN_REQUESTS_PER_SLOT = 8  # rank 0's default bound: 8 x max_batch open request
 @dataclass
 class RankSettings:
     """A field the supervisor sets has the name of its SupervisorSettings field (and so
-    of its flag and variable): `rank_settings()` in services/supervisor/launch.py copies
+    of its flag and variable): `rank_settings()` in services/supervisor/job_launch.py copies
     them by name."""
 
     max_batch: AtLeastOne = 16  # completion_batch_size

@@ -2,7 +2,7 @@
 of the deployment on every host, without anyone asking, and keep at it while a host
 cannot be reached, since a partition usually heals.
 
-Each attempt is a verified teardown (ops.teardown) under its own deadline
+Each attempt is a verified teardown (lifecycle.teardown) under its own deadline
 (`attempt_deadline`: the steps' timeouts plus ssh connects and some slack), so neither a
 stalled ssh nor anything else can hold it, or a stop waiting for it, for longer. An attempt
 that is not proven (a host unreachable, ssh timed out) is recorded in the manifest and
@@ -12,7 +12,7 @@ kept, a stop retries). An attempt that raises anything else is logged with its
 traceback and counts as not proven. Every attempt is logged when it starts and ends:
 a `failed` deployment always shows what is being done about it.
 
-A stop arriving meanwhile waits for this (ops.stop), so `lockstep up`'s stop-then-
+A stop arriving meanwhile waits for this (lifecycle.stop), so `lockstep up`'s stop-then-
 redeploy finds the ranks already proven gone once the link is back; a supervisor that
 is closing sets `dep.abort_reason` and the retries end after the attempt in progress.
 """
@@ -24,7 +24,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from services.supervisor import ops
+from services.supervisor import lifecycle
 from services.supervisor.deployment import Deployment
 from services.supervisor.deployment_state import Claim, DeploymentState
 from services.supervisor.errors import TeardownError
@@ -99,7 +99,7 @@ async def _attempts(sup: Supervisor, dep: Deployment) -> None:
 async def _attempt(sup: Supervisor, dep: Deployment, deadline: float) -> str | None:
     """One bounded teardown: None if proven, else why not."""
     try:
-        await asyncio.wait_for(ops.teardown(sup, dep, graceful_s=GRACEFUL_S, final=False),
+        await asyncio.wait_for(lifecycle.teardown(sup, dep, graceful_s=GRACEFUL_S, final=False),
                                deadline)
     except TeardownError as exc:
         return str(exc)
@@ -110,5 +110,5 @@ async def _attempt(sup: Supervisor, dep: Deployment, deadline: float) -> str | N
         why = f"teardown of {dep.deployment_id} raised {type(exc).__name__}: {exc}"
     else:
         return None
-    ops.record_unproven(sup, dep, why)  # (a TeardownError was recorded by ops.teardown)
+    lifecycle.record_unproven(sup, dep, why)  # (a TeardownError was recorded by lifecycle.teardown)
     return why

@@ -2,7 +2,7 @@
 DeploymentInfo.state and Event.state), one table of the allowed edges, and the one
 owner of the transitions and of the claim that a launch, stop or teardown holds on it.
 
-    launching -> loading -> canary -> serving            (deploy: ops.start/_launch)
+    launching -> loading -> canary -> serving            (deploy: lifecycle.start/_launch)
     launching | loading | canary -> failed | teardown_failed    (a launch that failed)
     serving -> failed                                    (the monitor: a rank was lost)
     failed -> teardown_failed                            (after_failure gave up)

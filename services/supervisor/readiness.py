@@ -15,7 +15,7 @@ from common.records import RankMarker
 from common.state import Paths, read_markers
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.errors import LaunchError
-from services.supervisor.launcher import log_tail
+from services.supervisor.process_launcher import log_tail
 
 POLL_S = 0.05
 READY_PHASES = frozenset({"ready", "serving"})

@@ -25,7 +25,7 @@ from typing import Any
 from common.ssh import SshError, SshTarget
 from services.hostagent.client import RemoteHost, ident_from, idents_json, remove_launch_files
 from services.supervisor.hosts import Member
-from services.supervisor.launcher import ROOT, LaunchFailed, Started
+from services.supervisor.process_launcher import ROOT, LaunchFailed, Started
 
 __all__ = ["RemoteHost", "SshLauncher", "ident_from", "idents_json", "parallel"]
 

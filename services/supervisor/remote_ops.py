@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import zmq
 
 from common.ssh import SshError
-from services.supervisor import launch, remote_watch
+from services.supervisor import job_launch, remote_watch
 from services.supervisor.deployment import Deployment
 from services.supervisor.errors import LaunchError
-from services.supervisor.launcher import LaunchFailed
+from services.supervisor.process_launcher import LaunchFailed
 from services.supervisor.remote import hosts_of
 
 if TYPE_CHECKING:
@@ -37,12 +37,12 @@ async def launch_remote(sup: Supervisor, dep: Deployment) -> None:
                 raise LaunchError(f"rank {m.index} on {m.host}: no control/report endpoint "
                                   f"it can reach: {exc}", rank=m.index) from None
     try:
-        await asyncio.to_thread(launch.prepare, dep, sup.paths, sup.me, sup.remote_launcher)
+        await asyncio.to_thread(job_launch.prepare, dep, sup.paths, sup.me, sup.remote_launcher)
     except LaunchFailed as exc:
         raise LaunchError(str(exc)) from None
     sup.sockets.add_report_route(dep.keys.report, dep.report, dep)
     try:
-        await asyncio.to_thread(launch.start_ranks, dep, sup.paths, sup.me, s, sup.launcher,
+        await asyncio.to_thread(job_launch.start_ranks, dep, sup.paths, sup.me, s, sup.launcher,
                                 floor=sup.epochs.current, extra_env=sup.rank_env,
                                 remote=sup.remote_launcher)
     finally:

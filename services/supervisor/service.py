@@ -1,6 +1,6 @@
 """The supervisor process: sockets, deployment table, report handling, the lease and
 monitor loops, events, and the reap gate. Deploy/stop/replan orchestration lives in
-`ops`, cancel broadcasts in `broadcast`, admin commands in `commands/`."""
+`lifecycle`, cancel broadcasts in `broadcast`, admin commands in `commands/`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from common.messages import AdminRequest, CancelAck, Event, Lease, RankReady, Te
 from common.procs import START_TIME_TOLERANCE, identify
 from common.records import SupervisorRecord
 from common.state import Paths, write_supervisor_record
-from services.supervisor import commands, ops
+from services.supervisor import commands, lifecycle
 from services.supervisor.after_failure import teardown_after_failure
 from services.supervisor.broadcast import Broadcaster
 from services.supervisor.deployment import LIVE, Deployment
@@ -28,8 +28,8 @@ from services.supervisor.epochs import EpochStore
 from services.supervisor.errors import AdminError
 from services.supervisor.homelock import hold_home_lock
 from services.supervisor.hosts import read_hosts_file
-from services.supervisor.launch import SupervisorIdentity
-from services.supervisor.launcher import Launcher, LocalLauncher
+from services.supervisor.job_launch import SupervisorIdentity
+from services.supervisor.process_launcher import Launcher, LocalLauncher
 from services.supervisor.remote import SshLauncher
 from services.supervisor.settings import SupervisorSettings
 from services.supervisor.sockets import SupervisorSockets
@@ -113,7 +113,7 @@ class Supervisor:
                 dep.abort_reason = dep.abort_reason or "supervisor closing"  # ends retries
             for dep_id in list(self.deployments):
                 with contextlib.suppress(AdminError):
-                    await ops.stop(self, dep_id, force=True)
+                    await lifecycle.stop(self, dep_id, force=True)
         for t in [*self._loops, *self._tasks]:
             t.cancel()
         for t in [*self._loops, *self._tasks]:

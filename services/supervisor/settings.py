@@ -2,7 +2,7 @@
 
 A field's name is the setting's one name: flag `--peer-abort-grace`, variable
 `LOCKSTEP_PEER_ABORT_GRACE`, field `peer_abort_grace` here and in each rank's
-`RankSettings` (launch.RANK_FIELDS); ranges are on the field types (common/config.py).
+`RankSettings` (job_launch.RANK_FIELDS); ranges are on the field types (common/config.py).
 
 | setting | default | meaning |
 |---|---|---|

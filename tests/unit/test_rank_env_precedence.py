@@ -10,7 +10,7 @@ from pathlib import Path
 from common.rankspec import WATCHDOG_ENV
 from services.rank.watchdogs import WatchdogSettings
 from services.supervisor.deployment import Deployment
-from services.supervisor.launch import _env, rank_settings
+from services.supervisor.job_launch import _env, rank_settings
 from services.supervisor.plan import DeployPlan
 from services.supervisor.settings import SupervisorSettings
 

@@ -245,7 +245,7 @@ def test_thread_does_not_blame_peers_for_its_own_suspension():
 
 def test_parent_gone_and_the_supervisor_settings_for_ranks():
     from services.rank.watchdog_thread import parent_gone
-    from services.supervisor.launch import rank_settings
+    from services.supervisor.job_launch import rank_settings
     from services.supervisor.settings import load
 
     assert parent_gone(None) is None and parent_gone(1) is None  # nothing to watch

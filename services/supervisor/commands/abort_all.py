@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.supervisor import ops
+from services.supervisor import lifecycle
 from services.supervisor.deployment import LIVE
 from services.supervisor.errors import AdminError
 
@@ -31,7 +31,7 @@ class Args:
 
 async def run(sup: Supervisor, args: Args) -> dict:
     if args.deployment_id is not None:
-        deps = [ops.get(sup, args.deployment_id)]
+        deps = [lifecycle.get(sup, args.deployment_id)]
     else:
         deps = [d for d in sup.deployments.values() if d.state in LIVE and d.control]
     deps = [d for d in deps if d.control is not None and d.ranks]

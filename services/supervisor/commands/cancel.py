@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from services.supervisor import ops
+from services.supervisor import lifecycle
 from services.supervisor.errors import AdminError
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ async def run(sup: Supervisor, args: Args) -> dict:
         raise AdminError("bad_request", "args.scope: must be 'all' or 'requests'")
     if args.scope == "requests" and not args.request_ids:
         raise AdminError("bad_request", "args.request_ids: scope 'requests' needs ids")
-    dep = ops.get(sup, args.deployment_id)
+    dep = lifecycle.get(sup, args.deployment_id)
     if dep.control is None or not dep.ranks:
         raise AdminError("conflict", f"deployment {dep.deployment_id} has no running ranks")
     return await sup.broadcaster.cancel(dep, args.scope, args.request_ids,

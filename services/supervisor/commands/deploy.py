@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from services.supervisor import ops
+from services.supervisor import lifecycle
 from services.supervisor.deployment_state import DeploymentState as S
 
 if TYPE_CHECKING:
@@ -40,11 +40,11 @@ class Args:
 
 
 async def run(sup: Supervisor, args: Args) -> dict:
-    result = await ops.deploy(sup, model_path=args.model_path, tp=args.tp, pp=args.pp,
+    result = await lifecycle.deploy(sup, model_path=args.model_path, tp=args.tp, pp=args.pp,
                               hosts=args.hosts, backend=args.backend,
                               deployment_id=args.deployment_id, wait=args.wait, envs=args.envs)
     if args.wait:
         dep = sup.deployments.get(result["deployment_id"])
         if dep is not None and dep.job_id == result["job_id"] and dep.state != S.SERVING:
-            raise ops.launch_failure(dep)
+            raise lifecycle.launch_failure(dep)
     return result

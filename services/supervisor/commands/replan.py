@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.supervisor import ops
+from services.supervisor import lifecycle
 from services.supervisor.deployment_state import DeploymentState as S
 
 if TYPE_CHECKING:
@@ -32,10 +32,10 @@ class Args:
 
 
 async def run(sup: Supervisor, args: Args) -> dict:
-    result = await ops.replan(sup, args.deployment_id, args.backend, args.signature,
+    result = await lifecycle.replan(sup, args.deployment_id, args.backend, args.signature,
                               args.force)
     if not result["preview"]:
         dep = sup.deployments.get(args.deployment_id)
         if dep is not None and dep.state != S.SERVING:
-            raise ops.launch_failure(dep)
+            raise lifecycle.launch_failure(dep)
     return result

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.supervisor import ops
+from services.supervisor import lifecycle
 
 if TYPE_CHECKING:
     from services.supervisor.service import Supervisor
@@ -31,4 +31,4 @@ class Args:
 
 
 async def run(sup: Supervisor, args: Args) -> dict:
-    return await ops.stop(sup, args.deployment_id, force=args.force)
+    return await lifecycle.stop(sup, args.deployment_id, force=args.force)

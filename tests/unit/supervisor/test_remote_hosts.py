@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from services.supervisor.hosts import HostsError, members_from_host_records
-from services.supervisor.launcher import ROOT
+from services.supervisor.process_launcher import ROOT
 from services.supervisor.remote import SshLauncher
 from services.supervisor.sockets import _with_host, source_address
 

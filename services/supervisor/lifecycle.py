@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from common.bus import AsyncRpcClient, BusTimeout, Channel, new_request_id
 from common.messages import REQUESTS_OUT, Shutdown, Stats, StatsRequest
 from common.state import manifest_path, remove_manifest, retire_markers, write_manifest
-from services.supervisor import launch, readiness, remote_ops
+from services.supervisor import job_launch, readiness, remote_ops
 from services.supervisor.canary import run_canary
 from services.supervisor.deployment import LIVE, Deployment
 from services.supervisor.deployment_state import Claim
@@ -105,9 +105,9 @@ async def _launch(sup: Supervisor, dep: Deployment) -> None:
             if any(not m.local for m in dep.plan.members):
                 await remote_ops.launch_remote(sup, dep)
             else:
-                launch.prepare(dep, sup.paths, sup.me)
+                job_launch.prepare(dep, sup.paths, sup.me)
                 sup.sockets.add_report_route(dep.keys.report, dep.report, dep)
-                launch.start_ranks(dep, sup.paths, sup.me, s, sup.launcher,
+                job_launch.start_ranks(dep, sup.paths, sup.me, s, sup.launcher,
                                    floor=sup.epochs.current, extra_env=sup.rank_env)
             sup.set_state(dep, S.LOADING, f"{dep.world_size} rank(s) started")
             await readiness.wait_ready(dep, sup.paths, s.load_timeout, aborted)

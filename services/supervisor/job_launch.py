@@ -29,7 +29,13 @@ from common.state import Paths, write_manifest
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.errors import LaunchError
 from services.supervisor.hosts import Member, jaccl_devices
-from services.supervisor.launcher import Launcher, LaunchFailed, Started, free_ports, rank_env
+from services.supervisor.process_launcher import (
+    Launcher,
+    LaunchFailed,
+    Started,
+    free_ports,
+    rank_env,
+)
 from services.supervisor.remote import (
     RemoteHost,
     SshLauncher,

@@ -1,5 +1,6 @@
-"""Starting rank processes, behind a small interface: local subprocesses now, ssh for
-remote hosts later (`Launcher.start` is all the supervisor uses).
+"""Starting one rank process, behind a small interface (`Launcher.start` is all the
+supervisor uses): `LocalLauncher` here, local subprocesses; ranks on other hosts are
+started over ssh by `remote.SshLauncher`.
 
 Each local rank leads its own session (`start_new_session=True`), so its pid is its
 process group id and a group signal reaches anything it spawned. Output goes to
