@@ -134,6 +134,11 @@ async def status(request: Request) -> dict:
     return data
 
 
+# What GET /deployments adds to each of the supervisor's DeploymentInfo records (the
+# gateway's own view); strip these before reading one with the strict reader.
+GATEWAY_FIELDS = ("gateway_active",)
+
+
 @router.get("/deployments")
 async def deployments(request: Request) -> dict:
     require_admin(request)

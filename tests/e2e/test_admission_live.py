@@ -22,6 +22,7 @@ from common.keys import load_cluster_key, requests_key_of
 from common.messages import REQUESTS_OUT, Abort, ErrorCode, Generate, Tokens
 from tests.gwutil import free_port, poll_until, sse_lines
 from tests.support.processes import interrupt, up_argv
+from tests.support.requests import supervisor_record
 
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_BOUND = 2
@@ -60,7 +61,7 @@ class SecondGateway:
     """A signed DEALER straight to rank 0's requests socket."""
 
     def __init__(self, live) -> None:
-        key = requests_key_of(live["dep"], load_cluster_key(live["home"] / "keys" / "cluster.key"))
+        key = requests_key_of(supervisor_record(live["dep"]), load_cluster_key(live["home"] / "keys" / "cluster.key"))
         self.ch = Channel("test", "requests", sender="gateway-2", send_key=key, accept=REQUESTS_OUT)
         self.ctx = zmq.Context()
         self.sock = configure(self.ctx.socket(zmq.DEALER))

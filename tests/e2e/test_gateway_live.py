@@ -24,6 +24,7 @@ from common.messages import REQUESTS_OUT, StatsRequest
 from common.procs import snapshot_children
 from tests.gwutil import free_port, poll_until, sse_lines
 from tests.support.processes import interrupt, up_argv
+from tests.support.requests import supervisor_record
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_S = 240.0
@@ -86,9 +87,7 @@ def client(live) -> openai.OpenAI:
 
 
 def rank0_stats(live):
-    # The gateway's admin API adds its own `gateway_active` beside the supervisor's
-    # DeploymentInfo, which the strict reader (requests_key_of) refuses as an extra field.
-    dep = {k: v for k, v in live["dep"].items() if k != "gateway_active"}
+    dep = supervisor_record(live["dep"])  # without the gateway's own fields
     ch = Channel("test", "requests", sender="test", accept=REQUESTS_OUT,
                  send_key=requests_key_of(dep, load_cluster_key(
                      live["home"] / "keys" / "cluster.key")))

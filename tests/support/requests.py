@@ -12,13 +12,21 @@ from common.bus import Channel, configure, new_request_id
 from common.envelope import Key
 from common.keys import KeyFileError, requests_key_of
 from common.messages import REQUESTS_OUT, Generate, Tokens
+from services.gateway.admin_api import GATEWAY_FIELDS
 
 CLUSTER_KEYS: list[Key] = []  # cluster keys of supervisors tests started (RunningSupervisor)
+
+
+def supervisor_record(dep: dict) -> dict:
+    """A deployment from the gateway's admin API as the supervisor sent it (without the
+    fields the gateway adds), for the strict DeploymentInfo reader."""
+    return {k: v for k, v in dep.items() if k not in GATEWAY_FIELDS}
 
 
 def open_requests_key(dep_info: dict, cluster_key: Key | None = None) -> Key:
     """The requests key sealed in a DeploymentInfo, opened with `cluster_key` or with the
     key of any supervisor this test process started."""
+    dep_info = supervisor_record(dep_info)
     for key in [cluster_key] if cluster_key is not None else CLUSTER_KEYS[::-1]:
         try:
             return requests_key_of(dep_info, key)
