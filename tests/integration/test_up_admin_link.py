@@ -18,7 +18,7 @@ from common.messages import AdminReply
 from common.records import SupervisorRecord
 from common.state import Paths, write_supervisor_record
 from common.statefiles import write_json_atomic
-from services.up import AdminLink, UpError
+from services.up_admin import AdminLink, UpError
 from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
 
 

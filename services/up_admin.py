@@ -1,0 +1,120 @@
+"""`lockstep up`'s blocking admin link to the supervisor it started (found through
+runtime/supervisor.json), and the errors `up` stops on."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+
+from common.bus import BusTimeout, Channel, SyncRpcClient, new_request_id
+from common.deployment_info import DeploymentInfo, DeploymentInfoError, read_deployment_info
+from common.envelope import Key
+from common.messages import ADMIN_OUT, AdminRequest
+from common.state import Paths, read_supervisor_record
+from common.statefiles import StateFileError
+
+
+class UpError(Exception):
+    pass
+
+
+class DeploymentDown(UpError):
+    """The deployment left serving on its own (failed, stopped, teardown failed)."""
+
+    def __init__(self, dep_id: str, state: str, error: str | None) -> None:
+        super().__init__(f"deployment {dep_id} is {state}: {error}")
+        self.dep_id, self.state = dep_id, state
+
+
+class AdminLink:
+    """Blocking admin client to the supervisor we started (found via supervisor.json)."""
+
+    def __init__(self, paths: Paths, key: Key, sup_pid: int) -> None:
+        self.paths, self.key, self.sup_pid = paths, key, sup_pid
+        self.ctx = zmq.Context()
+        self.client: SyncRpcClient | None = None
+        # While serving, a stop request (Ctrl-C, SIGHUP, SIGTERM) ends any wait for a reply
+        # at once; the shutdown clears it, since its own calls are the orderly stop.
+        self.interrupted: Callable[[], bool] | None = None
+
+    def wait_endpoints(self, timeout: float, stop: threading.Event, check) -> tuple[str, str]:
+        """Wait until our supervisor wrote supervisor.json and answers ping."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not stop.is_set():
+            check()
+            try:
+                info = read_supervisor_record(self.paths.supervisor_file)
+            except StateFileError:  # not written yet (or an old one's, being replaced)
+                info = None
+            if info is not None and info.pid == self.sup_pid:
+                eps = (info.admin, info.events)
+                ch = Channel("up", "admin", sender="up", send_key=self.key, accept=ADMIN_OUT)
+                self.client = SyncRpcClient(self.ctx, eps[0], ch)
+                try:
+                    self.call("ping", {}, timeout=2.0)
+                    return eps
+                except (UpError, BusTimeout):
+                    self.client.close()
+                    self.client = None
+            stop.wait(0.2)
+        raise UpError("the supervisor did not come up (see its log)" if not stop.is_set()
+                      else "interrupted while starting")
+
+    def call(self, command: str, args: dict, timeout: float = 10.0) -> dict:
+        if self.client is None:
+            raise UpError("no supervisor connection")
+        try:
+            reply = self.client.call(AdminRequest(request_id=new_request_id(), command=command,
+                                                  args=args), timeout, self.interrupted).body
+        except BusTimeout:
+            # Lazy Pirate: a timed-out DEALER may get a late reply; start a fresh socket.
+            self.client.close()
+            self.client = SyncRpcClient(self.ctx, self.client.endpoint, self.client.channel)
+            raise
+        if not reply.ok:
+            raise UpError(f"{command}: {reply.code}: {reply.message}")
+        return dict(reply.data)
+
+    def deployments(self, timeout: float) -> list[DeploymentInfo]:
+        """Every deployment the supervisor holds, each read strictly."""
+        deps = self.call("deployments", {}, timeout=timeout).get("deployments")
+        if not isinstance(deps, list):
+            raise UpError("deployments: the reply carries no deployments list")
+        try:
+            return [read_deployment_info(d) for d in deps]
+        except DeploymentInfoError as exc:
+            raise UpError(f"deployments: {exc}") from None
+
+    def deployment(self, dep_id: str) -> DeploymentInfo | None:
+        try:
+            deps = self.deployments(5.0)
+        except (UpError, BusTimeout):
+            return None
+        return next((d for d in deps if d.deployment_id == dep_id), None)
+
+    def abort_and_teardown(self, log, rank_pids: set[int]) -> bool:
+        ok = True
+        try:
+            ev = self.call("abort_all", {"deployment_id": None, "timeout_s": 15.0}, timeout=30.0)
+            log(f"abort_all: epoch {ev.get('epoch')}, zero active: {ev.get('zero_active')}, "
+                f"ranks {ev.get('ranks')}")
+            deps = self.deployments(10.0)
+        except (UpError, BusTimeout) as exc:
+            log(f"abort_all failed: {exc}")
+            return False
+        for d in deps:
+            rank_pids |= {r.pid for r in d.ranks if r.pid and not r.remote}  # local pids only
+            if d.state in ("stopped",):
+                continue
+            try:
+                out = self.call("stop", {"deployment_id": d.deployment_id, "force": True},
+                                timeout=180.0).get("outcome") or {}
+                log(f"deployment {d.deployment_id} torn down "
+                    f"({'/'.join(out.get('path') or []) or 'ok'}, proven {out.get('proven', True)})")
+            except (UpError, BusTimeout) as exc:
+                log(f"teardown of {d.deployment_id} NOT verified: {exc}")
+                ok = False
+        return ok
