@@ -60,11 +60,32 @@ class AdminRequest:
     args: dict[str, object] = field(default_factory=dict)
 
 
+class AdminCode(str, enum.Enum):
+    """How an admin command ended, typed: `ok`, or why not (the message is for people).
+    A closed set: a value outside it fails the schema. The gateway maps each failure to
+    an HTTP status in one table (services/gateway/errors.py ADMIN_STATUS)."""
+
+    OK = "ok"
+    BAD_REQUEST = "bad_request"
+    UNKNOWN_COMMAND = "unknown_command"
+    NOT_FOUND = "not_found"
+    CONFLICT = "conflict"
+    ACTIVE_REQUESTS = "active_requests"
+    LAUNCH_FAILED = "launch_failed"
+    TEARDOWN_FAILED = "teardown_failed"
+    REAP_BLOCKED = "reap_blocked"
+    SIGNATURE_MISMATCH = "signature_mismatch"
+    INTERNAL = "internal"
+
+    def __str__(self) -> str:  # the wire string, in logs, metric labels and f-strings
+        return self.value
+
+
 @dataclass
 class AdminReply:
     request_id: str
     ok: bool
-    code: str
+    code: AdminCode
     message: str = field(default="", metadata=TEXT)
     data: dict[str, object] = field(default_factory=dict)
 

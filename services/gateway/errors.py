@@ -4,17 +4,26 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
+from common.messages import AdminCode
+
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
          404: "invalid_request_error", 405: "invalid_request_error", 409: "conflict_error",
          413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
          500: "server_error", 502: "server_error", 503: "service_unavailable_error",
          504: "timeout_error"}
 
-# Supervisor admin error codes → HTTP status (DESIGN.md section 8, the lead's table).
-ADMIN_STATUS = {"bad_request": 400, "unknown_command": 400, "not_found": 404, "conflict": 409,
-                "active_requests": 409, "launch_failed": 502, "teardown_failed": 500,
-                "reap_blocked": 409, "signature_mismatch": 409, "timeout": 504,
-                "internal": 500, "unavailable": 503}
+# Supervisor admin error codes → HTTP status (DESIGN.md section 8), one row per failing
+# AdminCode, plus the gateway's own two (no reply in time, no supervisor).
+ADMIN_STATUS: dict[str, int] = {
+    AdminCode.BAD_REQUEST: 400, AdminCode.UNKNOWN_COMMAND: 400, AdminCode.NOT_FOUND: 404,
+    AdminCode.CONFLICT: 409, AdminCode.ACTIVE_REQUESTS: 409, AdminCode.LAUNCH_FAILED: 502,
+    AdminCode.TEARDOWN_FAILED: 500, AdminCode.REAP_BLOCKED: 409,
+    AdminCode.SIGNATURE_MISMATCH: 409, AdminCode.INTERNAL: 500,
+    "timeout": 504, "unavailable": 503,
+}
+_unmapped = {c for c in AdminCode if c is not AdminCode.OK} - ADMIN_STATUS.keys()
+if _unmapped:  # complete by construction: a new code cannot reach HTTP unmapped
+    raise ImportError(f"ADMIN_STATUS has no row for {sorted(_unmapped)}")
 
 
 class ApiError(Exception):

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
-CODES = frozenset({
-    "bad_request", "unknown_command", "not_found", "conflict", "active_requests",
-    "launch_failed", "teardown_failed", "reap_blocked", "signature_mismatch",
-    "internal",
-})
+from common.messages import AdminCode
+
+CODES = frozenset(c.value for c in AdminCode if c is not AdminCode.OK)
 
 
 class AdminError(Exception):
     """A command failed; `code` is stable, `message` says what to do, `data` is evidence."""
 
-    def __init__(self, code: str, message: str, data: dict[str, Any] | None = None) -> None:
-        assert code in CODES, code
-        super().__init__(f"{code}: {message}")
-        self.code = code
+    def __init__(self, code: AdminCode | str, message: str,
+                 data: dict[str, Any] | None = None) -> None:
+        self.code = AdminCode(code)  # a code outside the closed set is a bug: ValueError
+        if self.code is AdminCode.OK:
+            raise ValueError("an AdminError cannot be ok")
+        super().__init__(f"{self.code}: {message}")
         self.message = message
         self.data = data or {}
 

@@ -161,8 +161,8 @@ async def test_async_client_skips_bad_replies(endpoints, actx, aclients):
         assert server_ch.unpack(frame).body == req
         good = server_ch.pack(AdminReply(req.request_id, True, "ok"))
         await router.send_multipart([ident, b"junk", good])
-        await router.send_multipart([ident, forger.encode(AdminReply(req.request_id, False, "x"))])
-        await router.send_multipart([ident, server_ch.pack(AdminReply("r-other", False, "x"))])
+        await router.send_multipart([ident, forger.encode(AdminReply(req.request_id, False, "internal"))])
+        await router.send_multipart([ident, server_ch.pack(AdminReply("r-other", False, "internal"))])
         await router.send_multipart([ident, good])
         reply = await call
         assert reply.body == AdminReply(req.request_id, True, "ok")

@@ -42,7 +42,7 @@ SAMPLES: dict[Kind, Any] = {
     Kind.ADMIN_REQUEST: m.AdminRequest(
         "r-1", "status", {"verbose": True, "n": 3, "nested": {"a": [1, 2.5, "x", b"y", None]}}
     ),
-    Kind.ADMIN_REPLY: m.AdminReply("r-1", True, "ok", "fine", {"deployments": [{"id": "d1"}]}),
+    Kind.ADMIN_REPLY: m.AdminReply("r-1", True, m.AdminCode.OK, "fine", {"deployments": [{"id": "d1"}]}),
     Kind.EVENT: m.Event("events", "deployment_state", "dep-1", "serving", "canary ok", NOW + 0.5,
                         {"tp": 2}),
     Kind.GENERATE: m.Generate("r-2", [1, 2, 3], 16, 0.7, 0.9, 1234, [2], "gateway"),

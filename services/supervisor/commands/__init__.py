@@ -4,7 +4,7 @@ registry maps names to modules. Each module has `Args` (a dataclass the request'
 `async run(sup, args) -> dict`.
 
 Wire: `AdminRequest(request_id, command, args)` → `AdminReply(request_id, ok, code,
-message, data)`; `code` is "ok" on success, else one of errors.CODES.
+message, data)`; `code` is an AdminCode (common/messages.py): OK on success, else why not.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from common.messages import AdminReply, AdminRequest
+from common.messages import AdminCode, AdminReply, AdminRequest
 from common.schema import SchemaError, decode_into
 from services.supervisor.commands import (
     abort_all,
@@ -53,11 +53,11 @@ async def dispatch(sup: Supervisor, req: AdminRequest) -> AdminReply:
             raise AdminError("bad_request", f"{exc.reason}: {exc.detail}",
                              {"field": exc.detail, "reason": exc.reason}) from None
         data = await mod.run(sup, args)
-        return AdminReply(request_id=req.request_id, ok=True, code="ok", data=data)
+        return AdminReply(request_id=req.request_id, ok=True, code=AdminCode.OK, data=data)
     except AdminError as exc:
         return AdminReply(request_id=req.request_id, ok=False, code=exc.code,
                           message=exc.message[:60000], data=exc.data)
     except Exception as exc:  # noqa: BLE001 - never let a command take the socket down
         log.exception("admin command %s failed", req.command)
-        return AdminReply(request_id=req.request_id, ok=False, code="internal",
+        return AdminReply(request_id=req.request_id, ok=False, code=AdminCode.INTERNAL,
                           message=f"{type(exc).__name__}: {exc}"[:60000])
