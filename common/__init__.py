@@ -6,13 +6,17 @@ deployment, on another schema version, a missing field or an unknown key):
 
 | record | where | writer | reader |
 |---|---|---|---|
-| `SupervisorRecord` (records.py) | `runtime/supervisor.json` | supervisor (service.py) | `state.read_supervisor_record`: up, up_preflight, admin CLI, home lock, gateway |
-| `LaunchManifest` (records.py) | `runtime/manifests/<job>.json` | supervisor (launch, stop); reaper (its teardown failures) | `state.read_manifests`: the reaper's sweep (in the reaper, and in the supervisor at start) |
-| `RankMarker` (records.py) | `runtime/markers/<dep>/rank-<r>.json` | rank | `state.read_markers`: supervisor (readiness, teardown), reaper, host agent |
+| `SupervisorRecord` (records.py) | `runtime/supervisor.json` | supervisor (service.py) | `home.read_supervisor_record`: up, up_preflight, admin CLI, home lock, gateway |
+| `LaunchManifest` (records.py) | `runtime/manifests/<job>.json` | supervisor (launch, stop); reaper (its teardown failures) | `home.read_manifests`: the reaper's sweep (in the reaper, and in the supervisor at start) |
+| `RankMarker` (records.py) | `runtime/markers/<dep>/rank-<r>.json` | rank | `home.read_markers`: supervisor (readiness, teardown), reaper, host agent |
 | `RankSpec` (rankspec.py) | the job directory's `rank-<r>.spec.json` | supervisor (launch) | `RankSpec.load`: rank |
 | `DeploymentInfo` (deployment_info.py) | admin `status` / `deployments` replies | supervisor (deployment.py `to_wire`) | `read_deployment_info`: gateway, up, admin CLI; `keys.requests_key_of` opens its sealed requests key |
 
-Files: `statefiles.py` writes and reads any state file (atomic, 0600, `schema_version`),
-`records.py` holds the on-disk record types, `state.py` the `$LOCKSTEP_HOME` layout
-(`Paths`) and each on-disk record's reader and writer.
+Files: `atomic_json.py` writes and reads any state file (atomic, 0600, `schema_version`),
+`records.py` holds the on-disk record types, `home.py` the `$LOCKSTEP_HOME` layout
+(`Paths`) and each on-disk record's reader and writer. Other modules: `envelope.py`
+(signing, caps, replay), `schema.py` + `messages.py` (typed bodies), `bus.py` (sockets,
+RPC), `frame_budget.py` (what unauthenticated frames may cost a listener),
+`handshake.py` (session auth), `procs.py` (process identity, the teardown ladder),
+`launcher_watch.py` (services watching `lockstep up`), `config.py` (settings).
 """

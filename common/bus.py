@@ -20,7 +20,6 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from common.admission import Budget, LogLimiter
 from common.envelope import (
     DEFAULT_MAX_SIZE,
     Key,
@@ -32,6 +31,7 @@ from common.envelope import (
     Verifier,
     random_id,
 )
+from common.frame_budget import Budget, LogLimiter
 from common.messages import Kind
 
 log = logging.getLogger("lockstep.bus")
@@ -104,7 +104,7 @@ class Channel:
         self.verifier = Verifier(recv_keys or [send_key], accept, self.rejects,
                                  max_size=max_size, clock=clock)
         self.max_size = max_size
-        self.budget: Budget | None = None  # set on listening sockets (common.admission)
+        self.budget: Budget | None = None  # set on listening sockets (common.frame_budget)
         self._log = LogLimiter(log)
 
     def pack(self, body: Any) -> bytes:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.atomic_json import read_json, write_json_atomic
 from common.config import (
     AtLeastOne,
     Count,
@@ -21,7 +22,6 @@ from common.config import (
     load_settings,
 )
 from common.schema import decode_into, to_wire
-from common.statefiles import read_json, write_json_atomic
 
 SCHEMA_VERSION = 1
 

@@ -1,6 +1,6 @@
 """The typed records kept on disk: launch manifests (with one RankRecord per rank), rank
 markers (DESIGN section 4) and the supervisor's runtime file, validated strictly in both
-directions. Each has one reader in common.state; every process reads it through that.
+directions. Each has one reader in common.home; every process reads it through that.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from common.statefiles import SCHEMA_VERSION, StateFileError
+from common.atomic_json import SCHEMA_VERSION, StateFileError
 
 # Ids become file and directory names: no separators, no leading dot, bounded length.
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

@@ -22,8 +22,8 @@ import time
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from common.admission import LogLimiter
 from common.envelope import Reason, RejectCounter
+from common.frame_budget import LogLimiter
 from common.memtrim import RECLAIMER, Reclaimer
 
 log = logging.getLogger("lockstep.zmtp")

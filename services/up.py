@@ -47,10 +47,10 @@ from common.config import (
     default_home,
     load_settings,
 )
+from common.home import Paths
 from common.keys import KeyFileError, ensure_cluster_key
 from common.launcher_watch import LAUNCHER_ENV, launcher_value
 from common.procs import ProcessIdentity, identify, is_alive, snapshot_children, terminate_ladder
-from common.state import Paths
 from services.up_admin import AdminLink, DeploymentDown, UpError
 from services.up_console import UpConsole
 from services.up_preflight import busy_ports, supervisor_busy

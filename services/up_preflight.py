@@ -8,9 +8,9 @@ import errno
 import os
 import socket
 
+from common.atomic_json import StateFileError
+from common.home import Paths, read_supervisor_record
 from common.procs import START_TIME_TOLERANCE, identify
-from common.state import Paths, read_supervisor_record
-from common.statefiles import StateFileError
 from services.supervisor.homelock import SupervisorBusy, hold_home_lock
 
 

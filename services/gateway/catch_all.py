@@ -16,7 +16,7 @@ import traceback
 
 from starlette.requests import ClientDisconnect
 
-from common.admission import LogLimiter
+from common.frame_budget import LogLimiter
 from services.gateway.errors import error_json
 
 log = logging.getLogger("lockstep.gateway.errors")

@@ -18,13 +18,13 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from common.atomic_json import StateFileError
 from common.bus import AsyncRpcClient, BusTimeout, Channel, GapTracker, configure, new_request_id
 from common.deployment_info import DeploymentInfoError, read_deployment_info
 from common.envelope import Key
+from common.home import read_supervisor_record
 from common.keys import KeyFileError, requests_key_of
 from common.messages import ADMIN_OUT, EVENTS, AdminReply, AdminRequest
-from common.state import read_supervisor_record
-from common.statefiles import StateFileError
 from services.gateway.request_channel import Backend
 from services.gateway.settings import GatewaySettings
 from services.gateway.tokenizers import Tokenizers

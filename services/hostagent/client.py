@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.home import Paths
 from common.procs import ProcessIdentity
 from common.ssh import SshError, SshTarget, run_json
-from common.state import Paths
 from services.hostagent import agent_argv
 from services.hostagent.base import identity_to_dict
 

@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from common.state import Paths, read_markers
+from common.home import Paths, read_markers
 from services.hostagent.base import AgentError, read_stdin
 
 MAX_PORTS = 64

@@ -15,8 +15,8 @@ from typing import Any
 import psutil
 
 from common import procs
+from common.home import Paths, read_markers
 from common.procs import START_TIME_TOLERANCE, ProcessIdentity
-from common.state import Paths, read_markers
 from services.hostagent.base import (
     AgentError,
     identities_arg,

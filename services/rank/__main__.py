@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s rank[%(process)d] %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from common.home import StateFileError
     from common.rankspec import RankSpec
     from common.schema import SchemaError
-    from common.state import StateFileError
 
     try:
         spec = RankSpec.load(args.spec)

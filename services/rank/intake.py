@@ -1,7 +1,7 @@
 """Reading the rank's sockets without letting anyone unauthenticated stall the I/O thread.
 
 Each socket is read in bursts. A listening socket (rank 0's plan and requests ROUTERs)
-carries an admission budget (common.admission.Budget, on its Channel): every rejected
+carries an admission budget (common.frame_budget.Budget, on its Channel): every rejected
 or handshake frame is charged, authenticated traffic is free. When the budget runs dry
 the socket is taken out of the poller until `resume_at`, so the thread sleeps in
 `poll` (GIL released) instead of spinning on garbage; libzmq holds at most RCVHWM frames
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import zmq
 
-from common.admission import Budget
+from common.frame_budget import Budget
 
 BURST = 256  # frames read from one socket per poll round
 BETWEEN_EVERY = 16  # frames between two looks at the outbox

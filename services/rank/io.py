@@ -32,9 +32,9 @@ import time
 import zmq
 
 from common import messages as m
-from common.admission import Budget
 from common.bus import Channel, configure, configure_listener
 from common.envelope import DEFAULT_MAX_SIZE
+from common.frame_budget import Budget
 from common.keys import LaunchKeys
 from common.rankspec import RankSpec
 from common.zmtp_watch import ZmtpWatch

@@ -19,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from common.state import Paths, marker_dir
+from common.home import Paths, marker_dir
 
 
 def token_digest(tokens: list[int]) -> str:

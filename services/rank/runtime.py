@@ -28,10 +28,10 @@ from typing import NoReturn, Protocol
 import mlx.core as mx
 
 from common.envelope import BOOT_ID
+from common.home import Paths, marker_path, write_marker
 from common.messages import Telemetry
 from common.rankspec import RankSpec
 from common.records import Phase, RankMarker
-from common.state import Paths, marker_path, write_marker
 from services.rank.outbox import AbortAll, Command
 from services.rank.process_exit import (
     EXIT_FAILED,

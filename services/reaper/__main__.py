@@ -39,9 +39,9 @@ from pathlib import Path
 import zmq
 
 from common.config import ConfigError, Port, PositiveSeconds, load_settings
+from common.home import Paths, default_home
 from common.keys import KeyFileError, load_cluster_key
 from common.launcher_watch import watch_launcher
-from common.state import Paths, default_home
 from common.zmtp_watch import ZmtpWatch
 from services.reaper.events import EventPublisher
 from services.reaper.reap import Publish, ReapReport, reap_orphans

@@ -15,8 +15,8 @@ import os
 import time
 from typing import Any
 
+from common.home import Paths, read_manifests, read_markers, retire_markers
 from common.procs import START_TIME_TOLERANCE, identify
-from common.state import Paths, read_manifests, read_markers, retire_markers
 
 EMPTY_MARKER_DIR_GRACE_S = 60.0
 

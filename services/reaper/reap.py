@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from common.home import Paths, read_manifests, remove_manifest, write_manifest
 from common.messages import Event
 from common.procs import (
     START_TIME_TOLERANCE,
@@ -42,7 +43,6 @@ from common.procs import (
     terminate_ladder,
 )
 from common.records import LaunchManifest, RankRecord
-from common.state import Paths, read_manifests, remove_manifest, write_manifest
 from services.reaper.markers import protected_deployments, sweep_markers
 
 log = logging.getLogger("lockstep.reaper")

@@ -23,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from common.home import Paths, read_manifests
 from common.procs import ProcessIdentity
 from common.records import LaunchManifest, RankRecord
 from common.ssh import SshError, SshTarget
-from common.state import Paths, read_manifests
 from services.hostagent import client
 from services.hostagent.client import STEPS, Ladder, RemoteHost
 from services.reaper.reap import RemoteOutcome

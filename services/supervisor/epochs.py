@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from common.statefiles import SCHEMA_VERSION, StateFileError, read_json, write_json_atomic
+from common.atomic_json import SCHEMA_VERSION, StateFileError, read_json, write_json_atomic
 
 
 class EpochStore:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import fcntl
 import os
 
-from common.state import Paths, read_supervisor_record
-from common.statefiles import StateFileError
+from common.atomic_json import StateFileError
+from common.home import Paths, read_supervisor_record
 
 
 class SupervisorBusy(Exception):

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from common.bus import Channel
+from common.home import Paths, write_manifest
 from common.keys import LaunchKeys, new_launch_secret
 from common.messages import REPORT
 from common.rankspec import SCHEMA_VERSION as SPEC_VERSION
 from common.rankspec import WATCHDOG_ENV, RankSettings, RankSpec
 from common.records import LaunchManifest, RankRecord
-from common.state import Paths, write_manifest
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.errors import LaunchError
 from services.supervisor.hosts import Member, jaccl_devices

@@ -9,10 +9,10 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from common.home import Paths, read_markers
 from common.messages import Serve
 from common.procs import START_TIME_TOLERANCE, identify
 from common.records import RankMarker
-from common.state import Paths, read_markers
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.errors import LaunchError
 from services.supervisor.process_launcher import log_tail

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from common.atomic_json import StateFileError
 from common.records import RankMarker
 from common.ssh import SshError
-from common.statefiles import StateFileError
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.deployment_state import DeploymentState
 from services.supervisor.remote import RemoteHost, idents_json

@@ -14,11 +14,11 @@ from typing import Any
 import zmq.asyncio
 
 from common.envelope import BOOT_ID, Message
+from common.home import Paths, write_supervisor_record
 from common.keys import load_cluster_key
 from common.messages import AdminRequest, CancelAck, Event, Lease, RankReady, Telemetry
 from common.procs import START_TIME_TOLERANCE, identify
 from common.records import SupervisorRecord
-from common.state import Paths, write_supervisor_record
 from services.supervisor import commands, lifecycle
 from services.supervisor.after_failure import teardown_after_failure
 from services.supervisor.broadcast import Broadcaster

@@ -9,7 +9,7 @@ Report frames are routed to their launch by the key id in the envelope prefix, t
 verified by that launch's own channel (its own replay window); a frame whose key belongs
 to no live launch is counted as `unknown_key` (`retired_key` for a launch that ended)
 and dropped unread. A rank's reports count only after it completed the session
-handshake on this socket (services.supervisor.admission).
+handshake on this socket (services.supervisor.report_gate).
 
 Admission (docs/security.md): admin and report are listening sockets with two size caps
 and a small RCVHWM (common.bus.configure_listener); their read loops charge every
@@ -33,12 +33,12 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from common.admission import Budget
 from common.bus import PUB_MAX_SIZE, Channel, configure, configure_listener
 from common.envelope import Key, Message, RejectCounter
+from common.frame_budget import Budget
 from common.messages import ADMIN_IN, EVENTS, Event
 from common.zmtp_watch import ZmtpWatch
-from services.supervisor.admission import REPORT_MAX, ReportAdmission
+from services.supervisor.report_gate import REPORT_MAX, ReportAdmission
 
 log = logging.getLogger("lockstep.supervisor")
 EVENTS_TOPIC = b"events"

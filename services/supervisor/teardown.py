@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.home import Paths, read_markers
 from common.procs import (
     START_TIME_TOLERANCE,
     Kill,
@@ -29,7 +30,6 @@ from common.procs import (
     is_alive,
     terminate_ladder,
 )
-from common.state import Paths, read_markers
 from services.supervisor import teardown_remote as tr
 from services.supervisor.deployment import Deployment
 

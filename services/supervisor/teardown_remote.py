@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.atomic_json import StateFileError
 from common.procs import START_TIME_TOLERANCE, ProcessIdentity
 from common.records import RankMarker
 from common.ssh import SshError
-from common.statefiles import StateFileError
 from services.hostagent import client
 from services.hostagent.client import STEPS, Ladder, RemoteHost, ident_from
 from services.supervisor.deployment import RankState

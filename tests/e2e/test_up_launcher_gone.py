@@ -20,8 +20,8 @@ import httpx
 import psutil
 import pytest
 
+from common.home import Paths
 from common.procs import ProcessIdentity, identify, is_alive, signal_identity, snapshot_children
-from common.state import Paths
 from tests.gwutil import free_port, poll_until
 from tests.support.processes import up_argv
 

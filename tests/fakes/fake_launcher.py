@@ -27,10 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.keys import new_launch_secret
-from common.procs import ProcessIdentity, identify, terminate_ladder
-from common.records import LaunchManifest, RankRecord
-from common.state import (
+from common.atomic_json import write_json_atomic
+from common.home import (
     Paths,
     marker_dir,
     marker_path,
@@ -38,7 +36,9 @@ from common.state import (
     retire_markers,
     write_manifest,
 )
-from common.statefiles import write_json_atomic
+from common.keys import new_launch_secret
+from common.procs import ProcessIdentity, identify, terminate_ladder
+from common.records import LaunchManifest, RankRecord
 from tests.support.polling import poll_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import zmq
 
 from common.bus import Channel, configure
+from common.home import Paths, write_marker
 from common.keys import LaunchKeys, read_secret_file
 from common.messages import (
     CONTROL,
@@ -46,7 +47,6 @@ from common.messages import (
 from common.procs import identify
 from common.rankspec import RankSpec
 from common.records import Phase, RankMarker
-from common.state import Paths, write_marker
 from services.rank.auth import InitiatorLink, new_identity
 
 

@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+from common.home import Paths, write_marker
 from common.procs import identify
 from common.records import Phase, RankMarker
-from common.state import Paths, write_marker
 
 
 def main(argv: list[str] | None = None) -> int:

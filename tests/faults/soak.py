@@ -37,11 +37,11 @@ from pathlib import Path
 import httpx
 import zmq
 
+from common.atomic_json import read_json
 from common.envelope import Key
+from common.home import Paths, manifest_path
 from common.keys import generate_key_file, load_cluster_key
 from common.records import LaunchManifest
-from common.state import Paths, manifest_path
-from common.statefiles import read_json
 from services.admin_cli import AdminClient
 from tests.faults.soak_clients import READ_TIMEOUT_S, STREAM_DEADLINE_S, Clients
 from tests.faults.soak_faults import FAULTS, GRACE_S, WEIGHTS, Faults

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from common.atomic_json import read_json
+from common.home import Paths, manifest_path, marker_dir
 from common.keys import generate_key_file, load_cluster_key
 from common.records import LaunchManifest
-from common.state import Paths, manifest_path, marker_dir
-from common.statefiles import read_json
 from tests.fakes.procwatch import poll_file, poll_for, process_gone
 from tests.support.processes import lockstep_env, reaper_once
 from tests.support.requests import RequestsClient

@@ -27,7 +27,7 @@ from common.bus import Channel, new_request_id
 from common.envelope import DEFAULT_MAX_SIZE, Signer
 from common.handshake import Initiator, session_keys
 from services.rank.io import PLAN_IN_MAX
-from services.supervisor.admission import REPORT_MAX
+from services.supervisor.report_gate import REPORT_MAX
 from services.supervisor.sockets import ADMIN_MAX
 from tests.e2e.rank_harness import REPO
 from tests.support.requests import RequestsClient

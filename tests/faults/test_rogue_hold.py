@@ -28,7 +28,7 @@ from common.envelope import DEFAULT_MAX_SIZE
 from common.keys import load_cluster_key
 from services.admin_cli import AdminClient
 from services.rank.io import PLAN_IN_MAX
-from services.supervisor.admission import REPORT_MAX
+from services.supervisor.report_gate import REPORT_MAX
 from services.supervisor.sockets import ADMIN_MAX
 from tests.e2e.rank_harness import REPO, Deployment
 from tests.support.polling import poll_for

@@ -18,8 +18,8 @@ import httpx
 import psutil
 import pytest
 
+from common.atomic_json import read_json
 from common.keys import CHANNELS, LaunchKeys, load_cluster_key, read_secret_file
-from common.statefiles import read_json
 from tests.gwutil import free_port, poll_until
 from tests.support.processes import interrupt, up_argv
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from common.atomic_json import read_json
+from common.home import Paths, marker_path
 from common.keys import new_launch_secret
 from common.rankspec import RankSpec
-from common.state import Paths, marker_path
-from common.statefiles import read_json
 from tests.e2e.rank_harness import REPO, Deployment, poll_until
 
 AUTH_TIMEOUT_S = 4.0

@@ -15,9 +15,9 @@ import psutil
 import pytest
 
 from common import procs
+from common.home import Paths, write_marker
 from common.records import Phase, RankMarker
 from common.ssh import SshError
-from common.state import Paths, write_marker
 from services.hostagent import agent_argv, parse_signal
 from services.hostagent.base import AgentError
 from services.hostagent.proc_cmds import spawn_outcome

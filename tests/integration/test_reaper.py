@@ -16,9 +16,9 @@ import pytest
 import zmq
 
 from common.envelope import RejectCounter, Verifier
+from common.home import Paths, manifest_path, marker_dir, read_manifests
 from common.keys import generate_key_file, load_cluster_key
 from common.messages import EVENTS
-from common.state import Paths, manifest_path, marker_dir, read_manifests
 from services.reaper.reap import reap_orphans
 from tests.fakes.fake_launcher import ROOT, FakeSupervisor
 from tests.fakes.procwatch import poll_file, poll_for, process_gone, process_running

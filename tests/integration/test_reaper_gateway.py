@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.home import Paths, manifest_path
 from common.keys import generate_key_file
-from common.state import Paths, manifest_path
 from tests.fakes.fake_launcher import ROOT, FakeSupervisor
 from tests.fakes.procwatch import free_port, poll_for, process_gone
 from tests.support.processes import lockstep_env

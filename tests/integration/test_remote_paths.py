@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from common.atomic_json import read_json
+from common.home import Paths, manifest_path, write_manifest, write_marker
 from common.procs import identify
 from common.records import LaunchManifest, Phase, RankMarker, RankRecord
 from common.ssh import SshError
-from common.state import Paths, manifest_path, write_manifest, write_marker
-from common.statefiles import read_json
 from services.reaper.reap import reap_orphans
 from services.reaper.remote import SshRemoteReaper
 from services.supervisor.remote import remote_env, remote_rank_argv

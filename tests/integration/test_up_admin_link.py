@@ -11,13 +11,13 @@ import time
 
 import pytest
 
+from common.atomic_json import write_json_atomic
 from common.deployment_info import DeploymentInfo
 from common.envelope import BOOT_ID
+from common.home import Paths, write_supervisor_record
 from common.keys import ensure_cluster_key
 from common.messages import AdminReply
 from common.records import SupervisorRecord
-from common.state import Paths, write_supervisor_record
-from common.statefiles import write_json_atomic
 from services.up_admin import AdminLink, UpError
 from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
 

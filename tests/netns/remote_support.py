@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from common.home import Paths
 from common.procs import START_TIME_TOLERANCE
-from common.state import Paths
 from tests.netns.hosts import PYTHON, REPO_ROOT, NetnsCluster
 from tests.support.polling import wait_for as poll_for
 from tests.support.processes import netns_of

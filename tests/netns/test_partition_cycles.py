@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.home import Paths
 from common.procs import ProcessIdentity, identify, snapshot_children
-from common.state import Paths
 from tests.netns.hosts import REPO_ROOT, NetnsCluster
 from tests.netns.remote_support import hosts_doc
 from tests.support.polling import poll_for

@@ -11,9 +11,9 @@ from dataclasses import replace
 
 import pytest
 
+from common.atomic_json import read_json
+from common.home import Paths, manifest_path
 from common.records import LaunchManifest
-from common.state import Paths, manifest_path
-from common.statefiles import read_json
 from tests.e2e.rank_harness import model_dir
 from tests.e2e.ring_sharded_check import MAX_TOKENS, PROMPT, greedy_ids
 from tests.netns.remote_support import assert_nothing_left, hosts_doc, netns_of

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from common.atomic_json import read_json
+from common.home import Paths, manifest_path
 from common.keys import load_cluster_key
 from common.rankspec import RankSpec
 from common.records import LaunchManifest
-from common.state import Paths, manifest_path
-from common.statefiles import read_json
 from services.admin_cli import AdminClient
 from tests.netns.hosts import REPO_ROOT
 from tests.netns.remote_support import (

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from common.state import Paths
+from common.home import Paths
 from tests.faults.soak import Budget, Soak, run_soak
 from tests.faults.soak_faults import FAULTS, WEIGHTS
 from tests.netns.hosts import NetnsCluster

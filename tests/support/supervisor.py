@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from common.home import read_supervisor_record
 from common.keys import generate_key_file, load_cluster_key
-from common.state import read_supervisor_record
 from services.admin_cli import AdminClient
 from services.supervisor.settings import SupervisorSettings
 from tests.support.polling import poll_for

@@ -13,16 +13,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common import messages as m
-from common.admission import Budget, LogLimiter
 from common.bus import Channel
 from common.deployment_info import DeploymentInfo, DeploymentInfoError
 from common.envelope import PREFIX, Key, Reason, Signer
+from common.frame_budget import Budget, LogLimiter
 from common.handshake import Initiator, session_keys
 from common.keys import KeyFileError, LaunchKeys, requests_key_of, seal_key, unseal_key
 from common.rankspec import SCHEMA_VERSION, RankSpec
 from common.schema import to_wire
 from services.rank.auth import InitiatorLink
-from services.supervisor.admission import ReportAdmission
+from services.supervisor.report_gate import ReportAdmission
 from tests.support.clock import FakeClock
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,12 +13,10 @@ from typing import Any
 
 import pytest
 
+from common.atomic_json import StateFileError
 from common.deployment_info import DeploymentInfoError, read_deployment_info
 from common.envelope import Key
-from common.keys import LaunchKeys, requests_key_of
-from common.procs import identify
-from common.records import LaunchManifest, Phase, RankMarker, RankRecord, SupervisorRecord
-from common.state import (
+from common.home import (
     Paths,
     read_manifests,
     read_markers,
@@ -27,7 +25,9 @@ from common.state import (
     write_marker,
     write_supervisor_record,
 )
-from common.statefiles import StateFileError
+from common.keys import LaunchKeys, requests_key_of
+from common.procs import identify
+from common.records import LaunchManifest, Phase, RankMarker, RankRecord, SupervisorRecord
 from services.admin_cli import human
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.homelock import SupervisorBusy, hold_home_lock

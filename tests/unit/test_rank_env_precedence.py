@@ -22,7 +22,7 @@ def _dep(tmp_path: Path, envs: list[str]) -> Deployment:
 
 
 def test_supervisor_flags_beat_its_inherited_environment(tmp_path, monkeypatch):
-    from common.state import Paths
+    from common.home import Paths
 
     for var in WATCHDOG_ENV:
         monkeypatch.setenv(var, "99")
@@ -35,7 +35,7 @@ def test_supervisor_flags_beat_its_inherited_environment(tmp_path, monkeypatch):
 
 
 def test_a_deployments_explicit_envs_still_override(tmp_path, monkeypatch):
-    from common.state import Paths
+    from common.home import Paths
 
     monkeypatch.setenv("LOCKSTEP_PEER_ABORT_GRACE", "99")
     settings = SupervisorSettings(home=tmp_path)

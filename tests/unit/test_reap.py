@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from common.atomic_json import read_json
+from common.home import Paths, manifest_path, marker_dir, write_manifest, write_marker
 from common.messages import Event
 from common.procs import identify
 from common.records import LaunchManifest, Phase, RankMarker, RankRecord
-from common.state import Paths, manifest_path, marker_dir, write_manifest, write_marker
-from common.statefiles import read_json
 from services.reaper.reap import REMOTE_UNAVAILABLE, reap_orphans, supervisor_state
 from tests.fakes.procwatch import poll_for, process_gone, process_running
 

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import state
-from common.records import LaunchManifest, Phase, RankMarker, RankRecord
-from common.state import (
+from common import home as state
+from common.atomic_json import StateFileError, read_json, write_json_atomic
+from common.home import (
     Paths,
     manifest_path,
     marker_path,
@@ -30,7 +30,7 @@ from common.state import (
     write_manifest,
     write_marker,
 )
-from common.statefiles import StateFileError, read_json, write_json_atomic
+from common.records import LaunchManifest, Phase, RankMarker, RankRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -256,7 +256,7 @@ def test_read_json_names_the_file_and_the_reason(tmp_path: Path, content: bytes 
 WRITER = r"""
 import sys
 sys.path.insert(0, sys.argv[2])
-from common.statefiles import write_json_atomic
+from common.atomic_json import write_json_atomic
 payload = ["x" * 90] * 20000   # ~2 MB: a write takes long enough to be interrupted
 seq = 0
 while True:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from common.state import Paths
+from common.home import Paths
 from services.supervisor.homelock import SupervisorBusy, hold_home_lock
 from services.up_preflight import busy_ports, port_taken, supervisor_busy
 
@@ -36,7 +36,7 @@ def test_the_home_lock_dies_with_a_killed_holder(tmp_path):
     paths.ensure()
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, os; from pathlib import Path; "
-         "from common.state import Paths; from services.supervisor.homelock import "
+         "from common.home import Paths; from services.supervisor.homelock import "
          "hold_home_lock; hold_home_lock(Paths(Path(sys.argv[1]))); print('held', flush=True); "
          "sys.stdin.read()", str(paths.home)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from common.state import Paths, manifest_path, marker_dir
+from common.home import Paths, manifest_path, marker_dir
 from tests.support.requests import RequestsClient
 from tests.support.supervisor import RunningSupervisor, fake_settings, pid_gone
 

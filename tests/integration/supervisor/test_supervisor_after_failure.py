@@ -15,8 +15,8 @@ import time
 
 import pytest
 
+from common.home import Paths, manifest_path
 from common.procs import ProcessIdentity
-from common.state import Paths, manifest_path
 from services.supervisor.after_failure import attempt_deadline
 from services.supervisor.teardown import TeardownSeams
 from tests.support.supervisor import pid_gone, poll_for

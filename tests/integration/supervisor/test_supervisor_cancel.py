@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from common.state import Paths
+from common.home import Paths
 from tests.support.requests import RequestsClient
 from tests.support.supervisor import pid_gone, poll_for
 

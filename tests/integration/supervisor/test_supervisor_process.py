@@ -16,9 +16,9 @@ import pytest
 import zmq
 
 from common.bus import Channel, configure
+from common.home import Paths, read_manifests, read_supervisor_record
 from common.keys import generate_key_file, load_cluster_key
 from common.messages import EVENTS, Event
-from common.state import Paths, read_manifests, read_supervisor_record
 from tests.support.processes import lockstep_env
 from tests.support.supervisor import (
     FAKE_RANK,

@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 
+from common.home import Paths, manifest_path, marker_dir
 from common.procs import ProcessIdentity, start_time_of
-from common.state import Paths, manifest_path, marker_dir
 from services.supervisor.teardown import TeardownSeams
 from tests.support.supervisor import pid_gone, poll_for
 

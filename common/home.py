@@ -1,6 +1,6 @@
 """Where Lockstep keeps its state ($LOCKSTEP_HOME), and the records on disk there: launch
 manifests and rank markers (DESIGN section 4) and the supervisor's runtime file. Each is
-written atomically (common.statefiles) and has one strict reader here (the record types
+written atomically (common.atomic_json) and has one strict reader here (the record types
 are in common.records), which every process uses. Readers report what they cannot read,
 with its path; they never guess.
 """
@@ -14,8 +14,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.atomic_json import StateFileError, fsync_dir, read_json, write_json_atomic
 from common.records import ID_RE, LaunchManifest, RankMarker, SupervisorRecord
-from common.statefiles import StateFileError, fsync_dir, read_json, write_json_atomic
 
 # Exactly what write_marker writes; [0-9] not \d, which also matches non-ASCII digits.
 _MARKER_RE = re.compile(r"rank-(0|[1-9][0-9]{0,5})\.json")

@@ -24,12 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from common.admission import Budget
 from common.bus import Channel
 from common.envelope import MAGIC, PREFIX, Key, Message, Reason, RejectCounter
+from common.frame_budget import Budget
 from common.handshake import Gate, Responder, session_keys
 
-log = logging.getLogger("lockstep.supervisor.admission")
+log = logging.getLogger("lockstep.supervisor.report_gate")
 RETIRED_MAX = 256  # key ids of ended launches remembered, to name their frames
 REPORT_MAX = 256 * 1024  # RANK_READY / TELEMETRY / CANCEL_ACK are small
 
