@@ -151,6 +151,7 @@ class Tokens:
     step: int = 0
     token_times: list[float] = field(default_factory=list)  # wall clock per token
     error_code: ErrorCode | None = None  # why, for the receiver to act on
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (first chunk)
 
 
 @dataclass
@@ -180,6 +181,10 @@ class PlanInsert:
     top_p: float
     seed: int
     stop_token_ids: list[int] = field(default_factory=list)
+    # Prefix cache (services/rank/prefix_cache.py): start from entry `cache_entry` (0:
+    # none) trimmed to its first `cached_tokens` tokens, which equal the prompt's.
+    cache_entry: int = 0
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -188,9 +193,42 @@ class PlanRemove:
     reason: str
 
 
+class CacheOpKind(str, enum.Enum):
+    """What a plan does to every rank's prompt-cache store (applied in plan order)."""
+
+    STORE = "store"  # keep the KV of `request_id`, which finished at the previous step
+    EVICT = "evict"  # drop entry `entry_id`
+    CLEAR = "clear"  # drop every entry
+
+
+@dataclass
+class CacheOp:
+    kind: CacheOpKind
+    entry_id: int = 0
+    request_id: str = ""
+    n_tokens: int = 0  # STORE: the tokens the entry covers (prompt + generated, as fed)
+    nbytes: int = 0  # STORE: rank 0's bytes for it, the budget's unit; a rank holding more fails
+
+
+@dataclass
+class CacheStats:
+    """One rank's prompt-cache store, in telemetry. The counters are cumulative; hits,
+    misses and hit tokens are rank 0's decisions (zero on followers)."""
+
+    entries: int = 0
+    tokens: int = 0
+    bytes: int = 0
+    stored: int = 0
+    evicted: int = 0
+    hits: int = 0
+    misses: int = 0
+    hit_tokens: int = 0
+
+
 @dataclass
 class Plan:
-    """Everything every rank applies before step `step` (advance=False: apply only)."""
+    """Everything every rank applies before step `step` (advance=False: apply only):
+    removes, then cache ops, then inserts."""
 
     seq: int
     step: int
@@ -199,6 +237,7 @@ class Plan:
     removes: list[PlanRemove] = field(default_factory=list)
     cancel_epoch: int = 0  # epoch folded into this plan, 0 if none
     shutdown: bool = False
+    cache: list[CacheOp] = field(default_factory=list)
 
 
 @dataclass
@@ -301,6 +340,7 @@ class Telemetry:
     at: float = 0.0
     error: str | None = field(default=None, metadata=TEXT)
     rejects: dict[str, int] = field(default_factory=dict)  # "socket.reason" -> count
+    cache: CacheStats | None = None  # the prompt-cache store (None: caching off)
 
 
 @dataclass
