@@ -33,6 +33,7 @@ ENV_OVERRIDES = ("peer_abort_grace", "progress_stall_timeout", "signal_clear_tim
 WATCHDOG_ENV = tuple(env_name(n) for n in ENV_OVERRIDES)
 
 
+DEFAULT_PROMPT_CACHE_BYTES = 1 << 30  # a rank given 0: one fixed number on every rank
 OPEN_REQUESTS_PER_SLOT = 8  # rank 0's default bound: 8 x max_batch open requests
 
 
@@ -49,6 +50,11 @@ class RankSettings:
     prefill_batch: AtLeastOne = 8
     prefill_step: AtLeastOne = 512
     default_max_tokens: AtLeastOne = 256
+    # Prefix cache (services/rank/prefix_cache.py): stored entries at most; 0 = off.
+    prompt_cache_entries: Count = 32
+    # Stored KV bytes per rank at most; 0 here = DEFAULT_PROMPT_CACHE_BYTES (the
+    # supervisor resolves its own 0, "auto", from memory before any rank sees it).
+    prompt_cache_bytes: Count = 0
     rank_telemetry_interval_s: PositiveSeconds = 1.0
     plan_fetch_after_s: PositiveSeconds = 0.25  # follower asks for missed plans after this
     replay_buffer: AtLeastOne = 1024  # plans rank 0 keeps for followers that missed some
