@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 BIG_LIST = {"max_len": 262144}
 TEXT = {"max_len": 65536}
+BIAS_LIST = {"max_len": 1024}  # logit_bias entries per request
 
 
 class Kind(str, enum.Enum):
@@ -105,6 +106,14 @@ class Event:
 
 
 @dataclass
+class TokenBias:
+    """OpenAI's `logit_bias` entry: `bias` added to token `token`'s logit every step."""
+
+    token: int
+    bias: float
+
+
+@dataclass
 class Generate:
     request_id: str
     prompt: list[int] = field(metadata=BIG_LIST)
@@ -114,6 +123,16 @@ class Generate:
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     client: str = ""
+    # Sampling (services/rank/sampling.py); each default means "off", so an older sender
+    # still decodes and means what it meant.
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    repetition_context_size: int = 20
+    logit_bias: list[TokenBias] = field(default_factory=list, metadata=BIAS_LIST)
+    top_logprobs: int = -1  # per token: its logprob and this many alternatives; -1: none
 
 
 @dataclass
@@ -152,6 +171,11 @@ class Tokens:
     token_times: list[float] = field(default_factory=list)  # wall clock per token
     error_code: ErrorCode | None = None  # why, for the receiver to act on
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (first chunk)
+    # Asked for (Generate.top_logprobs >= 0): one entry per token, aligned with `tokens`:
+    # its logprob, and the top alternatives' ids and logprobs, best first.
+    logprobs: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
 
 
 @dataclass
@@ -185,6 +209,15 @@ class PlanInsert:
     # none) trimmed to its first `cached_tokens` tokens, which equal the prompt's.
     cache_entry: int = 0
     cached_tokens: int = 0
+    # Sampling, as in Generate (validated by rank 0; every rank applies the same).
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    repetition_context_size: int = 20
+    logit_bias: list[TokenBias] = field(default_factory=list, metadata=BIAS_LIST)
+    top_logprobs: int = -1  # rank 0 alone reads it (followers send no tokens)
 
 
 @dataclass
