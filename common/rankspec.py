@@ -35,6 +35,14 @@ WATCHDOG_ENV = tuple(env_name(n) for n in ENV_OVERRIDES)
 
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30  # a rank given 0: one fixed number on every rank
 OPEN_REQUESTS_PER_SLOT = 8  # rank 0's default bound: 8 x max_batch open requests
+PROMPT_CACHE_AUTO_MAX = 4 << 30  # prompt_cache_bytes=0 (auto): at most 4 GiB per rank
+PROMPT_CACHE_AUTO_SHARE = 8  # ... and at most 1/8 of the supervisor host's memory
+
+
+def auto_prompt_cache_bytes(host_memory: int) -> int:
+    """The byte budget `prompt_cache_bytes=0` (auto) stands for, from the physical memory
+    of the supervisor's host: resolved once there, so every rank gets the same number."""
+    return min(PROMPT_CACHE_AUTO_MAX, host_memory // PROMPT_CACHE_AUTO_SHARE)
 
 
 @dataclass
@@ -68,6 +76,12 @@ class RankSettings:
     openblas: bool = True
     auth_timeout_s: PositiveSeconds = 30.0  # no mutual authentication by then: fail
     rank_test_seams: bool = False  # allows LOCKSTEP_TEST_* fault switches (tests only)
+    # Prefix cache (services/rank/prefix_cache.py), the same on every rank: at most this
+    # many entries (0: the cache is off) holding at most this many bytes of KV on each
+    # rank. The supervisor writes a resolved byte budget (auto_prompt_cache_bytes), never
+    # 0: a rank never resolves "auto" itself, or ranks on different hosts would differ.
+    prompt_cache_entries: Count = 32
+    prompt_cache_bytes: Count = 0
 
     def with_env(self, env: Mapping[str, str]) -> RankSettings:
         """These settings, the ENV_OVERRIDES in `env` over them, every range checked

@@ -2,6 +2,7 @@
 
     lockstep up [--port 8000] [--home ~/.lockstep] [--model PATH] [--tp 2] [--pp 1]
                 [--hosts FILE] [--backend auto|ring|jaccl|mpi] [--host 127.0.0.1]
+                [--prompt-cache-entries 32] [--prompt-cache-bytes 0]
 
 Starts `lockstep supervisor`, `lockstep reaper` and `lockstep gateway` as separate
 processes (each in its own session, logs in $LOCKSTEP_HOME/runtime/logs/), writes the
@@ -74,6 +75,10 @@ class UpSettings:
     ready_timeout: PositiveSeconds = 600.0
     stop_timeout: PositiveSeconds = 15.0
     restarts: Count = 3  # redeploys after a deployment fails (a rank died, a peer was lost)
+    # The supervisor's settings of the same names, handed to it as its flags (every rank
+    # gets them through its spec): 0 entries = prefix cache off; 0 bytes = auto.
+    prompt_cache_entries: Count = 32
+    prompt_cache_bytes: Count = 0
 
 
 def wait_http_ready(url: str, timeout: float, stop: threading.Event, progress) -> None:
@@ -185,7 +190,9 @@ class Up:
         hosts, envs, backend = self.hosts()
         sup = self.spawn("supervisor", ["--admin-port", str(s.admin_port), "--events-port",
                                         str(s.events_port), "--control-port", str(s.control_port),
-                                        "--report-port", str(s.report_port)])
+                                        "--report-port", str(s.report_port),
+                                        "--prompt-cache-entries", str(s.prompt_cache_entries),
+                                        "--prompt-cache-bytes", str(s.prompt_cache_bytes)])
         self.admin = AdminLink(self.paths, key, sup.pid)
         self.admin.interrupted = self.stop_flag.is_set
         admin_ep, events_ep = self.admin.wait_endpoints(60.0, self.stop_flag, self.check_children)
@@ -301,7 +308,8 @@ def _parser() -> argparse.ArgumentParser:
                      ("--admin-port", int), ("--events-port", int), ("--control-port", int),
                      ("--report-port", int), ("--reaper-events-port", int),
                      ("--ready-timeout", float), ("--stop-timeout", float),
-                     ("--restarts", int)):
+                     ("--restarts", int), ("--prompt-cache-entries", int),
+                     ("--prompt-cache-bytes", int)):
         ap.add_argument(flag, type=tp, default=None)
     return ap
 

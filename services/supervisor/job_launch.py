@@ -12,6 +12,7 @@ home needed to reach it again (supervisor teardown or, after a crash, the reaper
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import threading
@@ -19,12 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from common.bus import Channel
 from common.home import Paths, write_manifest
 from common.keys import LaunchKeys, new_launch_secret
 from common.messages import REPORT
 from common.rankspec import SCHEMA_VERSION as SPEC_VERSION
-from common.rankspec import WATCHDOG_ENV, RankSettings, RankSpec
+from common.rankspec import WATCHDOG_ENV, RankSettings, RankSpec, auto_prompt_cache_bytes
 from common.records import LaunchManifest, RankRecord
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.errors import LaunchError
@@ -69,11 +72,20 @@ def _write_private(path: Path, text: str) -> None:
 # The supervisor's settings each rank gets in its spec: one name on both sides.
 RANK_FIELDS = ("lease_ttl", "peer_abort_grace", "progress_stall_timeout",
                "signal_clear_timeout", "rank_telemetry_interval_s", "max_open_requests",
-               "rank_test_seams")
+               "prompt_cache_entries", "prompt_cache_bytes", "rank_test_seams")
+
+
+@functools.cache
+def host_memory() -> int:
+    """Physical memory of this (the supervisor's) host, read once per process."""
+    return int(psutil.virtual_memory().total)
 
 
 def rank_settings(settings: SupervisorSettings) -> RankSettings:
-    return RankSettings(**{name: getattr(settings, name) for name in RANK_FIELDS})
+    values = {name: getattr(settings, name) for name in RANK_FIELDS}
+    if not values["prompt_cache_bytes"]:  # auto: resolved here, never on a rank
+        values["prompt_cache_bytes"] = auto_prompt_cache_bytes(host_memory())
+    return RankSettings(**values)
 
 
 def _where(dep: Deployment, m: Member) -> RemoteHost | None:

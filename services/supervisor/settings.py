@@ -25,6 +25,8 @@ A field's name is the setting's one name: flag `--peer-abort-grace`, variable
 | rank_command | (empty) | command that starts one rank, `--spec FILE` appended; empty = `python -m services.rank` |
 | rank_telemetry_interval_s | 1.0 | telemetry period written into each rank's spec |
 | max_open_requests | 0 | rank 0 refuses a request (429 at the gateway) while this many are open; 0 = 8 x max_batch (128) |
+| prompt_cache_entries | 32 | prefix-cache entries every rank may hold (LRU, decided by rank 0); 0 = the prefix cache is off |
+| prompt_cache_bytes | 0 | prefix-cache bytes of KV per rank; 0 = auto: min(4 GiB, this host's physical memory / 8), resolved once here so every rank gets the same number |
 | rank_test_seams | false | lets ranks honour LOCKSTEP_TEST_* fault switches (tests only) |
 | hosts | (none) | hosts file (mlx.launch format) for deploys that name no hosts (`--hosts FILE`) |
 | ssh_config | (empty) | ssh client config (`ssh -F`) for remote hosts that set none of their own |
@@ -77,6 +79,8 @@ class SupervisorSettings:
     signal_clear_timeout: Seconds = 10.0
     rank_telemetry_interval_s: PositiveSeconds = 1.0
     max_open_requests: Count = 0  # rank 0's bound (common.rankspec.RankSettings)
+    prompt_cache_entries: Count = 32  # 0: prefix cache off
+    prompt_cache_bytes: Count = 0  # per rank; 0: auto (job_launch.rank_settings resolves it)
     rank_test_seams: bool = False
     canary_runs: AtLeastOne = 3
     canary_window_s: Seconds = 1.0
