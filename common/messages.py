@@ -6,8 +6,8 @@ Channels (DESIGN.md §2) and who may send what:
   requests  GENERATE, ABORT, STATS_REQUEST → TOKENS, STATS (launch key "requests")
   plan      PLAN_HELLO → PLAN_WELCOME, PLAN, PLAN_FETCH → PLAN_BATCH, PING → PONG
                                                           (launch key "plan")
-  control   CANCEL, SERVE, SHUTDOWN, LEASE               (launch key "control")
-  report    RANK_READY, TELEMETRY, CANCEL_ACK            (launch key "report")
+  control   CANCEL, SERVE, SHUTDOWN, LEASE, CACHE_CLEAR  (launch key "control")
+  report    RANK_READY, TELEMETRY, CANCEL_ACK, CACHE_CLEARED (launch key "report")
   auth      AUTH_HELLO → AUTH_CHALLENGE → AUTH_PROOF → AUTH_OK (session handshake on the
             plan and report sockets, signed with that socket's key; common/handshake.py)
 """
@@ -45,6 +45,8 @@ class Kind(str, enum.Enum):
     RANK_READY = "rank_ready"
     TELEMETRY = "telemetry"
     CANCEL_ACK = "cancel_ack"
+    CACHE_CLEAR = "cache_clear"
+    CACHE_CLEARED = "cache_cleared"
     AUTH_HELLO = "auth_hello"
     AUTH_CHALLENGE = "auth_challenge"
     AUTH_PROOF = "auth_proof"
@@ -76,6 +78,7 @@ class AdminCode(str, enum.Enum):
     TEARDOWN_FAILED = "teardown_failed"
     REAP_BLOCKED = "reap_blocked"
     SIGNATURE_MISMATCH = "signature_mismatch"
+    TIMEOUT = "timeout"  # the ranks did not confirm in time (e.g. a cache clear)
     INTERNAL = "internal"
 
     def __str__(self) -> str:  # the wire string, in logs, metric labels and f-strings
@@ -335,6 +338,16 @@ class Shutdown:
 
 
 @dataclass
+class CacheClear:
+    """Admin `cache_clear`: rank 0 folds a CLEAR op into its next plan (every rank empties
+    its prefix cache at that step) and answers CACHE_CLEARED. Re-sent until answered;
+    rank 0 applies each `clear_id` once and answers every copy."""
+
+    deployment_id: str
+    clear_id: int
+
+
+@dataclass
 class Lease:
     deployment_id: str
     job_id: str
@@ -383,6 +396,16 @@ class CancelAck:
     rank: int
     step_applied: int
     cancelled: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CacheCleared:
+    """Rank 0: the plan carrying clear `clear_id`'s CLEAR was published for step `step`."""
+
+    deployment_id: str
+    clear_id: int
+    rank: int
+    step: int
 
 
 # --- session handshake ---------------------------------------------------------------
@@ -440,6 +463,8 @@ BODY: dict[Kind, type] = {
     Kind.RANK_READY: RankReady,
     Kind.TELEMETRY: Telemetry,
     Kind.CANCEL_ACK: CancelAck,
+    Kind.CACHE_CLEAR: CacheClear,
+    Kind.CACHE_CLEARED: CacheCleared,
     Kind.AUTH_HELLO: AuthHello,
     Kind.AUTH_CHALLENGE: AuthChallenge,
     Kind.AUTH_PROOF: AuthProof,
@@ -460,6 +485,7 @@ AUTH_TO_INITIATOR = frozenset({Kind.AUTH_CHALLENGE, Kind.AUTH_OK})
 PLAN_TO_FOLLOWER = frozenset({Kind.PLAN_WELCOME, Kind.PLAN, Kind.PLAN_BATCH, Kind.PING}) \
     | AUTH_TO_INITIATOR
 PLAN_TO_LEADER = frozenset({Kind.PLAN_HELLO, Kind.PLAN_FETCH, Kind.PONG}) | AUTH_TO_RESPONDER
-CONTROL = frozenset({Kind.CANCEL, Kind.SERVE, Kind.SHUTDOWN, Kind.LEASE})
-REPORT = frozenset({Kind.RANK_READY, Kind.TELEMETRY, Kind.CANCEL_ACK}) | AUTH_TO_RESPONDER
+CONTROL = frozenset({Kind.CANCEL, Kind.SERVE, Kind.SHUTDOWN, Kind.LEASE, Kind.CACHE_CLEAR})
+REPORT = frozenset({Kind.RANK_READY, Kind.TELEMETRY, Kind.CANCEL_ACK, Kind.CACHE_CLEARED}) \
+    | AUTH_TO_RESPONDER
 REPORT_TO_RANK = AUTH_TO_INITIATOR  # the supervisor only ever answers the handshake

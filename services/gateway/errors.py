@@ -13,13 +13,13 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permis
          504: "timeout_error"}
 
 # Supervisor admin error codes → HTTP status (DESIGN.md section 8), one row per failing
-# AdminCode, plus the gateway's own two (no reply in time, no supervisor).
+# AdminCode, plus the gateway's own (no supervisor).
 ADMIN_STATUS: dict[str, int] = {
     AdminCode.BAD_REQUEST: 400, AdminCode.UNKNOWN_COMMAND: 400, AdminCode.NOT_FOUND: 404,
     AdminCode.CONFLICT: 409, AdminCode.ACTIVE_REQUESTS: 409, AdminCode.LAUNCH_FAILED: 502,
     AdminCode.TEARDOWN_FAILED: 500, AdminCode.REAP_BLOCKED: 409,
-    AdminCode.SIGNATURE_MISMATCH: 409, AdminCode.INTERNAL: 500,
-    "timeout": 504, "unavailable": 503,
+    AdminCode.SIGNATURE_MISMATCH: 409, AdminCode.TIMEOUT: 504, AdminCode.INTERNAL: 500,
+    "unavailable": 503,  # the gateway's own; "timeout" (no reply in time) is AdminCode's
 }
 _unmapped = {c for c in AdminCode if c is not AdminCode.OK} - ADMIN_STATUS.keys()
 if _unmapped:  # complete by construction: a new code cannot reach HTTP unmapped

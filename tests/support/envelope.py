@@ -70,6 +70,8 @@ SAMPLES: dict[Kind, Any] = {
     Kind.TELEMETRY: m.Telemetry("dep-1", "job-1", 1, 4242, "serving", 100, 2, 3, 1024, 2048, NOW,
                                 "none"),
     Kind.CANCEL_ACK: m.CancelAck("dep-1", 3, 1, 101, ["r-1"]),
+    Kind.CACHE_CLEAR: m.CacheClear("dep-1", 5),
+    Kind.CACHE_CLEARED: m.CacheCleared("dep-1", 5, 0, 120),
     Kind.AUTH_HELLO: m.AuthHello("dep-1", "job-1", 1, b"\x00" * 16),
     Kind.AUTH_CHALLENGE: m.AuthChallenge(b"n" * 16, b"p" * 32),
     Kind.AUTH_PROOF: m.AuthProof(b"p" * 32),
