@@ -7,6 +7,10 @@ Requests are named by request id; each rank maps id → uid from its own `insert
 value and checks that the uid is the one the plan order predicts (an insert made on one
 rank alone would shift every later uid). Any mismatch raises `Divergence`: the caller
 fails closed instead of entering a collective its peers will not enter.
+
+The prompt-cache store (services/rank/prefix_store.py) is part of the batch's state: a
+plan's cache ops apply between its removes and its inserts, and an insert may start
+from a stored entry (the plan says which, and how many of its tokens).
 """
 
 from __future__ import annotations
@@ -14,15 +18,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import psutil
 from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-from common.messages import PlanInsert, PlanRemove
-from common.rankspec import RankSettings
+from common.messages import CacheOp, PlanInsert, PlanRemove
+from common.rankspec import DEFAULT_PROMPT_CACHE_BYTES, RankSettings
+from services.rank.prefix_store import CacheDivergence, PromptStore
 from services.rank.sampling import make_sampler
 
 
 class Divergence(Exception):
     """This rank's batch no longer matches the plan: stop before the next collective."""
+
+
+class CacheBudgetError(Exception):
+    """This host cannot hold the prompt-cache budget every rank was given."""
+
+
+def prompt_cache_budget(settings: RankSettings) -> int:
+    return settings.prompt_cache_bytes or DEFAULT_PROMPT_CACHE_BYTES
 
 
 @dataclass
@@ -71,6 +86,16 @@ class Engine:
         self.by_uid: dict[int, Active] = {}
         self.next_uid = 0
         self.step = 0  # next() calls made so far
+        self.store: PromptStore | None = None
+        self.trimmable = can_trim_prompt_cache(make_prompt_cache(model))
+        if settings.prompt_cache_entries > 0:
+            budget = prompt_cache_budget(settings)
+            total = psutil.virtual_memory().total
+            if budget > total // 2:
+                raise CacheBudgetError(
+                    f"prompt_cache_bytes {budget} is more than half of this host's memory "
+                    f"({total} bytes): lower it (or prompt_cache_entries 0 turns it off)")
+            self.store = PromptStore(settings.prompt_cache_entries, budget)
 
     # -- queries -----------------------------------------------------------------
 
@@ -83,10 +108,21 @@ class Engine:
     def active_ids(self) -> tuple[str, ...]:
         return tuple(self.by_rid)
 
+    def holds_finished(self) -> bool:
+        """KV of finished requests waits for a plan to store or drop it."""
+        return self.store is not None and bool(self.store.finished)
+
     # -- plan application ------------------------------------------------------------
 
-    def apply(self, removes: list[PlanRemove], inserts: list[PlanInsert]) -> list[Finished]:
-        """Removes first, then inserts, exactly as the plan lists them."""
+    def apply(self, removes: list[PlanRemove], inserts: list[PlanInsert],
+              cache_ops: list[CacheOp] = ()) -> list[Finished]:
+        """Removes first, then cache ops, then inserts, exactly as the plan lists them."""
+        try:
+            return self._apply(removes, inserts, cache_ops)
+        except CacheDivergence as exc:
+            raise Divergence(f"prompt cache: {exc}") from exc
+
+    def _apply(self, removes, inserts, cache_ops) -> list[Finished]:
         removed: list[Finished] = []
         if removes:
             uids = []
@@ -100,12 +136,17 @@ class Engine:
             for f in removed:
                 del self.by_rid[f.active.request_id]
                 del self.by_uid[f.active.uid]
+        if self.store is not None:
+            self.store.apply(list(cache_ops))
+        elif cache_ops:
+            raise Divergence("plan carries cache ops; the prompt cache is off on this rank")
         if inserts:
             for ins in inserts:
                 if ins.request_id in self.by_rid:
                     raise Divergence(f"plan inserts {ins.request_id!r}, already in this batch")
+            prompts, caches, done = self._starts(inserts)
             uids = self.gen.insert(
-                [list(i.prompt) for i in inserts],
+                prompts, caches=caches, all_tokens=done,
                 max_tokens=[i.max_tokens for i in inserts],
                 samplers=[make_sampler(i.temperature, i.top_p, i.seed) for i in inserts],
                 stop_sequences=[self._stops(i.stop_token_ids) for i in inserts],
@@ -119,6 +160,25 @@ class Engine:
                 self.by_rid[a.request_id] = a
                 self.by_uid[uid] = a
         return removed
+
+    def _starts(self, inserts: list[PlanInsert]):
+        """Each insert's prompt still to compute, the cache it starts from (None: empty)
+        and the tokens that cache covers."""
+        prompts, caches, done = [], [], []
+        for i in inserts:
+            prompt = list(i.prompt)
+            if not i.cache_entry:
+                prompts.append(prompt)
+                caches.append(None)
+                done.append([])
+                continue
+            if self.store is None:
+                raise Divergence(f"insert {i.request_id!r} starts from the prompt cache, "
+                                 "which is off on this rank")
+            caches.append(self.store.start_from(i.cache_entry, i.cached_tokens, prompt))
+            prompts.append(prompt[i.cached_tokens:])
+            done.append(prompt[:i.cached_tokens])
+        return prompts, caches, done
 
     def _stops(self, extra: list[int]) -> StopSequences:
         if not extra:
@@ -147,6 +207,8 @@ class Engine:
                 del self.by_rid[a.request_id]
                 del self.by_uid[a.uid]
                 finished.append(Finished(a, r.finish_reason, step, keep))
+                if self.store is not None and r.prompt_cache is not None:
+                    self.store.finished[a.request_id] = (r.prompt_cache, list(r.all_tokens))
         return emitted, finished
 
     def drain(self) -> None:

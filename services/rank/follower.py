@@ -71,10 +71,11 @@ class Follower(RankLoop):
             self.fail(f"plan {plan.seq} is for step {plan.step}, this rank is at step "
                       f"{self.engine.step}")
         try:
-            removed = self.engine.apply(plan.removes, plan.inserts)
+            removed = self.engine.apply(plan.removes, plan.inserts, plan.cache)
         except Exception as exc:  # noqa: BLE001 - Divergence, or anything else: fail closed
             self.fail(f"plan {plan.seq}: {exc!r}")
         self.expected += 1
+        self.applied_cache(plan)
         for f in removed:
             self.record(f)
         if plan.cancel_epoch:

@@ -22,7 +22,7 @@ import queue
 import secrets
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.messages import ErrorCode, Generate, Plan, PlanInsert, PlanRemove
 from common.records import Phase
@@ -31,6 +31,8 @@ from services.rank.engine import Divergence, Emitted
 from services.rank.loop import RankLoop
 from services.rank.outbox import Command, PublishPlan, StreamChunk
 from services.rank.planwire import MAX_BATCH_BYTES, plan_size
+from services.rank.prefix_cache import CachePlanner
+from services.rank.prefix_store import cache_bytes
 
 log = logging.getLogger("lockstep.rank.leader")
 MAX_SEED = (1 << 63) - 1
@@ -41,6 +43,7 @@ class Req:
     insert: PlanInsert
     received_at: float  # wall clock at the I/O thread (model_ttft_ms counts from it)
     first_at: float | None = None
+    cached_tokens: int = 0  # of the prompt, served from the prefix cache
 
 
 class Leader(RankLoop):
@@ -54,6 +57,9 @@ class Leader(RankLoop):
         self.cancels: dict[int, object] = {}  # epoch → Cancel, not yet folded
         self.seq = 0
         self.out: list[Command] = []  # for the I/O thread, handed over once per iteration
+        store = self.engine.store  # None: the prefix cache is off
+        self.cache = None if store is None else \
+            CachePlanner(store.max_entries, store.max_bytes, self.engine.trimmable)
         self.rt.on_exit(self._end_all_streams)
 
     # -- the loop ---------------------------------------------------------------------
@@ -63,12 +69,20 @@ class Leader(RankLoop):
             self.handle(e)
         self.stash.clear()
         while True:
-            busy = self.engine.has_work() or self.pending or self.removes or self.cancels
-            if not busy:
+            if not self.busy():
                 self.flush()
-            self.drain(block=not busy)
-            if self.engine.has_work() or self.pending or self.removes or self.cancels:
+                self.drain(block=True)
+            else:
+                self.drain(block=False)
+            if self.busy():
                 self.plan_and_step()
+
+    def busy(self) -> bool:
+        """Something for the next plan: the batch, requests, removes, a cancel, or cache
+        decisions (finished KV is stored or dropped by a plan, not left waiting)."""
+        return bool(self.engine.has_work() or self.pending or self.removes or self.cancels
+                    or self.engine.holds_finished()
+                    or (self.cache is not None and self.cache.has_ops()))
 
     def handle(self, e: object) -> None:
         if isinstance(e, ev.GenerateEv):
@@ -157,24 +171,34 @@ class Leader(RankLoop):
                 elif rid in self.scheduled and rid in self.pending:
                     self.pending.remove(rid)
                     self.finish(rid, "abort", error=None)
+        # Cache ops before inserts: each insert matches the index as every rank holds
+        # it once this plan's stores and evictions are applied.
+        ops = self.cache.take_ops() if self.cache is not None else []
         inserts: list[PlanInsert] = []
         budget = MAX_BATCH_BYTES
         while self.pending:
-            ins = self.scheduled[self.pending[0]].insert
+            req = self.scheduled[self.pending[0]]
+            ins = req.insert
             budget -= plan_size(Plan(0, 0, True, [ins]))
             if inserts and budget < 0:
                 break
+            if self.cache is not None:
+                entry, n = self.cache.match(ins.prompt)
+                if entry:
+                    ins = replace(ins, cache_entry=entry, cached_tokens=n)
+                    req.cached_tokens = n
             inserts.append(ins)
             self.pending.popleft()
         plan_removes = [PlanRemove(request_id=rid, reason=why) for rid, why in removes.items()]
         try:
-            removed = self.engine.apply(plan_removes, inserts)
+            removed = self.engine.apply(plan_removes, inserts, ops)
         except Exception as exc:  # noqa: BLE001 - never publish a plan rank 0 can't apply
             self.fail(f"rank 0 cannot apply its own plan: {exc!r}")
         plan = Plan(seq=self.seq, step=self.engine.step, advance=self.engine.has_work(),
-                    inserts=inserts, removes=plan_removes, cancel_epoch=epoch)
+                    inserts=inserts, removes=plan_removes, cancel_epoch=epoch, cache=ops)
         self.seq += 1
         self.send(PublishPlan(plan))
+        self.applied_cache(plan)
         for f in removed:
             self.record(f)
             self.finish(f.active.request_id, "abort", error=None, step=f.step)
@@ -192,9 +216,16 @@ class Leader(RankLoop):
         if delay:
             time.sleep(delay)
         emitted = super().step()  # removals recorded before the streams end
+        if self.cache is not None:  # the model's finishes: what the next plan stores
+            for rid, (kv, tokens) in self.engine.store.finished.items():
+                self.cache.finished(rid, tokens, cache_bytes(kv))
         self.emit(emitted)
         self.publish_counts()
         return emitted
+
+    def publish_cache(self) -> None:
+        stats = self.engine.store.stats()
+        self.rt.cache = stats if self.cache is None else self.cache.stats(stats)
 
     def emit(self, emitted: list[Emitted]) -> None:
         now = time.time()
@@ -208,7 +239,9 @@ class Leader(RankLoop):
                 ttft = (now - req.received_at) * 1000.0
             toks = [] if e.token is None else [e.token]
             self.out.append(StreamChunk(rid, toks, e.finish_reason, step, ttft,
-                                        [now] * len(toks)))
+                                        [now] * len(toks),
+                                        cached_tokens=req.cached_tokens if ttft is not None
+                                        else 0))
             if e.finish_reason is not None:
                 del self.scheduled[rid]
 

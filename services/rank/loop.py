@@ -17,6 +17,7 @@ from services.rank.engine import Divergence, Emitted, Engine, Finished
 from services.rank.errors import StepCause, step_cause
 from services.rank.io import RankIO
 from services.rank.outbox import Report
+from services.rank.prefix_store import CacheIndexLog, cache_index_path
 from services.rank.process_exit import EXIT_FAILED
 from services.rank.removals import RemovalLog
 from services.rank.runtime import RankRuntime
@@ -36,6 +37,11 @@ class RankLoop:
         self.settings: RankSettings = rt.spec.settings
         self.acks: dict[int, CancelAck] = {}
         self.watermark_step = 0
+        self.cache_log: CacheIndexLog | None = None
+        if engine.store is not None:
+            self.cache_log = CacheIndexLog(cache_index_path(rt.paths, rt.spec.deployment_id,
+                                                            rt.rank))
+            self.rt.cache = engine.store.stats()
 
     # -- inbox ---------------------------------------------------------------------------
 
@@ -106,6 +112,18 @@ class RankLoop:
         log.info("cancel epoch %d applied at step %d: %s", plan.cancel_epoch, plan.step, cancelled)
         self.io.post(Report(ack))
 
+    # -- prompt cache ------------------------------------------------------------------------
+
+    def applied_cache(self, plan: Plan) -> None:
+        """After `plan` was applied: its index change recorded, the stats published."""
+        if plan.cache and self.cache_log is not None:
+            self.cache_log.append(plan.seq, plan.step, self.engine.store)
+        if self.engine.store is not None:
+            self.publish_cache()
+
+    def publish_cache(self) -> None:
+        self.rt.cache = self.engine.store.stats()
+
     # -- record ----------------------------------------------------------------------------
 
     def record(self, f: Finished) -> None:
@@ -166,4 +184,6 @@ class RankLoop:
             log.warning("draining the last step: %s", exc)
         self.rt.inside = None
         self.removals.close()
+        if self.cache_log is not None:
+            self.cache_log.close()
         self.rt.exit(code, phase, error)

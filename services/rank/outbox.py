@@ -29,6 +29,7 @@ class StreamChunk:  # rank 0: a request's next chunk; the ledger adds index and 
     token_times: list[float] = field(default_factory=list)
     error: str | None = None  # for people
     error_code: ErrorCode | None = None  # for the receiver to act on
+    cached_tokens: int = 0  # prompt tokens the prefix cache served (the first chunk)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import mlx.core as mx
 
 from common.envelope import BOOT_ID
 from common.home import Paths, marker_path, write_marker
-from common.messages import Telemetry
+from common.messages import CacheStats, Telemetry
 from common.rankspec import RankSpec
 from common.records import Phase, RankMarker
 from services.rank.outbox import AbortAll, Command
@@ -90,6 +90,7 @@ class RankRuntime:
         self.step = 0
         self.active_ids: tuple[str, ...] = ()
         self.pending = 0  # leader: accepted but not yet in a plan
+        self.cache: CacheStats | None = None  # the prompt-cache store, after the last plan
         self.cancel_floor = spec.cancel_epoch_floor  # start-up watermark: never applied
         self.cancel_epoch = spec.cancel_epoch_floor  # last consumed (or the watermark)
         self.parent_pid: int | None = os.getppid() if spec.watch_parent else None
@@ -182,7 +183,7 @@ class RankRuntime:
             deployment_id=self.spec.deployment_id, job_id=self.spec.job_id, rank=self.rank,
             pid=self.pid, phase=self.phase.value, step=self.step, active=self.active,
             cancel_epoch=self.cancel_epoch, mem_active=mem_active, mem_peak=mem_peak,
-            at=self.clock(), error=self.error, rejects=self.rejects(),
+            at=self.clock(), error=self.error, rejects=self.rejects(), cache=self.cache,
         )
 
     # -- hooks for the watchdogs (services.rank.watchdog_thread) -------------------------------------

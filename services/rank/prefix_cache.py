@@ -1,0 +1,141 @@
+"""Rank 0's prefix-cache decisions: which entry an insert starts from, what is stored,
+what is evicted. Followers never decide; they apply the ops the plan carries
+(services/rank/prefix_store.py).
+
+The index mirrors every rank's store: entry id → the tokens it covers and rank 0's bytes
+for it (the budget's unit: rank 0 holds the most layers under PP and the same heads as
+every peer under TP, so its bytes bound every rank's). LRU order is plan order: an entry
+is used when an insert starts from it, and new when stored.
+
+- match: the entry sharing the longest prefix with the prompt, capped at len(prompt)-1
+  (the last prompt token is always computed: its logits start the completion). An entry
+  longer than the shared prefix is cut to it, which needs trimmable caches.
+- store: a request the model finished (stop or length) leaves prompt + generated tokens
+  as fed, so a conversation's next turn hits its own reply too. Entries that are a
+  prefix of the new one are evicted (the new one serves them, trimmed); then LRU entries
+  until the entry and byte budgets hold. An entry bigger than the whole budget is not
+  stored. Aborted or cancelled requests are never stored: nothing half-written.
+- clear: one CLEAR op, every rank empties its store at the same plan.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from common.messages import CacheOp, CacheOpKind, CacheStats
+
+MIN_HIT_TOKENS = 8  # below this a hit saves less than copying the entry costs
+
+
+@dataclass
+class Indexed:
+    tokens: np.ndarray
+    nbytes: int
+
+
+def shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+class CachePlanner:
+    def __init__(self, max_entries: int, max_bytes: int, trimmable: bool) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.trimmable = trimmable
+        self.index: OrderedDict[int, Indexed] = OrderedDict()  # LRU first
+        self.nbytes = 0
+        self.next_id = 1
+        self.ops: list[CacheOp] = []  # for the next plan
+        self.hits = self.misses = self.hit_tokens = 0
+        self.not_stored = 0  # finished requests bigger than the whole budget
+        self.clears: list[str] = []  # requested, not yet in a plan
+        self.cleared: list[str] = []  # in the plan just taken
+
+    # -- inserts -----------------------------------------------------------------------
+
+    def match(self, prompt: list[int]) -> tuple[int, int]:
+        """(entry id, tokens it covers) for an insert of `prompt`; (0, 0) for a miss.
+        Call after `take_ops()`: the index then is what every rank holds at inserts."""
+        p = np.asarray(prompt, dtype=np.int64)
+        limit = len(prompt) - 1
+        best, best_n = 0, 0
+        for eid, e in reversed(self.index.items()):  # most recent first: ties keep it
+            common = shared_prefix(p, e.tokens)
+            n = min(common, limit)
+            if n < len(e.tokens) and not self.trimmable:
+                continue  # it would have to be cut
+            if n > best_n:
+                best, best_n = eid, n
+        if best_n < MIN_HIT_TOKENS:
+            self.misses += 1
+            return 0, 0
+        self.index.move_to_end(best)
+        self.hits += 1
+        self.hit_tokens += best_n
+        return best, best_n
+
+    # -- stores, evictions, clears -----------------------------------------------------
+
+    def finished(self, request_id: str, tokens: list[int], nbytes: int) -> None:
+        """The model finished `request_id` at the last step; its KV (`tokens`, rank 0's
+        `nbytes`) can be stored by the next plan."""
+        if not tokens or nbytes > self.max_bytes:
+            self.not_stored += 1
+            return
+        t = np.asarray(tokens, dtype=np.int64)
+        for eid, e in list(self.index.items()):
+            if len(e.tokens) == len(t) and shared_prefix(t, e.tokens) == len(t):
+                self.index.move_to_end(eid)  # the same tokens are held already
+                return
+        if self.trimmable:  # entries it extends: it serves them, trimmed
+            for eid, e in list(self.index.items()):
+                if len(e.tokens) < len(t) and shared_prefix(t, e.tokens) == len(e.tokens):
+                    self._evict(eid)
+        while self.index and (len(self.index) + 1 > self.max_entries
+                              or self.nbytes + nbytes > self.max_bytes):
+            self._evict(next(iter(self.index)))
+        eid = self.next_id
+        self.next_id += 1
+        self.index[eid] = Indexed(t, nbytes)
+        self.nbytes += nbytes
+        self.ops.append(CacheOp(kind=CacheOpKind.STORE, entry_id=eid, request_id=request_id,
+                                n_tokens=len(tokens), nbytes=nbytes))
+
+    def _evict(self, eid: int) -> None:
+        e = self.index.pop(eid)
+        self.nbytes -= e.nbytes
+        self.ops.append(CacheOp(kind=CacheOpKind.EVICT, entry_id=eid))
+
+    def request_clear(self, clear_id: str = "") -> None:
+        """Empty every rank's store at the next plan (admin cache-clear); `clear_id` is
+        handed back by `take_cleared()` once that plan is built, to acknowledge it."""
+        # Pending stores and evictions are moot: the KV of a store not applied is
+        # dropped at that plan anyway.
+        self.ops = [CacheOp(kind=CacheOpKind.CLEAR)]
+        self.index.clear()
+        self.nbytes = 0
+        self.clears.append(clear_id)
+
+    def take_cleared(self) -> list[str]:
+        """Clear ids whose CLEAR went into the plan just taken (`take_ops`)."""
+        out, self.cleared = self.cleared, []
+        return out
+
+    def has_ops(self) -> bool:
+        return bool(self.ops)
+
+    def take_ops(self) -> list[CacheOp]:
+        ops, self.ops = self.ops, []
+        self.cleared.extend(self.clears)
+        self.clears = []
+        return ops
+
+    def stats(self, store: CacheStats) -> CacheStats:
+        """Rank 0's telemetry: its own store's figures plus the decisions' counters."""
+        store.hits, store.misses, store.hit_tokens = self.hits, self.misses, self.hit_tokens
+        return store
