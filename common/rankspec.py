@@ -76,12 +76,6 @@ class RankSettings:
     openblas: bool = True
     auth_timeout_s: PositiveSeconds = 30.0  # no mutual authentication by then: fail
     rank_test_seams: bool = False  # allows LOCKSTEP_TEST_* fault switches (tests only)
-    # Prefix cache (services/rank/prefix_cache.py), the same on every rank: at most this
-    # many entries (0: the cache is off) holding at most this many bytes of KV on each
-    # rank. The supervisor writes a resolved byte budget (auto_prompt_cache_bytes), never
-    # 0: a rank never resolves "auto" itself, or ranks on different hosts would differ.
-    prompt_cache_entries: Count = 32
-    prompt_cache_bytes: Count = 0
 
     def with_env(self, env: Mapping[str, str]) -> RankSettings:
         """These settings, the ENV_OVERRIDES in `env` over them, every range checked
