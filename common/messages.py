@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 BIG_LIST = {"max_len": 262144}
 TEXT = {"max_len": 65536}
 BIAS_LIST = {"max_len": 1024}  # logit_bias entries per request
+GRAMMAR = {"max_len": 262144}  # a serialized llguidance grammar (services/rank/grammar.py)
 
 
 class Kind(str, enum.Enum):
@@ -136,6 +137,9 @@ class Generate:
     repetition_context_size: int = 20
     logit_bias: list[TokenBias] = field(default_factory=list, metadata=BIAS_LIST)
     top_logprobs: int = -1  # per token: its logprob and this many alternatives; -1: none
+    # Constrained decoding: a serialized llguidance grammar ("" : none), built and
+    # checked by the gateway (services/gateway/structured.py), compiled on every rank.
+    grammar: str = field(default="", metadata=GRAMMAR)
 
 
 @dataclass
@@ -221,6 +225,7 @@ class PlanInsert:
     repetition_context_size: int = 20
     logit_bias: list[TokenBias] = field(default_factory=list, metadata=BIAS_LIST)
     top_logprobs: int = -1  # rank 0 alone reads it (followers send no tokens)
+    grammar: str = field(default="", metadata=GRAMMAR)  # as in Generate; every rank masks alike
 
 
 @dataclass
