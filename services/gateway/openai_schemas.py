@@ -8,10 +8,11 @@ OpenAI-shaped error naming the offending parameter.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from services.gateway import request_fields
 from services.gateway.errors import ApiError
 from services.gateway.jsonguard import lone_surrogate, too_deep
 
@@ -19,6 +20,7 @@ MAX_STOPS = 16
 MAX_JSON_DEPTH = 64  # nesting of any request body (tool schemas included)
 MAX_MESSAGES = 4096  # defaults of the gateway settings max_messages / max_tools
 MAX_TOOLS = 128
+MAX_N = 16  # choices per request: each is its own request on rank 0
 
 
 class _Strict(BaseModel):
@@ -27,6 +29,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # harmless: no obfuscation padding is sent
 
 
 class TextPart(_Strict):
@@ -61,10 +64,11 @@ class _Sampling(_Strict):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     stop: str | list[str] | None = None
-    n: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1, le=MAX_N)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    ENDPOINT: ClassVar[str]
 
     def stops(self) -> list[str]:
         s = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -75,17 +79,32 @@ class _Sampling(_Strict):
 
 
 class ChatRequest(_Sampling):
+    ENDPOINT: ClassVar[str] = request_fields.CHAT
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = Field(default=None, min_length=1, max_length=64)
+    modalities: list[Literal["text"]] | None = None
+    # Harmless (request_fields.ROWS): typed, so a malformed one is still a 400.
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
+    prediction: dict[str, Any] | None = None
 
     def limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
 class CompletionRequest(_Sampling):
+    ENDPOINT: ClassVar[str] = request_fields.COMPLETIONS
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool | None = False
     best_of: int | None = Field(default=None, ge=1)
@@ -129,6 +148,7 @@ def validate(cls: type[_Sampling], raw: bytes, *, max_messages: int = MAX_MESSAG
         if isinstance(items, list) and len(items) > most:
             raise ApiError(400, f"{len(items)} {name}; at most {most} per request",
                            param=name, code="too_many_items")
+    request_fields.check(obj, cls.ENDPOINT, cls.model_fields)  # unknown / refused: by name
     try:
         req = cls.model_validate(obj)
     except ValidationError as exc:
@@ -142,9 +162,6 @@ def validate(cls: type[_Sampling], raw: bytes, *, max_messages: int = MAX_MESSAG
 
 
 def _check_common(req: _Sampling) -> None:
-    if req.n not in (None, 1):
-        raise ApiError(400, "n > 1 is not supported: this server returns one choice per request",
-                       param="n", code="unsupported_value")
     stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     if len(stops) > MAX_STOPS:
         raise ApiError(400, f"at most {MAX_STOPS} stop sequences", param="stop", code="invalid_value")
@@ -157,17 +174,27 @@ def _check_common(req: _Sampling) -> None:
                     if part.type != "text":
                         raise ApiError(400, f"content part type {part.type!r} is not supported "
                                        "(text only)", param=f"messages.{i}.content", code="unsupported_value")
+        _check_tool_choice(req)
     if isinstance(req, CompletionRequest):
-        if req.best_of not in (None, 1):
-            raise ApiError(400, "best_of > 1 is not supported", param="best_of", code="unsupported_value")
         if req.logprobs:
             raise ApiError(400, "logprobs are not supported", param="logprobs", code="unsupported_value")
-        if req.suffix:
-            raise ApiError(400, "suffix is not supported", param="suffix", code="unsupported_value")
         p = req.prompt
         if isinstance(p, list) and len(p) and isinstance(p[0], str | list) and len(p) != 1:
             raise ApiError(400, "one prompt per request (a list of several prompts is not supported)",
                            param="prompt", code="unsupported_value")
+
+
+def _check_tool_choice(req: ChatRequest) -> None:
+    tc = req.tool_choice
+    if tc is None or tc in ("none", "auto"):
+        return
+    if isinstance(tc, str) and tc != "required":
+        raise ApiError(400, f"tool_choice {tc!r}: expected 'none', 'auto', 'required' or "
+                       "{'type': 'function', 'function': {'name': ...}}", param="tool_choice",
+                       code="invalid_value")
+    # "required" and a named function are kept only by constrained decoding.
+    raise ApiError(400, "tool_choice 'required' or a named function is not supported yet",
+                   param="tool_choice", code="unsupported_value")
 
 
 def template_messages(req: ChatRequest) -> list[dict]:
