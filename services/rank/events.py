@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.messages import Abort, Cancel, Generate, Lease, Plan, Serve, Shutdown
+from common.messages import Abort, CacheClear, Cancel, Generate, Lease, Plan, Serve, Shutdown
 from common.records import Phase
 
 
@@ -37,6 +37,11 @@ class SignalEv:
 @dataclass
 class CancelEv:
     body: Cancel
+
+
+@dataclass
+class CacheClearEv:  # rank 0: an admin cache clear, the first copy (services.rank.cache_clears)
+    body: CacheClear
 
 
 @dataclass

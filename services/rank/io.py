@@ -1,7 +1,9 @@
 """The rank's I/O thread: it alone owns every ZeroMQ socket of the rank.
 
-    control  SUB     ← supervisor   LEASE, SERVE, SHUTDOWN, CANCEL (topic b"ctl:<dep>")
-    report   DEALER  → supervisor   RANK_READY (re-sent until SERVE), TELEMETRY, CANCEL_ACK
+    control  SUB     ← supervisor   LEASE, SERVE, SHUTDOWN, CANCEL, CACHE_CLEAR (rank 0)
+                                    (topic b"ctl:<dep>")
+    report   DEALER  → supervisor   RANK_READY (re-sent until SERVE), TELEMETRY, CANCEL_ACK,
+                                    CACHE_CLEARED (rank 0: services.rank.cache_clears)
     plan     ROUTER (rank 0) / DEALER (followers): services.rank.plan_channel
     requests ROUTER  (rank 0)       GENERATE, ABORT → main; STATS answered here; TOKENS out
 
@@ -41,6 +43,7 @@ from common.zmtp_watch import ZmtpWatch
 from services.rank import events as ev
 from services.rank import outbox as out
 from services.rank.auth import InitiatorLink, ReportSession, leader_gate, new_identity
+from services.rank.cache_clears import ClearLedger
 from services.rank.intake import Intake
 from services.rank.plan_channel import RESEND_S, FollowerSession, LeaderSession, Wire
 from services.rank.runtime import RankRuntime
@@ -119,6 +122,10 @@ class RankIO:
         self.failed: str | None = None
         # rank 0: the one owner of open streams (chunks, the abort stage, the last words)
         self.streams = StreamLedger(spec.settings.open_requests_bound()) if self.leader else None
+        # rank 0: admin cache clears (each applied once, every re-send answered)
+        self.clears = ClearLedger(spec.deployment_id,
+                                  enabled=spec.settings.prompt_cache_entries > 0) \
+            if self.leader else None
 
     # -- main-thread API -----------------------------------------------------------------
 
@@ -203,6 +210,8 @@ class RankIO:
                 if got is not None:
                     self._send_req(*got)
             elif isinstance(cmd, out.Report):
+                if isinstance(cmd.body, m.CacheCleared) and self.clears is not None:
+                    self.clears.on_answer(cmd.body)  # its re-sends get this same answer
                 self.reporting.send(cmd.body)
             elif isinstance(cmd, out.AnnounceReady):
                 self._ready_msg = cmd.msg
@@ -297,6 +306,12 @@ class RankIO:
             self.inbox.put(ev.ShutdownEv(body))
         elif isinstance(body, m.Cancel):
             self.inbox.put(ev.CancelEv(body))
+        elif isinstance(body, m.CacheClear) and self.clears is not None:  # followers: not theirs
+            forward, answer = self.clears.on_request(body, self.rt.step)
+            if forward:
+                self.inbox.put(ev.CacheClearEv(body))
+            if answer is not None:
+                self.reporting.send(answer)
 
     def _send_req(self, ident: bytes, body: m.Tokens) -> None:
         errno = self.wire.send_to(self.requests, self.req, ident, body)

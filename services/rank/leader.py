@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from common.messages import ErrorCode, Generate, Plan, PlanInsert, PlanRemove
 from common.records import Phase
 from services.rank import events as ev
+from services.rank.cache_clears import answers as clear_answers
 from services.rank.engine import Divergence, Emitted
 from services.rank.loop import RankLoop
 from services.rank.outbox import Command, PublishPlan, StreamChunk
@@ -93,6 +94,8 @@ class Leader(RankLoop):
         elif isinstance(e, ev.AbortAllEv):
             for rid in list(self.scheduled):
                 self.on_abort(rid, e.reason)
+        elif isinstance(e, ev.CacheClearEv) and self.cache is not None:  # off: io answered
+            self.cache.request_clear(e.body.clear_id)
         else:
             self.handle_common(e)
 
@@ -199,6 +202,9 @@ class Leader(RankLoop):
         self.seq += 1
         self.send(PublishPlan(plan))
         self.applied_cache(plan)
+        if self.cache is not None:  # admin cache clears this plan's CLEAR answers
+            self.send(*clear_answers(self.cache.take_cleared(), self.rt.spec.deployment_id,
+                                     plan.step))
         for f in removed:
             self.record(f)
             self.finish(f.active.request_id, "abort", error=None, step=f.step)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.messages import CancelAck, ErrorCode, Ping, Plan, RankReady
+from common.messages import CacheCleared, CancelAck, ErrorCode, Ping, Plan, RankReady
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class StreamChunk:  # rank 0: a request's next chunk; the ledger adds index and 
 
 @dataclass(frozen=True)
 class Report:  # to the supervisor on the report socket
-    body: CancelAck
+    body: CancelAck | CacheCleared
 
 
 @dataclass(frozen=True)
