@@ -8,17 +8,36 @@ rank draws the same token whatever else it sampled, and the same seed reproduces
 
 Greedy requests return None: BatchGenerator then uses its one shared argmax sampler,
 which it applies to the whole batch in a single call.
+
+Logits processors (`logits_processors_for`: logit_bias, then the repetition penalty,
+then presence/frequency penalties; a grammar mask may follow) draw no randomness: each
+is a pure function of (the tokens so far, the logits), built from the plan's insert
+alone, so every rank computes the same logits from the same tokens. BatchGenerator calls
+a request's processors once per step with its token context (prompt and the tokens
+generated so far, as fed to the model) and its row of logits, before the log-softmax
+the sampler and `logprobs` see. The order after temperature scaling is vLLM's: min_p,
+then top_k, then top_p.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import Protocol
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_p
 
+from common.messages import PlanInsert
+
 Sampler = Callable[[mx.array], mx.array]
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]  # (tokens so far, logits)
 MASK64 = (1 << 64) - 1
+# Bounds rank 0 checks (leader.validate) and the gateway checks first (sampling_params).
+MAX_TOP_LOGPROBS = 20
+MAX_CONTEXT_SIZE = 1 << 20
+BIAS_LIMIT = 100.0
+PENALTY_LIMIT = 2.0
 
 
 def _splitmix64(x: int) -> int:
@@ -33,12 +52,30 @@ def token_seed(seed: int, index: int) -> int:
     return _splitmix64(_splitmix64(seed & MASK64) ^ (index & MASK64))
 
 
-def make_sampler(temperature: float, top_p: float, seed: int) -> Sampler | None:
+def top_k_filter(logprobs: mx.array, k: int) -> mx.array:
+    """Keep the k largest (ties at the k-th: argpartition's pick), the rest -inf."""
+    if not 0 < k < logprobs.shape[-1]:
+        return logprobs
+    drop = mx.argpartition(-logprobs, kth=k - 1, axis=-1)[..., k:]
+    return mx.put_along_axis(logprobs, drop, mx.array(-math.inf, logprobs.dtype), axis=-1)
+
+
+def min_p_filter(logprobs: mx.array, min_p: float) -> mx.array:
+    """Drop tokens less likely than min_p × the most likely one (the top one stays)."""
+    if not 0.0 < min_p <= 1.0:
+        return logprobs
+    floor = mx.max(logprobs, axis=-1, keepdims=True) + math.log(min_p)
+    return mx.where(logprobs < floor, mx.array(-math.inf, logprobs.dtype), logprobs)
+
+
+def make_sampler(temperature: float, top_p: float, seed: int, top_k: int = 0,
+                 min_p: float = 0.0) -> Sampler | None:
     """The sampler for one request; None means greedy (the batch's shared argmax)."""
     if temperature <= 0.0:
         return None
     inv_t = 1.0 / temperature
     use_top_p = 0.0 < top_p < 1.0
+    use_min_p = 0.0 < min_p <= 1.0
     index = 0
 
     def sample(logprobs: mx.array) -> mx.array:
@@ -48,8 +85,89 @@ def make_sampler(temperature: float, top_p: float, seed: int) -> Sampler | None:
         key = mx.random.key(token_seed(seed, index))
         index += 1
         scaled = logprobs * inv_t
+        if use_min_p:
+            scaled = min_p_filter(scaled, min_p)
+        if top_k > 0:
+            scaled = top_k_filter(scaled, top_k)
         if use_top_p:
             scaled = apply_top_p(scaled, top_p)
         return mx.random.categorical(scaled, key=key)
 
     return sample
+
+
+def sampler_for(ins: PlanInsert) -> Sampler | None:
+    return make_sampler(ins.temperature, ins.top_p, ins.seed, ins.top_k, ins.min_p)
+
+
+# -- logits processors ------------------------------------------------------------------
+
+
+class ProcessorContext(Protocol):
+    """What a processor may need from the engine beyond the insert (the engine itself
+    is passed; a processor that needs more names it here)."""
+
+    eos_ids: list[int]
+
+
+def make_logit_bias(bias: dict[int, float]) -> LogitsProcessor:
+    """OpenAI's logit_bias: a constant added to chosen tokens' logits."""
+    ids = mx.array(sorted(bias), dtype=mx.int32)
+    values = mx.array([bias[t] for t in sorted(bias)], dtype=mx.float32)
+
+    def add_bias(tokens: mx.array, logits: mx.array) -> mx.array:
+        return logits.at[:, ids].add(values.astype(logits.dtype))
+
+    return add_bias
+
+
+def _seen(tokens: mx.array, width: int) -> mx.array:
+    """A (width,) bool mask of the ids in `tokens` (duplicates alike)."""
+    return mx.zeros((width,), dtype=mx.int32).at[tokens].add(1) > 0
+
+
+def make_repetition_penalty(penalty: float, context_size: int) -> LogitsProcessor:
+    """mlx-lm's and vLLM's sign-aware penalty (a positive logit divided by it, a negative
+    one multiplied) for each id among the last `context_size` tokens, prompt included.
+    mlx-lm's own writes into its argument; this one returns a new array."""
+
+    def penalize(tokens: mx.array, logits: mx.array) -> mx.array:
+        if tokens.shape[0] == 0:
+            return logits
+        seen = _seen(tokens[-context_size:], logits.shape[-1])[None, :]
+        scaled = mx.where(logits < 0, logits * penalty, logits / penalty)
+        return mx.where(seen, scaled, logits)
+
+    return penalize
+
+
+def make_output_penalties(presence: float, frequency: float,
+                          prompt_len: int) -> LogitsProcessor:
+    """OpenAI's presence and frequency penalties, over the generated tokens only (as
+    vLLM and OpenAI: the prompt is not penalised): logit -= frequency × count +
+    presence × (count > 0). `tokens[prompt_len:]` are the generated ones: the context
+    holds the whole prompt (a prefix-cache hit passes the cached part as all_tokens)."""
+
+    def penalize(tokens: mx.array, logits: mx.array) -> mx.array:
+        if tokens.shape[0] <= prompt_len:  # shapes are known without evaluating
+            return logits
+        out = tokens[prompt_len:]
+        counts = mx.zeros((logits.shape[-1],), dtype=mx.float32).at[out].add(1.0)
+        penalty = frequency * counts + presence * (counts > 0).astype(mx.float32)
+        return logits - penalty.astype(logits.dtype)[None, :]
+
+    return penalize
+
+
+def logits_processors_for(ins: PlanInsert, ctx: ProcessorContext) -> list[LogitsProcessor]:
+    """Every processor of one request, in order: the one place they are built. An empty
+    list costs BatchGenerator nothing for that row."""
+    out: list[LogitsProcessor] = []
+    if ins.logit_bias:
+        out.append(make_logit_bias({b.token: b.bias for b in ins.logit_bias}))
+    if ins.repetition_penalty != 1.0:
+        out.append(make_repetition_penalty(ins.repetition_penalty, ins.repetition_context_size))
+    if ins.presence_penalty or ins.frequency_penalty:
+        out.append(make_output_penalties(ins.presence_penalty, ins.frequency_penalty,
+                                         len(ins.prompt)))
+    return out
