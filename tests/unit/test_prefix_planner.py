@@ -1,0 +1,64 @@
+"""Rank 0's prefix-cache decisions, as pure functions of what it was told."""
+
+from __future__ import annotations
+
+from common.messages import CacheOpKind
+from services.rank.prefix_cache import MIN_HIT_TOKENS, CachePlanner
+
+
+def ops(p: CachePlanner) -> list[tuple]:
+    return [(o.kind.value, o.entry_id, o.request_id) for o in p.take_ops()]
+
+
+def test_miss_then_hits_capped_before_the_last_prompt_token():
+    p = CachePlanner(max_entries=4, max_bytes=10_000, trimmable=True)
+    prompt = list(range(100, 140))
+    assert p.match(prompt) == (0, 0)
+    p.finished("a", prompt + [7, 8], nbytes=42)
+    assert ops(p) == [("store", 1, "a")]
+    assert p.match(prompt) == (1, len(prompt) - 1)  # the whole prompt held: one computed
+    assert p.match(prompt + [7, 8, 9]) == (1, len(prompt) + 2)  # prompt + reply
+    assert p.match(prompt[:20] + [1, 2, 3]) == (1, 20)  # cut to the shared prefix
+    assert p.match(list(range(MIN_HIT_TOKENS - 1)) + [5]) == (0, 0)
+    assert (p.hits, p.misses) == (3, 2)
+
+
+def test_untrimmable_caches_hit_only_whole_entries():
+    p = CachePlanner(max_entries=4, max_bytes=10_000, trimmable=False)
+    base = list(range(100, 140))
+    p.finished("a", base, nbytes=1)
+    p.take_ops()
+    assert p.match(base[:30] + [1]) == (0, 0)  # it would have to be cut
+    assert p.match(base) == (0, 0)  # so would a whole-prompt hit
+    assert p.match(base + [1, 2]) == (1, len(base))
+
+
+def test_a_store_evicts_the_entries_it_extends_then_lru_by_count_and_bytes():
+    p = CachePlanner(max_entries=2, max_bytes=100, trimmable=True)
+    t1 = list(range(100, 120))
+    p.finished("a", t1, nbytes=10)
+    p.finished("b", t1 + [1, 2, 3], nbytes=12)  # extends a: a goes
+    assert ops(p) == [("store", 1, "a"), ("evict", 1, ""), ("store", 2, "b")]
+    p.finished("c", list(range(300, 330)), nbytes=10)
+    p.match(t1 + [1, 2])  # b used: c is now the least recent
+    p.finished("d", list(range(500, 530)), nbytes=10)
+    assert ops(p) == [("store", 3, "c"), ("evict", 3, ""), ("store", 4, "d")]
+    p.finished("e", list(range(700, 760)), nbytes=95)  # bytes: both others must go
+    assert ops(p) == [("evict", 2, ""), ("evict", 4, ""), ("store", 5, "e")]
+    p.finished("huge", list(range(900, 960)), nbytes=101)  # more than the whole budget
+    assert ops(p) == [] and p.not_stored == 1
+    assert list(p.index) == [5] and p.nbytes == 95
+
+
+def test_the_same_tokens_are_stored_once_and_clear_replaces_pending_ops():
+    p = CachePlanner(max_entries=4, max_bytes=100, trimmable=True)
+    t = list(range(100, 120))
+    p.finished("a", t, nbytes=5)
+    p.take_ops()
+    p.finished("again", t, nbytes=5)
+    assert ops(p) == []
+    p.finished("b", list(range(200, 220)), nbytes=5)
+    p.request_clear("c-1")
+    assert [o.kind for o in p.take_ops()] == [CacheOpKind.CLEAR]
+    assert p.take_cleared() == ["c-1"] and p.take_cleared() == []
+    assert p.match(t) == (0, 0) and p.nbytes == 0
