@@ -21,6 +21,7 @@ from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Generation
 from services.gateway.openai_schemas import ChatRequest, CompletionRequest, tool_names, validate
 from services.gateway.prompts import prompt_ids
+from services.gateway.sampling_params import generate_fields
 from services.gateway.streaming import EventStreamResponse, Shape, collect, sse_events
 
 router = APIRouter()
@@ -99,7 +100,7 @@ async def _handle(request: Request, *, chat: bool) -> Response:
         temperature=1.0 if req.temperature is None else float(req.temperature),
         top_p=1.0 if req.top_p is None else float(req.top_p),
         seed=None if req.seed is None else req.seed % (2**63),
-        stop_token_ids=list(tok.eos_ids), client="gateway")
+        stop_token_ids=list(tok.eos_ids), client="gateway", **generate_fields(req, tok, chat=chat))
     try:
         stream = await backend.generate(gen_msg)
     except ConnectionError as exc:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from services.gateway import request_fields
 from services.gateway.errors import ApiError
 from services.gateway.jsonguard import lone_surrogate, too_deep
+from services.gateway.sampling_params import MAX_TOP_LOGPROBS, SamplingFields
 
 MAX_STOPS = 16
 MAX_JSON_DEPTH = 64  # nesting of any request body (tool schemas included)
@@ -57,7 +58,7 @@ class Tool(_Strict):
     function: FunctionDef
 
 
-class _Sampling(_Strict):
+class _Sampling(SamplingFields, _Strict):
     model: str = Field(min_length=1, max_length=512)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -86,6 +87,7 @@ class ChatRequest(_Sampling):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = Field(default=None, min_length=1, max_length=64)
     modalities: list[Literal["text"]] | None = None
@@ -108,7 +110,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool | None = False
     best_of: int | None = Field(default=None, ge=1)
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: str | None = None
 
     def limit(self) -> int | None:
@@ -166,8 +168,6 @@ def _check_common(req: _Sampling) -> None:
     if len(stops) > MAX_STOPS:
         raise ApiError(400, f"at most {MAX_STOPS} stop sequences", param="stop", code="invalid_value")
     if isinstance(req, ChatRequest):
-        if req.logprobs:
-            raise ApiError(400, "logprobs are not supported", param="logprobs", code="unsupported_value")
         for i, m in enumerate(req.messages):
             if isinstance(m.content, list):
                 for part in m.content:
@@ -176,8 +176,6 @@ def _check_common(req: _Sampling) -> None:
                                        "(text only)", param=f"messages.{i}.content", code="unsupported_value")
         _check_tool_choice(req)
     if isinstance(req, CompletionRequest):
-        if req.logprobs:
-            raise ApiError(400, "logprobs are not supported", param="logprobs", code="unsupported_value")
         p = req.prompt
         if isinstance(p, list) and len(p) and isinstance(p[0], str | list) and len(p) != 1:
             raise ApiError(400, "one prompt per request (a list of several prompts is not supported)",
