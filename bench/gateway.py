@@ -1,20 +1,26 @@
-"""Gateway benchmark: generated tokens/s end to end through `lockstep up` (gateway +
-supervisor + one rank) vs rank 0's batch loop driven in-process on the same model and
-batch, and vs `python -m mlx_lm server` on the same model directory; same prompts,
-same run, concurrency 1 and 8; throughput and TTFT side by side.
+"""Gateway benchmark: Lockstep end to end vs `mlx_lm.server` vs rank 0's batch loop
+in-process, on distinct chat prompts of realistic length, like with like.
 
-- in-process: `services.rank.engine.Engine` (rank 0's BatchGenerator wrapper, the same
-  `RankSettings`) fed the same token ids, stepped until done, in a subprocess started
-  with the rank environment (OpenBLAS preload, MLX buffer limits) — what a rank runs.
-- lockstep: `lockstep up --tp 1 --model DIR`; streaming /v1/completions with usage.
-- mlx_lm: `python -m mlx_lm server` with the same batch sizes and environment.
+- lockstep_tp1 / lockstep_tp2: `lockstep up --tp N` (bench/servers.py), streaming
+  /v1/chat/completions; TP=2 is Lockstep only (mlx_lm.server is one process).
+- mlx_lm: `python -m mlx_lm server` on the same model directory, with the environment a
+  rank gets (same OpenBLAS preload, OPENBLAS_NUM_THREADS, MLX buffer limits — checked on
+  the running processes, the run fails otherwise) and --decode-concurrency /
+  --prompt-concurrency / --prefill-step-size = RankSettings max_batch / prefill_batch /
+  prefill_step.
+- inproc: `services.rank.engine.Engine` fed the same chat-templated token ids in a
+  subprocess with the rank environment — the ceiling the serving stack is held to.
 
-Workload per measurement: concurrency 1 = 4 requests one after another; concurrency
-8 = 8 requests at once. Greedy, fixed max_tokens. TTFT for HTTP is client-side (first
-non-empty text chunk); lockstep also reports rank 0's model TTFT. Trials rotate the
-order of the three systems; medians are reported.
+Rows: prefix caches OFF for both servers (`--prompt-cache-entries 0` /
+`--prompt-cache-size 0`), then both ON (each at its default size). Workload: for each
+concurrency C, N(C) distinct prompts (bench/workload.py: lengths log-uniform in the
+preset's token range, counted with the model's tokenizer, distinct text per trial and
+concurrency, the same for every system), C requests in flight at all times, greedy,
+fixed max_tokens. Reported per measurement: generated tokens/s, TTFT p50/p90, ITL
+p50/p99 (client-side, bench/chat_client.py); medians over trials in `summary`; ratios
+in the same run; the issue-16 targets computed, never asserted.
 
-    python -m bench.gateway [--presets tiny,bench] [--trials 3] [--out DIR]
+    python -m bench.gateway [--quick] [--presets tiny,bench] [--trials 2] [--out DIR]
 """
 
 from __future__ import annotations
@@ -24,281 +30,283 @@ import asyncio
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
 
 from bench import RESULTS, write_result
+from bench import servers as sv
+from bench.chat_client import Reply, run_concurrent, summarize
+from bench.workload import chat_prompt_tokens, load_tokenizer, log_uniform_lengths, prose
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPTS = ["the cat reads a long letter", "a farmer builds the map in the kitchen",
-           "our team answers every message", "the old server restarts the broken clock",
-           "a curious child paints the garden gate", "the night shift counts two tickets",
-           "a tired engineer repairs the bright lamp", "the orchestra plays the quiet song"]
-MAX_TOKENS = {"tiny": 128, "bench": 64}
-RANK_BATCH = ["--decode-concurrency", "16", "--prompt-concurrency", "8",
-              "--prefill-step-size", "512"]  # = RankSettings max_batch/prefill_batch/prefill_step
+MODEL_CACHE = Path(os.environ.get("LOCKSTEP_BENCH_MODELS",
+                                  Path.home() / ".cache" / "lockstep-bench" / "models"))
 
 
-def _free_port() -> int:
-    import socket
+@dataclass
+class Config:
+    presets: tuple[str, ...] = ("tiny", "bench")
+    concurrencies: tuple[int, ...] = (1, 8, 32)
+    requests: dict[int, int] = field(default_factory=lambda: {1: 4, 8: 16, 32: 32})
+    prompt_tokens: dict[str, tuple[int, int]] = field(
+        default_factory=lambda: {"tiny": (300, 3000), "bench": (200, 2000)})
+    max_tokens: dict[str, int] = field(default_factory=lambda: {"tiny": 128, "bench": 64})
+    tps: tuple[int, ...] = (1, 2)
+    caches: tuple[str, ...] = ("off", "on")
+    trials: int = 2
+    inproc_presets: tuple[str, ...] = ("tiny",)  # issue 16: tiny end to end vs in-process
+    seed: str = "gw-1"
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+QUICK = Config(presets=("tiny",), concurrencies=(1, 8), requests={1: 2, 8: 8},
+               prompt_tokens={"tiny": (200, 800)}, trials=1)
 
 
-def _rank_env() -> dict[str, str]:
-    from common.rankspec import RankSettings
-    from services.rank.env import rank_environment
+def workload(cfg: Config, tok, preset: str, trial: int, conc: int) -> list[list[dict]]:
+    """The same prompts for every system (and both cache rows); distinct per trial."""
+    lo, hi = cfg.prompt_tokens[preset]
+    key = f"{cfg.seed}/{preset}/t{trial}/c{conc}"
+    lengths = log_uniform_lengths(cfg.requests.get(conc, max(4, conc)), lo, hi, key)
+    return [[{"role": "user", "content": prose(tok, n, f"{key}/r{i}")}]
+            for i, n in enumerate(lengths)]
 
-    return rank_environment(RankSettings(), os.environ)
 
-
-def workload(conc: int) -> list[str]:
-    return PROMPTS[:4] if conc == 1 else PROMPTS[:8]
+def warm_workload(tok, preset: str, lo: int) -> list[list[dict]]:
+    return [[{"role": "user", "content": prose(tok, lo, f"warm/{preset}/{i}")}] for i in range(4)]
 
 
 # --- in-process: rank 0's engine ---------------------------------------------------------
 
 
-def inproc_main(model_dir: str, conc: int, max_tokens: int) -> dict:
+def inproc_main(spec_path: str) -> dict:
+    """In the child: step an Engine over the spec's prompts, C in flight at a time."""
+    import dataclasses
+
     from mlx_lm import load
 
     from common.messages import PlanInsert
     from common.rankspec import RankSettings
     from services.rank.engine import Engine
 
-    model, tok = load(model_dir)
-    eng = Engine(model, sorted(tok.eos_token_ids), RankSettings())
-    ids = [tok.encode(p) for p in workload(conc)]
+    spec = json.loads(Path(spec_path).read_text())
+    model, tok = load(spec["model"])
+    settings = RankSettings()
+    if any(f.name == "prompt_cache_entries" for f in dataclasses.fields(settings)):
+        settings = dataclasses.replace(settings, prompt_cache_entries=0)  # the cache-off row
+    eng = Engine(model, sorted(tok.eos_token_ids), settings)
 
-    def run(batch: list[list[int]], tag: str) -> tuple[int, list[float]]:
+    def run(prompts: list[list[int]], conc: int, tag: str) -> tuple[list[Reply], float]:
+        replies = [Reply(0.0) for _ in prompts]
+        todo = list(range(len(prompts)))[::-1]
+        by_rid: dict[str, int] = {}
         t0 = time.monotonic()
-        ins = [PlanInsert(f"{tag}-{i}", p, max_tokens, 0.0, 1.0, 0) for i, p in enumerate(batch)]
-        eng.apply([], ins)
-        first: dict[str, float] = {}
-        n = 0
+
+        def feed(k: int) -> None:
+            ins = []
+            for _ in range(k):
+                if todo:
+                    i = todo.pop()
+                    by_rid[f"{tag}-{i}"] = i
+                    replies[i].sent_at = time.monotonic()
+                    ins.append(PlanInsert(f"{tag}-{i}", prompts[i], spec["max_tokens"], 0.0, 1.0, 0))
+            if ins:
+                eng.apply([], ins)
+
+        feed(conc)
         while eng.has_work():
-            emitted, _ = eng.next()
+            emitted, finished = eng.next()
             now = time.monotonic()
             for e in emitted:
+                r = replies[by_rid[e.active.request_id]]
                 if e.token is not None:
-                    n += 1
-                    first.setdefault(e.active.request_id, (now - t0) * 1000)
-        return n, list(first.values())
+                    r.completion_tokens += 1
+                    r.chunk_s.append(now - r.sent_at)
+                    if r.ttft_s is None:
+                        r.ttft_s = now - r.sent_at
+            for f in finished:
+                replies[by_rid[f.active.request_id]].done_s = now - replies[by_rid[f.active.request_id]].sent_at
+            feed(len(finished))
+        for i, p in enumerate(prompts):
+            replies[i].prompt_tokens = len(p)
+        return replies, time.monotonic() - t0
 
-    groups = [[p] for p in ids] if conc == 1 else [ids]
-    for gi, g in enumerate(groups):  # warm: the very same shapes, unmeasured
-        run(g, f"warm{gi}")
-    t0 = time.monotonic()
-    n, ttft = 0, []
-    for gi, g in enumerate(groups):
-        k, f = run(g, f"g{gi}")
-        n, ttft = n + k, ttft + f
-    secs = time.monotonic() - t0
-    return {"tokens": n, "seconds": secs, "tok_s": n / secs, "ttft_ms": statistics.median(ttft)}
-
-
-def inproc(model_dir: Path, conc: int, max_tokens: int) -> dict:
-    out = subprocess.run([sys.executable, "-m", "bench.gateway", "--inproc", str(model_dir),
-                          "--conc", str(conc), "--max-tokens", str(max_tokens)], cwd=ROOT,
-                         env=_rank_env(), capture_output=True, text=True, timeout=900, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-# --- HTTP clients ------------------------------------------------------------------------
-
-
-async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str,
-               max_tokens: int) -> dict:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}}
-    t0 = time.monotonic()
-    ttft, n_chunks, usage, model_ttft, vis = None, 0, None, None, None
-    async with client.stream("POST", url + "/v1/completions", json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            d = json.loads(line[6:])
-            if d.get("choices") and d["choices"][0].get("text"):
-                n_chunks += 1
-                if ttft is None:
-                    ttft = (time.monotonic() - t0) * 1000
-            if d.get("usage"):
-                usage = d["usage"]
-            if isinstance(d.get("lockstep"), dict):
-                model_ttft = d["lockstep"].get("ttft_model_ms")
-                vis = d["lockstep"].get("ttft_visible_ms")
-    return {"tokens": usage["completion_tokens"] if usage else n_chunks, "ttft_ms": ttft,
-            "model_ttft_ms": model_ttft, "server_visible_ttft_ms": vis}
-
-
-async def _http_run(url: str, model: str, conc: int, max_tokens: int, warm: bool = True) -> dict:
-    async with httpx.AsyncClient(timeout=600) as client:
-        if warm:
-            await _one(client, url, model, PROMPTS[0], 8)
-        t0 = time.monotonic()
-        if conc == 1:
-            res = [await _one(client, url, model, p, max_tokens) for p in workload(1)]
-        else:
-            res = await asyncio.gather(*[_one(client, url, model, p, max_tokens)
-                                         for p in workload(conc)])
-        secs = time.monotonic() - t0
-    n = sum(r["tokens"] for r in res)
-    out = {"tokens": n, "seconds": secs, "tok_s": n / secs,
-           "ttft_ms": statistics.median(r["ttft_ms"] for r in res if r["ttft_ms"] is not None)}
-    for key in ("model_ttft_ms", "server_visible_ttft_ms"):
-        vals = [r[key] for r in res if r[key] is not None]
-        if vals:
-            out[key] = statistics.median(vals)
+    run(spec["warm"], 2, "warm")
+    out = {}
+    for key, prompts in spec["measure"].items():
+        replies, secs = run(prompts, int(key.split("/c")[1]), key.replace("/", "-"))
+        out[key] = summarize(replies, secs)
+    out["env"] = {k: os.environ.get(k) for k in sv.ENV_KEYS}
     return out
 
 
-def http(url: str, model: str, conc: int, max_tokens: int, warm: bool = True) -> dict:
-    return asyncio.run(_http_run(url, model, conc, max_tokens, warm))
+def inproc(model: Path, work: Path, spec: dict) -> dict:
+    path = work / "inproc-spec.json"
+    path.write_text(json.dumps({"model": str(model), **spec}))
+    proc = subprocess.run([sys.executable, "-m", "bench.gateway", "--inproc", str(path)],
+                          cwd=ROOT, env=sv.rank_env(), capture_output=True, text=True,
+                          timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"in-process baseline failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _token_latency(url: str) -> tuple[float, float]:
-    """(sum, count) of lockstep_token_latency_seconds: rank 0's own inter-token times."""
+# --- HTTP systems ------------------------------------------------------------------------
+
+
+def _lockstep_counters(srv: sv.Server) -> tuple[float, float, float]:
+    """(token latency sum, count) from rank 0's /metrics, gateway CPU seconds."""
+    import psutil
+
     tot = cnt = 0.0
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(srv.url + "/metrics", timeout=10).text.splitlines():
         if line.startswith("lockstep_token_latency_seconds_sum"):
             tot += float(line.split()[-1])
         elif line.startswith("lockstep_token_latency_seconds_count"):
             cnt += float(line.split()[-1])
-    return tot, cnt
+    cpu = sum(psutil.Process(srv.gateway_pid).cpu_times()[:2]) if srv.gateway_pid else 0.0
+    return tot, cnt, cpu
 
 
-def lockstep_http(url: str, model: str, conc: int, max_tokens: int, gw_pid: int | None) -> dict:
-    """As `http`, plus rank 0's inter-token time and the gateway's CPU per token."""
-    import psutil
-
-    http(url, model, 1, 8, warm=False)  # warm outside the measured window
-    s0, c0 = _token_latency(url)
-    cpu0 = sum(psutil.Process(gw_pid).cpu_times()[:2]) if gw_pid else 0.0
-    out = http(url, model, conc, max_tokens, warm=False)
-    s1, c1 = _token_latency(url)
-    if c1 > c0:
-        out["rank_token_interval_ms"] = (s1 - s0) / (c1 - c0) * 1000
-    if gw_pid:
-        cpu = sum(psutil.Process(gw_pid).cpu_times()[:2]) - cpu0
-        out["gateway_cpu_us_per_token"] = cpu / max(1, out["tokens"]) * 1e6
+def measure(srv: sv.Server, convs: list[list[dict]], max_tokens: int, conc: int) -> dict:
+    lock = srv.name.startswith("lockstep")
+    before = _lockstep_counters(srv) if lock else None
+    replies, secs = asyncio.run(run_concurrent(srv.url, srv.model, convs, max_tokens, conc))
+    out = summarize(replies, secs)
+    if lock:
+        s1, c1, cpu1 = _lockstep_counters(srv)
+        s0, c0, cpu0 = before
+        if c1 > c0:
+            out["rank_token_interval_ms"] = round((s1 - s0) / (c1 - c0) * 1000, 3)
+        if srv.gateway_pid and out["completion_tokens"]:
+            out["gateway_cpu_us_per_token"] = round((cpu1 - cpu0) / out["completion_tokens"] * 1e6, 1)
     return out
 
 
-def _gateway_pid(up: subprocess.Popen) -> int | None:
-    import psutil
-
-    for c in psutil.Process(up.pid).children(recursive=True):
-        if "gateway" in " ".join(c.cmdline()):
-            return c.pid
-    return None
+def _median(rows: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return round(statistics.median(vals), 3) if vals else None
 
 
-def _wait(url: str, proc: subprocess.Popen, what: str, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{what} not ready within {timeout}s")
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
 
 
-def _stop(proc: subprocess.Popen, sig: int = signal.SIGINT) -> int:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode
-
-
-# --- the benchmark ---------------------------------------------------------------------
-
-
-def bench_preset(preset: str, trials: int, work: Path) -> dict:
+def bench_preset(cfg: Config, preset: str, work: Path) -> dict:
     from common.tinymodel import build_model
 
-    model = build_model(work / "models" / preset, preset=preset)
-    max_tokens = MAX_TOKENS[preset]
-    lp, mp = _free_port(), _free_port()
-    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--home", str(work / f"home-{preset}"),
-                           "--port", str(lp), "--tp", "1", "--model", str(model), "--admin-port", "0",
-                           "--events-port", "0", "--control-port", "0", "--report-port", "0",
-                           "--reaper-events-port", "0"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, start_new_session=True)
-    mlx = subprocess.Popen([sys.executable, "-m", "mlx_lm", "server", "--model", str(model),
-                            "--port", str(mp), "--log-level", "WARNING", *RANK_BATCH], cwd=ROOT,
-                           env=_rank_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           start_new_session=True)
-    runs: dict[str, dict[int, list[dict]]] = {k: {1: [], 8: []} for k in ("inproc", "lockstep", "mlx_lm")}
-    try:
-        _wait(f"http://127.0.0.1:{lp}/ready", up, "lockstep up")
-        _wait(f"http://127.0.0.1:{mp}/v1/models", mlx, "mlx_lm server")
-        gw_pid = _gateway_pid(up)
-        systems = {
-            "inproc": lambda c: inproc(model, c, max_tokens),
-            "lockstep": lambda c: lockstep_http(f"http://127.0.0.1:{lp}", model.name, c,
-                                                max_tokens, gw_pid),
-            "mlx_lm": lambda c: http(f"http://127.0.0.1:{mp}", str(model), c, max_tokens),
-        }
-        order = list(systems)
-        for conc in (1, 8):  # warm the servers with the very same workload, unmeasured
-            http(f"http://127.0.0.1:{lp}", model.name, conc, max_tokens)
-            http(f"http://127.0.0.1:{mp}", str(model), conc, max_tokens)
-        for t in range(trials):
-            for conc in (1, 8):
-                for name in order[t % 3:] + order[:t % 3]:
-                    r = systems[name](conc)
-                    runs[name][conc].append(r)
-                    print(f"  {preset} trial {t} conc {conc} {name:8s} {r['tok_s']:8.1f} tok/s "
-                          f"ttft {r['ttft_ms']:7.1f} ms", flush=True)
-    finally:
-        up_code = _stop(up)
-        _stop(mlx, signal.SIGTERM)
-
-    def med(name: str, conc: int, key: str) -> float | None:
-        vals = [r[key] for r in runs[name][conc] if r.get(key) is not None]
-        return round(statistics.median(vals), 2) if vals else None
-
-    out: dict = {"model": str(model), "max_tokens": max_tokens, "trials": runs,
-                 "lockstep_up_exit": up_code, "summary": {}}
-    for conc in (1, 8):
-        keys = ("tok_s", "ttft_ms", "model_ttft_ms", "server_visible_ttft_ms", "tokens",
-                "rank_token_interval_ms", "gateway_cpu_us_per_token")
-        s = {name: {k: v for k in keys if (v := med(name, conc, k)) is not None}
-             for name in systems}
-        s["ratio_lockstep_vs_inproc"] = round(s["lockstep"]["tok_s"] / s["inproc"]["tok_s"], 3)
-        s["ratio_lockstep_vs_mlx_lm"] = round(s["lockstep"]["tok_s"] / s["mlx_lm"]["tok_s"], 3)
-        out["summary"][f"concurrency_{conc}"] = s
+    model = build_model(MODEL_CACHE / preset, preset=preset)
+    tok = load_tokenizer(model)
+    lo, _ = cfg.prompt_tokens[preset]
+    max_tokens = cfg.max_tokens[preset]
+    loads = {(t, c): workload(cfg, tok, preset, t, c)
+             for t in range(cfg.trials) for c in cfg.concurrencies}
+    ptoks = [len(chat_prompt_tokens(tok, m)) for w in loads.values() for m in w]
+    out: dict = {"model": str(model), "max_tokens": max_tokens,
+                 "prompt_tokens": {"range": cfg.prompt_tokens[preset], "min": min(ptoks),
+                                   "median": statistics.median(ptoks), "max": max(ptoks),
+                                   "total_per_trial": sum(ptoks) // cfg.trials},
+                 "servers": [], "trials": {}, "summary": {}}
+    warm = warm_workload(tok, preset, lo)
+    for cache in cfg.caches:
+        rows: dict[str, dict[int, list[dict]]] = {}
+        systems: list[tuple[str, object]] = [(f"lockstep_tp{tp}", tp) for tp in cfg.tps]
+        systems.append(("mlx_lm", None))
+        for name, tp in systems:
+            srv = (sv.lockstep(model, work, tp, cache == "on") if tp is not None
+                   else sv.mlx_lm(model, work, cache == "on"))
+            try:
+                asyncio.run(run_concurrent(srv.url, srv.model, warm, 8, 2))  # unmeasured
+                for (t, c), convs in loads.items():
+                    r = measure(srv, convs, max_tokens, c)
+                    r["loadavg"] = os.getloadavg()[0]
+                    rows.setdefault(name, {}).setdefault(c, []).append(r)
+                    print(f"  {preset} cache {cache} {name:13s} trial {t} conc {c:2d}: "
+                          f"{r['tok_s']:8.1f} tok/s ttft p50 {r['ttft_p50_ms']} ms "
+                          f"itl p50 {r['itl_p50_ms']} ms", flush=True)
+            finally:
+                sv.stop(srv)
+                out["servers"].append(srv.record())
+        if cache == "off" and preset in cfg.inproc_presets:
+            spec = {"max_tokens": max_tokens,
+                    "warm": [chat_prompt_tokens(tok, m) for m in warm[:2]],
+                    "measure": {f"t{t}/c{c}": [chat_prompt_tokens(tok, m) for m in convs]
+                                for (t, c), convs in loads.items()}}
+            res = inproc(model, work, spec)
+            out["inproc_env"] = res.pop("env")
+            for key, r in res.items():
+                rows.setdefault("inproc", {}).setdefault(int(key.split("/c")[1]), []).append(r)
+        out["trials"][f"cache_{cache}"] = rows
+        out["summary"][f"cache_{cache}"] = summarize_rows(rows, cfg.concurrencies)
     return out
 
 
-def run(out_dir: Path | str | None = None, presets: tuple[str, ...] = ("tiny", "bench"),
-        trials: int = 3) -> dict:
-    result = {"benchmark": "gateway", "host": platform.node(), "cpus": os.cpu_count(),
-              "python": platform.python_version(), "started": time.time(),
-              "targets": {"ratio_lockstep_vs_inproc": ">= 0.9",
-                          "ratio_lockstep_vs_mlx_lm_at_8": ">= 1.0"},
-              "presets": {}, "loadavg_start": os.getloadavg()}
+KEYS = ("tok_s", "ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p99_ms", "completion_tokens",
+        "prompt_tokens_mean", "chunks_per_token", "cached_tokens_total",
+        "lockstep_model_ttft_p50_ms", "rank_token_interval_ms", "gateway_cpu_us_per_token")
+
+
+def summarize_rows(rows: dict[str, dict[int, list[dict]]], concs: tuple[int, ...]) -> dict:
+    out = {}
+    for c in concs:
+        s = {name: {k: v for k in KEYS if (v := _median(by_c.get(c, []), k)) is not None}
+             for name, by_c in rows.items()}
+        tok = {name: s[name].get("tok_s") for name in s}
+        ttft = {name: s[name].get("ttft_p50_ms") for name in s}
+        for name in list(s):
+            if name.startswith("lockstep"):
+                s[f"tok_s_{name}_vs_mlx_lm"] = _ratio(tok[name], tok.get("mlx_lm"))
+                s[f"ttft_p50_{name}_vs_mlx_lm"] = _ratio(ttft[name], ttft.get("mlx_lm"))
+                if "inproc" in s:
+                    s[f"tok_s_{name}_vs_inproc"] = _ratio(tok[name], tok.get("inproc"))
+        if "lockstep_tp2" in s and "lockstep_tp1" in s:
+            s["tok_s_tp2_vs_tp1"] = _ratio(tok["lockstep_tp2"], tok["lockstep_tp1"])
+        out[f"concurrency_{c}"] = s
+    return out
+
+
+def _target(desc: str, value: float | None, ok) -> dict:
+    return {"target": desc, "value": value,
+            "met": None if value is None else bool(ok(value))}
+
+
+def targets(presets: dict) -> dict:
+    """Issue 16 item 4, computed from this run's summary (None: not measured here)."""
+    def get(preset: str, c: int, key: str) -> float | None:
+        return (presets.get(preset, {}).get("summary", {}).get("cache_off", {})
+                .get(f"concurrency_{c}", {}).get(key))
+
+    return {
+        "bench_c8_tok_s_vs_mlx_lm": _target(">= 1.1 (bench preset, conc 8, caches off, TP=1)",
+                                            get("bench", 8, "tok_s_lockstep_tp1_vs_mlx_lm"),
+                                            lambda v: v >= 1.1),
+        "bench_c8_ttft_p50_vs_mlx_lm": _target("<= 1.0", get("bench", 8,
+                                               "ttft_p50_lockstep_tp1_vs_mlx_lm"),
+                                               lambda v: v <= 1.0),
+        "tiny_c1_vs_inproc": _target(">= 0.9", get("tiny", 1, "tok_s_lockstep_tp1_vs_inproc"),
+                                     lambda v: v >= 0.9),
+        "tiny_c8_vs_inproc": _target(">= 0.9", get("tiny", 8, "tok_s_lockstep_tp1_vs_inproc"),
+                                     lambda v: v >= 0.9),
+        "bench_c8_tp2_vs_tp1": _target(">= 1.3", get("bench", 8, "tok_s_tp2_vs_tp1"),
+                                       lambda v: v >= 1.3),
+    }
+
+
+def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
+    cfg = cfg or Config()
+    result = {"benchmark": "gateway", "host": platform.node(), "python": platform.python_version(),
+              "started": time.time(), "config": asdict(cfg),
+              "environment": sv.environment_record(), "presets": {}}
     with tempfile.TemporaryDirectory(prefix="lockstep-bench-gw-") as tmp:
-        for preset in presets:
-            result["presets"][preset] = bench_preset(preset, trials, Path(tmp))
+        for preset in cfg.presets:
+            result["presets"][preset] = bench_preset(cfg, preset, Path(tmp))
+    result["targets"] = targets(result["presets"])
     result["seconds"] = round(time.time() - result["started"], 1)
     # Other work on the machine moves these numbers a lot on 2 cores: recorded with them.
     result["loadavg_end"] = os.getloadavg()
@@ -309,18 +317,36 @@ def run(out_dir: Path | str | None = None, presets: tuple[str, ...] = ("tiny", "
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gateway", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--presets", default="tiny,bench")
-    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="a short smoke on the tiny preset")
+    ap.add_argument("--presets", help="comma-separated (default: tiny,bench)")
+    ap.add_argument("--concurrency", help="comma-separated (default: 1,8,32)")
+    ap.add_argument("--tp", help="comma-separated Lockstep TP sizes (default: 1,2)")
+    ap.add_argument("--caches", help="off,on (default: both rows)")
+    ap.add_argument("--trials", type=int)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--inproc", help=argparse.SUPPRESS)
-    ap.add_argument("--conc", type=int, default=1, help=argparse.SUPPRESS)
-    ap.add_argument("--max-tokens", type=int, default=128, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.inproc:
-        print(json.dumps(inproc_main(a.inproc, a.conc, a.max_tokens)))
+        print(json.dumps(inproc_main(a.inproc)))
         return 0
-    res = run(a.out, tuple(p for p in a.presets.split(",") if p), a.trials)
+    cfg = QUICK if a.quick else Config()
+    if a.presets:
+        cfg.presets = tuple(p for p in a.presets.split(",") if p)
+    if a.concurrency:
+        cfg.concurrencies = tuple(int(c) for c in a.concurrency.split(","))
+    if a.tp:
+        cfg.tps = tuple(int(t) for t in a.tp.split(","))
+    if a.caches:
+        cfg.caches = tuple(a.caches.split(","))
+    if a.trials:
+        cfg.trials = a.trials
+    out = a.out
+    if a.quick and out is None:  # a smoke never overwrites the committed result
+        out = Path(tempfile.gettempdir()) / "lockstep-bench-quick"
+    res = run(out, cfg)
+    print(f"wrote {out or RESULTS}/gateway.json")
     print(json.dumps({p: r["summary"] for p, r in res["presets"].items()}, indent=1))
+    print(json.dumps(res["targets"], indent=1))
     return 0
 
 
