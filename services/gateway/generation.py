@@ -1,6 +1,7 @@
 """From token chunks to what the client sees: detokenize → stop strings → tool calls.
 
 `Generation.events()` yields, in order, ("text", str), ("tool_call", ToolCall),
+("logprobs", [TokenLogprob]) before the text of those tokens (only if the request asked),
 ("keepalive", None) while rank 0 is quiet, and finally ("end", Final). It never raises
 for an outcome of the request itself: a read timeout or a rank error ends as a Final
 carrying an ApiError, an abort as finish_reason "abort".
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from common.messages import ErrorCode
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
+from services.gateway.logprobs import TokenLogprob, from_body
 from services.gateway.metrics import Metrics
 from services.gateway.request_channel import RequestStream
 from services.gateway.stops import StopMatcher
@@ -31,6 +33,7 @@ class Final:
     error: ApiError | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     abort_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # asked for: every token's
 
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -87,7 +90,9 @@ class Generation:
                  read_timeout: float, keepalive_s: float, metrics: Metrics | None) -> None:
         self.stream = stream
         self.model = model
+        self.tok = tok
         self.detok = tok.detokenizer()
+        self.logprobs: list[TokenLogprob] = []  # every token's, when the request asked
         self.stops = StopMatcher(stops)
         self.tools = ToolCallParser(tool_names) if tool_names else None
         self.started_at = started_at  # monotonic, when the HTTP request arrived
@@ -148,13 +153,19 @@ class Generation:
             bodies = [first, *s.ready()]  # behind? coalesce what is queued into one delta
             body = bodies[-1]
             tokens: list[int] = []
+            lps: list[TokenLogprob] = []
             for b in bodies:
                 if self.model_ttft_ms is None and b.model_ttft_ms is not None:
                     self.model_ttft_ms = b.model_ttft_ms
                     if self.metrics is not None:
                         self.metrics.ttft_model.labels(model=self.model).observe(b.model_ttft_ms / 1000)
                 tokens += b.tokens
+                if b.logprobs:
+                    lps += from_body(self.tok, b)
                 self._observe_tokens(b.token_times)
+            if lps:  # before the text of the same tokens
+                self.logprobs += lps
+                yield "logprobs", lps
             if tokens:
                 self.completion_tokens += len(tokens)
                 for ev in self._text_events(self.detok.add(tokens)):
@@ -183,4 +194,4 @@ class Generation:
         visible = None if self.visible_at is None else (self.visible_at - self.started_at) * 1000
         yield "end", Final(finish, s.prompt_len, self.completion_tokens, self.model_ttft_ms,
                            visible, error, list(self.tools.calls if self.tools else []),
-                           s.abort_reason)
+                           s.abort_reason, self.logprobs)

@@ -109,7 +109,7 @@ async def _handle(request: Request, *, chat: bool) -> Response:
     gen = Generation(stream, tok, model=backend.model, stops=req.stops(), tool_names=names,
                      started_at=started, read_timeout=gw.settings.request_read_timeout,
                      keepalive_s=gw.settings.keepalive_s, metrics=gw.metrics)
-    shape = Shape(chat, rid, backend.model, req.include_usage())
+    shape = Shape(chat, rid, backend.model, req.include_usage(), logprobs=gen_msg.top_logprobs >= 0)
     headers = {"x-lockstep-request-id": rid, "x-lockstep-deployment": backend.deployment_id}
 
     def done(final: Final | None, outcome: str | None = None) -> None:

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 
 from starlette.responses import Response
 
+from services.gateway import logprobs as lp
 from services.gateway.generation import Final, Generation
 from services.gateway.toolcalls import ToolCall
 
@@ -32,14 +33,22 @@ def sse(obj: dict) -> bytes:
 class Shape:
     """The envelope of one response: chat or text completion."""
 
-    def __init__(self, chat: bool, rid: str, model: str, include_usage: bool = False) -> None:
+    def __init__(self, chat: bool, rid: str, model: str, include_usage: bool = False,
+                 logprobs: bool = False) -> None:
         self.chat, self.rid, self.model = chat, rid, model
         self.created = int(time.time())
         self.include_usage = include_usage
+        self.logprobs = logprobs  # asked for: every choice carries its tokens' logprobs
+        self._completion_lp = lp.CompletionShaper()
+
+    def _lp(self, entries: list[lp.TokenLogprob] | None) -> dict | None:
+        if not self.logprobs or entries is None:
+            return None
+        return lp.chat(entries) if self.chat else self._completion_lp(entries)
 
     def chunk(self, *, text: str | None = None, role: bool = False,
               tool_call: tuple[int, ToolCall] | None = None, finish: str | None = None,
-              extra: dict | None = None) -> dict:
+              extra: dict | None = None, logprobs: list[lp.TokenLogprob] | None = None) -> dict:
         if self.chat:
             delta: dict = {}
             if role:
@@ -48,10 +57,12 @@ class Shape:
                 delta["content"] = text
             if tool_call is not None:
                 delta["tool_calls"] = [tool_call[1].to_openai(tool_call[0])]
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": self._lp(logprobs),
+                      "finish_reason": finish}
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": self._lp(logprobs),
+                      "finish_reason": finish}
             obj = "text_completion"
         out = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
                "choices": [choice]}
@@ -71,11 +82,12 @@ class Shape:
             msg: dict = {"role": "assistant", "content": text or (None if final.tool_calls else "")}
             if final.tool_calls:
                 msg["tool_calls"] = [c.to_openai() for c in final.tool_calls]
-            choice = {"index": 0, "message": msg, "logprobs": None,
+            choice = {"index": 0, "message": msg, "logprobs": self._lp(final.logprobs),
                       "finish_reason": final.finish_reason}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": final.finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": self._lp(final.logprobs),
+                      "finish_reason": final.finish_reason}
             obj = "text_completion"
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
                 "choices": [choice], "usage": final.usage(), "lockstep": final.timings()}
@@ -98,6 +110,13 @@ async def sse_events(gen: Generation, shape: Shape, prefix: str = "",
                      on_end: Callable[[Final], None] | None = None) -> AsyncIterator[bytes]:
     """SSE bytes for one generation; `on_end` gets the Final (metrics, release)."""
     n_calls = 0
+    pending: list[lp.TokenLogprob] = []  # logprobs of tokens whose text is not out yet
+
+    def take() -> list[lp.TokenLogprob] | None:
+        nonlocal pending
+        out, pending = (pending or None), []
+        return out
+
     if shape.chat:
         yield sse(shape.chunk(role=True))
     if prefix:  # echo
@@ -106,12 +125,14 @@ async def sse_events(gen: Generation, shape: Shape, prefix: str = "",
     async for kind, val in gen.events():
         if kind == "keepalive":
             yield KEEPALIVE
+        elif kind == "logprobs":
+            pending += val
         elif kind == "text":
             gen.mark_visible()
-            yield sse(shape.chunk(text=val))
+            yield sse(shape.chunk(text=val, logprobs=take()))
         elif kind == "tool_call":
             gen.mark_visible()
-            yield sse(shape.chunk(tool_call=(n_calls, val)))
+            yield sse(shape.chunk(tool_call=(n_calls, val), logprobs=take()))
             n_calls += 1
         elif kind == "end":
             final: Final = val
@@ -120,7 +141,7 @@ async def sse_events(gen: Generation, shape: Shape, prefix: str = "",
             if final.error is not None:
                 yield sse(final.error.body())
             else:
-                yield sse(shape.chunk(finish=final.finish_reason,
+                yield sse(shape.chunk(finish=final.finish_reason, logprobs=take(),
                                       extra={"lockstep": final.timings()}))
                 if shape.include_usage:
                     yield sse(shape.usage_chunk(final))
