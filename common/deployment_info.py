@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.messages import CacheStats
 from common.schema import SchemaError, decode_into
 
 # A rank's or deployment's error may carry a stderr tail: larger than the default cap.
@@ -40,6 +41,7 @@ class RankInfo:
     mem_active: int
     last_seen: float
     rejects: dict[str, int] = field(default_factory=dict)
+    cache: CacheStats | None = None  # its prefix cache, from telemetry (None: off/not yet)
 
 
 @dataclass(frozen=True, kw_only=True)

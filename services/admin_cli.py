@@ -7,6 +7,7 @@
       stop ID [--force]
       cancel ID [--scope all|requests] [--request-id RID ...] [--reason TEXT]
       abort-all [ID] [--timeout-s S]
+      cache-clear ID [--timeout-s S]
       backend-selection --hosts FILE [--backend B]
       replan ID --backend B [--signature SIG] [--force]
 
@@ -33,10 +34,10 @@ from common.deployment_info import DeploymentInfoError, read_deployment_info
 from common.envelope import Key
 from common.home import Paths, read_supervisor_record
 from common.keys import KeyFileError, load_cluster_key
-from common.messages import ADMIN_OUT, AdminReply, AdminRequest
+from common.messages import ADMIN_OUT, AdminReply, AdminRequest, CacheStats
 
 LONG_COMMANDS = {"deploy": 900.0, "stop": 120.0, "replan": 900.0, "abort_all": 120.0,
-                 "cancel": 60.0, "reap": 120.0}
+                 "cancel": 60.0, "reap": 120.0, "cache_clear": 620.0}
 
 
 class AdminClient:
@@ -130,6 +131,9 @@ def _parser() -> argparse.ArgumentParser:
     p = add("abort-all")
     p.add_argument("deployment_id", nargs="?")
     p.add_argument("--timeout-s", type=float, default=None)
+    p = add("cache-clear")
+    p.add_argument("deployment_id")
+    p.add_argument("--timeout-s", type=float, default=None)
     p = add("backend-selection")
     p.add_argument("--hosts", required=True)
     p.add_argument("--backend", choices=("auto", "ring", "jaccl", "mpi"), default=None)
@@ -154,7 +158,7 @@ def build_request(ns: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     elif cmd == "cancel":
         a = {"deployment_id": ns.deployment_id, "scope": ns.scope,
              "request_ids": ns.request_ids, "reason": ns.reason}
-    elif cmd == "abort_all":
+    elif cmd in ("abort_all", "cache_clear"):
         a = {"deployment_id": ns.deployment_id, "timeout_s": ns.timeout_s}
     elif cmd == "backend_selection":
         a = _hosts_args(ns.hosts)
@@ -181,7 +185,7 @@ def human(cmd: str, data: dict[str, Any]) -> str:
             for r in d.ranks:
                 lines.append(f"    rank {r.rank} pid {r.pid:<7} {r.phase:<10} "
                              f"step {r.step:<6} active {r.active:<3} "
-                             f"acked epoch {r.acked_epoch}")
+                             f"acked epoch {r.acked_epoch}" + _cache_text(r.cache))
         if not data["deployments"]:
             lines.append("no deployments")
         if cmd == "status":
@@ -195,6 +199,11 @@ def human(cmd: str, data: dict[str, Any]) -> str:
     if cmd == "abort_all":
         return (f"epoch {data['epoch']}: zero active {data['zero_active']}; ranks "
                 f"{data['ranks']}; missing acks {data['missing']}")
+    if cmd == "cache_clear":
+        if not data["enabled"]:
+            return f"{data['deployment_id']}: the prefix cache is off, nothing to clear"
+        return (f"{data['deployment_id']}: every rank's prefix cache emptied at step "
+                f"{data['step']} (clear {data['clear_id']}, {data['sends']} sends)")
     if cmd == "backend_selection":
         lines = [f"backend {data['backend']} ({len(data['members'])} members)"]
         lines += [f"  blocker {b['member']}: {b['reason']}" for b in data["blockers"]]
@@ -216,6 +225,12 @@ def human(cmd: str, data: dict[str, Any]) -> str:
         lines += [f"  UNREADABLE {u['path']}: {u['error']}" for u in data.get("unreadable") or []]
         return "\n".join(lines)
     return json.dumps(data, indent=2, sort_keys=True)
+
+
+def _cache_text(c: CacheStats | None) -> str:
+    if c is None:  # off, or no telemetry with it yet
+        return "  cache -"
+    return f"  cache {c.entries} entries {c.tokens} tokens {c.bytes / 2**20:.1f} MiB"
 
 
 def main(argv: list[str] | None = None) -> int:

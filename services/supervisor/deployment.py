@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 from common.bus import Channel
 from common.envelope import Key
 from common.keys import LaunchKeys, seal_key
+from common.messages import CacheStats
 from common.procs import ProcessIdentity, is_alive
 from common.records import LaunchManifest
+from common.schema import to_wire
 from services.supervisor.deployment_state import LIVE, DeploymentState, StateMachine
 from services.supervisor.plan import DeployPlan
 
@@ -45,6 +47,7 @@ class RankState:
     telemetry_rx: float = 0.0  # monotonic receive time of the last telemetry
     ready: RankReady | None = None  # the identity-checked RankReady body
     rejects: dict[str, int] = field(default_factory=dict)  # rank's "socket.reason" -> count
+    cache: CacheStats | None = None  # its prefix cache, from telemetry (None: off/not yet)
     error: str | None = None
     log_path: Path | None = None  # on the rank's host
     remote: RemoteHost | None = None  # for a rank on another host
@@ -71,7 +74,8 @@ class RankState:
                 "pid": self.pid, "phase": self.phase,
                 "step": self.step, "active": self.active, "cancel_epoch": self.cancel_epoch,
                 "acked_epoch": self.acked_epoch, "mem_active": self.mem_active,
-                "last_seen": self.last_seen, "rejects": dict(self.rejects)}
+                "last_seen": self.last_seen, "rejects": dict(self.rejects),
+                "cache": None if self.cache is None else to_wire(self.cache)}
 
 
 @dataclass

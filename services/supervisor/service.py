@@ -16,12 +16,21 @@ import zmq.asyncio
 from common.envelope import BOOT_ID, Message
 from common.home import Paths, write_supervisor_record
 from common.keys import load_cluster_key
-from common.messages import AdminRequest, CancelAck, Event, Lease, RankReady, Telemetry
+from common.messages import (
+    AdminRequest,
+    CacheCleared,
+    CancelAck,
+    Event,
+    Lease,
+    RankReady,
+    Telemetry,
+)
 from common.procs import START_TIME_TOLERANCE, identify
 from common.records import SupervisorRecord
 from services.supervisor import commands, lifecycle
 from services.supervisor.after_failure import teardown_after_failure
 from services.supervisor.broadcast import Broadcaster
+from services.supervisor.cache_clears import CacheClears
 from services.supervisor.deployment import LIVE, Deployment
 from services.supervisor.deployment_state import STARTING, DeploymentState
 from services.supervisor.epochs import EpochStore
@@ -84,6 +93,7 @@ class Supervisor:
                                      self.sockets.sender, self.sockets.control_endpoint,
                                      self.sockets.report_endpoint)
         self.broadcaster = Broadcaster(self.publish_dep, self.epochs)
+        self.cache_clears = CacheClears(self.publish_dep)
         self._write_runtime_file()
         self._loops = [asyncio.create_task(c) for c in (
             self.sockets.admin_loop(self._on_admin), self.sockets.report_loop(self._on_report),
@@ -231,6 +241,7 @@ class Supervisor:
             rs.cancel_epoch, rs.mem_active = body.cancel_epoch, body.mem_active
             rs.last_seen, rs.telemetry_rx = now, time.monotonic()
             rs.rejects = dict(body.rejects)  # "socket.reason" -> count, for status/metrics
+            rs.cache = body.cache  # the prefix cache's figures (None: off), for status/metrics
             if body.error:
                 rs.error = body.error
         elif isinstance(body, CancelAck):
@@ -240,6 +251,9 @@ class Supervisor:
             self.broadcaster.on_ack(dep.deployment_id, body.epoch, body.rank,
                                     {"step_applied": body.step_applied,
                                      "cancelled": list(body.cancelled)})
+        elif isinstance(body, CacheCleared):
+            rs.last_seen = now
+            self.cache_clears.on_cleared(dep.deployment_id, body)
 
     # --- loops ----------------------------------------------------------------------------
 
@@ -282,6 +296,7 @@ class Supervisor:
                 lost.append(f"rank {rs.rank} (pid {rs.pid}) {what}"
                             + (f": {rs.error}" if rs.error else ""))
                 self.broadcaster.on_rank_dead(dep.deployment_id, rs.rank)
+                self.cache_clears.on_rank_dead(dep.deployment_id, rs.rank)
         if not lost or dep.state == S.CANARY:
             return  # during the canary the launch itself reports the failure
         reason = "; ".join(lost)

@@ -11,6 +11,14 @@ Misbehaviours, switched on by environment. Each value is "all" or a comma list o
   LOCKSTEP_FAKE_EXIT_LATE_S      "SECONDS" or "SECONDS@RANKS": linger that long before
                                  exiting on SIGTERM/shutdown
   LOCKSTEP_FAKE_STEP_S           seconds per decode step (default 0.01)
+  LOCKSTEP_FAKE_DROP_CACHE_CLEARS  rank 0 drops this many CACHE_CLEAR copies before it
+                                 answers one (a large number: it never answers)
+
+A toy prefix cache (rank 0, settings.prompt_cache_entries > 0): a finished request's
+prompt + echo is stored (LRU, that many entries); a GENERATE sharing a prefix with one
+reports it as `cached_tokens` on its first chunk (capped at len(prompt) - 1, as the real
+rank); CACHE_CLEAR empties it and answers CACHE_CLEARED; its CacheStats ride on rank
+0's telemetry (a follower's stay empty: it never sees a request).
 """
 
 from __future__ import annotations
@@ -32,6 +40,9 @@ from common.messages import (
     REPORT_TO_RANK,
     REQUESTS_IN,
     Abort,
+    CacheClear,
+    CacheCleared,
+    CacheStats,
     Cancel,
     CancelAck,
     Generate,
@@ -74,6 +85,60 @@ class Request:
     ident: bytes
     body: Generate
     produced: int = 0
+    cached_tokens: int = 0
+    fed: list[int] | None = None
+
+
+FAKE_BYTES_PER_TOKEN = 1024
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class ToyCache:
+    """LRU of token sequences; its figures in the real rank's CacheStats shape."""
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self.entries: list[list[int]] = []  # LRU first
+        self.stats = CacheStats()
+
+    def match(self, prompt: list[int]) -> int:
+        best, at = 0, None
+        for i, e in enumerate(self.entries):
+            n = min(shared_prefix(e, prompt), len(prompt) - 1)
+            if n > best:
+                best, at = n, i
+        if at is None:
+            self.stats.misses += 1
+            return 0
+        self.entries.append(self.entries.pop(at))
+        self.stats.hits += 1
+        self.stats.hit_tokens += best
+        return best
+
+    def store(self, tokens: list[int]) -> None:
+        self.entries.append(list(tokens))
+        self.stats.stored += 1
+        while len(self.entries) > self.max_entries:
+            self.entries.pop(0)
+            self.stats.evicted += 1
+        self._figures()
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self._figures()
+
+    def _figures(self) -> None:
+        self.stats.entries = len(self.entries)
+        self.stats.tokens = sum(map(len, self.entries))
+        self.stats.bytes = self.stats.tokens * FAKE_BYTES_PER_TOKEN
 
 
 class FakeRank:
@@ -117,6 +182,10 @@ class FakeRank:
         self.error: str | None = None
         self.next_telemetry = 0.0
         self.next_step = 0.0
+        entries = spec.settings.prompt_cache_entries
+        self.cache = ToyCache(entries) if entries > 0 else None  # followers: stays empty
+        self.drop_clears = int(os.environ.get("LOCKSTEP_FAKE_DROP_CACHE_CLEARS", "0") or 0)
+        self.clears_done: dict[int, CacheCleared] = {}
         signal.signal(signal.SIGTERM, signal.SIG_IGN if self.ignore_term else self._on_term)
 
     def _on_term(self, *_: object) -> None:
@@ -151,7 +220,8 @@ class FakeRank:
         self.send_report(Telemetry(
             deployment_id=self.spec.deployment_id, job_id=self.spec.job_id, rank=self.rank,
             pid=self.pid, phase=self.phase.value, step=self.step, active=len(self.active),
-            cancel_epoch=self.cancel_epoch, at=time.time(), error=self.error))
+            cancel_epoch=self.cancel_epoch, at=time.time(), error=self.error,
+            cache=self.cache.stats if self.cache is not None else None))
         self.marker(self.phase, self.error)
 
     # --- control -------------------------------------------------------------------
@@ -171,6 +241,21 @@ class FakeRank:
             self.stop_flag = True
         elif isinstance(body, Cancel):
             self.on_cancel(body)
+        elif isinstance(body, CacheClear) and self.rank == 0:
+            self.on_cache_clear(body)
+
+    def on_cache_clear(self, c: CacheClear) -> None:
+        if self.drop_clears > 0:
+            self.drop_clears -= 1
+            return
+        done = self.clears_done.get(c.clear_id)
+        if done is None:  # each clear once; a re-send gets the same answer
+            if self.cache is not None:
+                self.cache.clear()
+            done = self.clears_done[c.clear_id] = CacheCleared(
+                deployment_id=c.deployment_id, clear_id=c.clear_id, rank=0, step=self.step)
+            self.next_telemetry = 0.0
+        self.send_report(done)
 
     def on_cancel(self, c: Cancel) -> None:
         if c.epoch <= self.spec.cancel_epoch_floor:
@@ -196,7 +281,8 @@ class FakeRank:
         ident, msg = got
         body = msg.body
         if isinstance(body, Generate):
-            self.active[body.request_id] = Request(ident, body)
+            cached = self.cache.match(body.prompt) if self.cache is not None else 0
+            self.active[body.request_id] = Request(ident, body, cached_tokens=cached)
         elif isinstance(body, Abort):
             if body.request_id in self.active:
                 self.finish(body.request_id, "abort")
@@ -220,12 +306,16 @@ class FakeRank:
             tok = prompt[req.produced % len(prompt)]
             req.produced += 1
             done = req.produced >= req.body.max_tokens
+            req.fed = [*(req.fed or prompt), tok]
             self.reply(req.ident, Tokens(
                 request_id=rid, tokens=[tok], index=req.produced - 1,
                 finish_reason="length" if done else None, prompt_tokens=len(prompt),
-                step=self.step, token_times=[time.time()]))
+                step=self.step, token_times=[time.time()],
+                cached_tokens=req.cached_tokens if req.produced == 1 else 0))
             if done:
                 del self.active[rid]
+                if self.cache is not None:
+                    self.cache.store(req.fed)
 
     # --- main loop -------------------------------------------------------------------
 

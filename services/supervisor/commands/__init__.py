@@ -18,6 +18,7 @@ from common.schema import SchemaError, decode_into
 from services.supervisor.commands import (
     abort_all,
     backend_selection,
+    cache_clear,
     cancel,
     deploy,
     deployments,
@@ -38,6 +39,7 @@ REGISTRY: dict[str, ModuleType] = {
     "ping": ping, "status": status, "deployments": deployments, "deploy": deploy,
     "stop": stop, "cancel": cancel, "abort_all": abort_all,
     "backend_selection": backend_selection, "replan": replan, "reap": reap,
+    "cache_clear": cache_clear,
 }
 
 

@@ -1,0 +1,44 @@
+"""cache_clear — empty every rank's prefix cache through the plan. The supervisor sends
+CACHE_CLEAR{deployment_id, clear_id} to rank 0 (control, re-sent until answered); rank 0
+folds one CLEAR op into its next plan, so every rank drops every entry at the same step,
+and answers CACHE_CLEARED{clear_id, step} once that plan is out (cache off: at once).
+
+    request  {deployment_id, timeout_s: float|null (null = cancel_timeout, 10 s)}
+    reply    {deployment_id, clear_id, step, enabled, sends, waited_s}
+             step: the plan at which every rank emptied its cache; enabled false: the
+             prefix cache is off (prompt_cache_entries 0), there was nothing to clear
+    errors   not_found (no such deployment), conflict (not serving),
+             timeout (rank 0 did not answer in time: the clear may still happen)
+    CLI      lockstep admin cache-clear ID [--timeout-s S]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from services.supervisor import lifecycle
+from services.supervisor.deployment_state import DeploymentState
+from services.supervisor.errors import AdminError
+
+if TYPE_CHECKING:
+    from services.supervisor.service import Supervisor
+
+
+@dataclass
+class Args:
+    deployment_id: str
+    timeout_s: float | None = None
+
+
+async def run(sup: Supervisor, args: Args) -> dict:
+    timeout = sup.settings.cancel_timeout if args.timeout_s is None else args.timeout_s
+    if not 0 < timeout <= 600:
+        raise AdminError("bad_request", "args.timeout_s: must be within (0, 600]")
+    dep = lifecycle.get(sup, args.deployment_id)
+    if dep.state is not DeploymentState.SERVING or dep.control is None:
+        raise AdminError("conflict", f"deployment {dep.deployment_id} is {dep.state}, not "
+                         "serving: its ranks hold no cache to clear")
+    out = await sup.cache_clears.clear(dep, timeout)
+    out["enabled"] = sup.settings.prompt_cache_entries > 0
+    return out
