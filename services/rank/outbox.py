@@ -30,6 +30,10 @@ class StreamChunk:  # rank 0: a request's next chunk; the ledger adds index and 
     error: str | None = None  # for people
     error_code: ErrorCode | None = None  # for the receiver to act on
     cached_tokens: int = 0  # prompt tokens the prefix cache served (the first chunk)
+    # Only for a request that asked (top_logprobs >= 0): aligned with `tokens`.
+    logprobs: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
