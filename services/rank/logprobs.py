@@ -9,6 +9,7 @@ vocabulary sort), one evaluation for the whole step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -40,3 +41,27 @@ def extract(rows: list[mx.array], tokens: list[int], ks: list[int]) -> list[Toke
         best = sorted(zip(lps, ids, strict=True), key=lambda p: (-p[0], p[1]))[:max(want, 0)]
         out.append(TokenLogprobs(float(c), [i for _, i in best], [lp for lp, _ in best]))
     return out
+
+
+def step_logprobs(emitted: list, k_of: Callable[[str], int]) -> dict[str, TokenLogprobs]:
+    """Rank 0, once per step: request id → its token's logprobs, for each emitted token
+    (`engine.Emitted` with its `logprobs` row) whose request asked (`k_of(id)` >= 0)."""
+    asked = []
+    for e in emitted:
+        if e.token is None or e.logprobs is None:
+            continue
+        k = k_of(e.active.request_id)
+        if k >= 0:
+            asked.append((e, k))
+    if not asked:
+        return {}
+    got = extract([e.logprobs for e, _ in asked], [e.token for e, _ in asked],
+                  [k for _, k in asked])
+    return {e.active.request_id: g for (e, _), g in zip(asked, got, strict=True)}
+
+
+def chunk_fields(t: TokenLogprobs | None) -> dict:
+    """StreamChunk keywords for a one-token chunk ({}: not asked)."""
+    if t is None:
+        return {}
+    return {"logprobs": [t.logprob], "top_ids": [t.top_ids], "top_logprobs": [t.top_logprobs]}

@@ -28,7 +28,7 @@ from typing import Protocol
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_p
 
-from common.messages import PlanInsert
+from common.messages import Generate, PlanInsert
 
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]  # (tokens so far, logits)
@@ -170,4 +170,48 @@ def logits_processors_for(ins: PlanInsert, ctx: ProcessorContext) -> list[Logits
     if ins.presence_penalty or ins.frequency_penalty:
         out.append(make_output_penalties(ins.presence_penalty, ins.frequency_penalty,
                                          len(ins.prompt)))
+    return out
+
+
+# -- rank 0: checking a GENERATE's sampling fields, and carrying them into the plan ----
+
+SAMPLING_FIELDS = ("top_k", "min_p", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "repetition_context_size", "top_logprobs")
+
+
+def _finite_in(x: float, lo: float, hi: float) -> bool:
+    return math.isfinite(x) and lo <= x <= hi
+
+
+def sampling_problem(g: Generate, vocab_size: int) -> str | None:
+    """Why rank 0 refuses `g`'s sampling fields (text for people), or None."""
+    if g.top_k < 0:
+        return "top_k must be >= 0 (0: off)"
+    if not _finite_in(g.min_p, 0.0, 1.0):
+        return "min_p must be in [0, 1]"
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not _finite_in(getattr(g, name), -PENALTY_LIMIT, PENALTY_LIMIT):
+            return f"{name} must be in [-2, 2]"
+    if not math.isfinite(g.repetition_penalty) or g.repetition_penalty <= 0:
+        return "repetition_penalty must be a finite number > 0 (1: off)"
+    if not 1 <= g.repetition_context_size <= MAX_CONTEXT_SIZE:
+        return f"repetition_context_size must be in [1, {MAX_CONTEXT_SIZE}]"
+    if not -1 <= g.top_logprobs <= MAX_TOP_LOGPROBS:
+        return f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}] (-1: none)"
+    seen: set[int] = set()
+    for b in g.logit_bias:
+        if not 0 <= b.token < vocab_size:
+            return f"logit_bias token id {b.token} out of range [0, {vocab_size})"
+        if b.token in seen:
+            return f"logit_bias names token {b.token} twice"
+        seen.add(b.token)
+        if not _finite_in(b.bias, -BIAS_LIMIT, BIAS_LIMIT):
+            return f"logit_bias for token {b.token} must be in [-100, 100]"
+    return None
+
+
+def plan_fields(g: Generate) -> dict:
+    """`g`'s sampling fields as PlanInsert keywords (logit_bias in token order)."""
+    out: dict = {name: getattr(g, name) for name in SAMPLING_FIELDS}
+    out["logit_bias"] = sorted(g.logit_bias, key=lambda b: b.token)
     return out
