@@ -42,7 +42,9 @@ def count_tokens(tok, text: str) -> int:
 def chat_prompt_tokens(tok, messages: list[dict]) -> list[int]:
     """The token ids a server gets for these messages (chat template, generation prompt)."""
     out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(out["input_ids"] if isinstance(out, dict) else out)
+    if hasattr(out, "keys"):  # a BatchEncoding (transformers >= 5), not a list
+        out = out["input_ids"]
+    return [int(t) for t in out]
 
 
 def _sentence(rng: random.Random) -> str:
