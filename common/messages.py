@@ -249,6 +249,7 @@ class CacheOp:
     request_id: str = ""
     n_tokens: int = 0  # STORE: the tokens the entry covers (prompt + generated, as fed)
     nbytes: int = 0  # STORE: rank 0's bytes for it, the budget's unit; a rank holding more fails
+    live: bool = False  # STORE of a request still in the batch (its prompt, once prefilled)
 
 
 @dataclass
