@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from services.gateway.chat_format import ChatFormat, load_format
 
 REPLACEMENT = "\ufffd"
 # A UTF-8 character has at most 4 bytes; past this many pending ids the bytes are
@@ -32,6 +34,10 @@ class ModelTokenizer:
     hf: Any  # transformers PreTrainedTokenizer(Fast)
     eos_ids: list[int]
     context_len: int | None
+    fmt: ChatFormat = field(default_factory=ChatFormat)
+    # Special tokens left out of the text: all but the format's markers (a `<think>` or
+    # tool-call start that is a special token must reach the output parser).
+    drop_ids: frozenset[int] = frozenset()
 
     @property
     def fast(self) -> Any:
@@ -42,18 +48,25 @@ class ModelTokenizer:
         return list(self.hf.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
+        if self.drop_ids:
+            ids = [i for i in ids if i not in self.drop_ids]
         fast = self.fast
         if fast is not None:
-            return fast.decode(ids, skip_special_tokens=True)
-        return self.hf.decode(ids, skip_special_tokens=True)
+            return fast.decode(ids, skip_special_tokens=not self.drop_ids)
+        return self.hf.decode(ids, skip_special_tokens=not self.drop_ids)
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None) -> str:
-        """The chat template applied: the prompt as text (tokenize it with `encode`)."""
-        if not getattr(self.hf, "chat_template", None):
+    def render_chat(self, messages: list[dict], tools: list[dict] | None,
+                    template_kwargs: dict[str, Any] | None = None) -> str:
+        """The chat template applied: the prompt as text (tokenize it with `encode`).
+        Rendered as mlx-lm renders it (its wrapper: `enable_thinking` defaults to whether
+        the model thinks, and is renamed for templates that call it otherwise)."""
+        w = self.fmt.wrapper
+        if not getattr(self.hf, "chat_template", None) and not (w and w.has_chat_template):
             raise ChatTemplateError(f"model {self.path.name} has no chat template; use /v1/completions")
+        render = w.apply_chat_template if w is not None else self.hf.apply_chat_template
         try:
-            return self.hf.apply_chat_template(
-                messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
+            return render(messages, tools=tools or None, add_generation_prompt=True,
+                          tokenize=False, **(template_kwargs or {}))
         except Exception as exc:  # noqa: BLE001 - jinja errors of every kind
             raise ChatTemplateError(f"chat template failed: {exc}") from None
 
@@ -66,7 +79,7 @@ class ModelTokenizer:
     def token_bytes(self) -> list[bytes | None] | None:
         """Raw bytes of every token id for a byte-level BPE (None: not byte-level)."""
         if not hasattr(self, "_bytes"):
-            self._bytes = _byte_level_table(self.fast)
+            self._bytes = _byte_level_table(self.fast, self.drop_ids)
         return self._bytes
 
 
@@ -82,8 +95,9 @@ def _gpt2_byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs, strict=True)}
 
 
-def _byte_level_table(fast: Any) -> list[bytes | None] | None:
-    """Token id → the bytes it decodes to; added tokens map to their UTF-8 content."""
+def _byte_level_table(fast: Any, drop_ids: frozenset[int] = frozenset()) -> list[bytes | None] | None:
+    """Token id → the bytes it decodes to; added tokens map to their UTF-8 content
+    (special ones to nothing, unless kept: not in `drop_ids` when that is given)."""
     if fast is None:
         return None
     try:
@@ -98,7 +112,8 @@ def _byte_level_table(fast: Any) -> list[bytes | None] | None:
     table: list[bytes | None] = [None] * (max(vocab.values()) + 1)
     for piece, i in vocab.items():
         if piece in added:
-            table[i] = b"" if added[piece] else piece.encode()
+            dropped = i in drop_ids if drop_ids else added[piece]
+            table[i] = b"" if dropped else piece.encode()
         else:
             try:
                 table[i] = bytes(dec[c] for c in piece)
@@ -140,9 +155,8 @@ def _load(p: Path) -> ModelTokenizer:
     import os
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import AutoTokenizer
-
-    hf = AutoTokenizer.from_pretrained(str(p))
+    wrapper, fmt = load_format(p)  # mlx-lm's own reading of the tokenizer and template
+    hf = wrapper._tokenizer
     eos: list[int] = []
     for name in ("generation_config.json", "config.json"):
         try:
@@ -157,9 +171,20 @@ def _load(p: Path) -> ModelTokenizer:
         ctx = json.loads((p / "config.json").read_text()).get("max_position_embeddings")
     except (OSError, ValueError):
         pass
-    tok = ModelTokenizer(p, hf, sorted(set(eos)), ctx if isinstance(ctx, int) else None)
+    tok = ModelTokenizer(p, hf, sorted(set(eos)), ctx if isinstance(ctx, int) else None, fmt,
+                         _drop_ids(hf, fmt))
     tok.token_bytes()  # built here, in the loading thread, not on a first request
     return tok
+
+
+def _drop_ids(hf: Any, fmt: ChatFormat) -> frozenset[int]:
+    """Special added tokens that are not (part of) one of the format's markers; empty
+    when no marker is a special token (then decoding skips special tokens as usual)."""
+    markers = fmt.markers()
+    special = {i: t.content for i, t in getattr(hf, "added_tokens_decoder", {}).items()
+               if getattr(t, "special", False)}
+    kept = {i for i, text in special.items() if any(text in m for m in markers)}
+    return frozenset(special) - kept if kept else frozenset()
 
 
 class Detokenizer:

@@ -1,6 +1,7 @@
 """From token chunks to what the client sees: detokenize → stop strings → tool calls.
 
-`Generation.events()` yields, in order, ("text", str), ("tool_call", ToolCall),
+`Generation.events()` yields, in order, ("text", str), ("reasoning", str) (chat: the
+model's reasoning, output_parser.py), ("tool_call", ToolCall),
 ("logprobs", [TokenLogprob]) before the text of those tokens (only if the request asked),
 ("keepalive", None) while rank 0 is quiet, and finally ("end", Final). It never raises
 for an outcome of the request itself: a read timeout or a rank error ends as a Final
@@ -18,9 +19,10 @@ from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
 from services.gateway.logprobs import TokenLogprob, from_body
 from services.gateway.metrics import Metrics
+from services.gateway.output_parser import OutputParser
 from services.gateway.request_channel import RequestStream
 from services.gateway.stops import StopMatcher
-from services.gateway.toolcalls import ToolCall, ToolCallParser
+from services.gateway.toolcalls import ToolCall
 
 
 @dataclass
@@ -86,15 +88,19 @@ def _ms(v: float | None) -> float | None:
 
 class Generation:
     def __init__(self, stream: RequestStream, tok: ModelTokenizer, *, model: str,
-                 stops: list[str], tool_names: set[str] | None, started_at: float,
-                 read_timeout: float, keepalive_s: float, metrics: Metrics | None) -> None:
+                 stops: list[str], parser: OutputParser | None, started_at: float,
+                 read_timeout: float, keepalive_s: float, metrics: Metrics | None,
+                 one_call: bool = False) -> None:
         self.stream = stream
         self.model = model
         self.tok = tok
         self.detok = tok.detokenizer()
         self.logprobs: list[TokenLogprob] = []  # every token's, when the request asked
         self.stops = StopMatcher(stops)
-        self.tools = ToolCallParser(tool_names) if tool_names else None
+        self.tools = parser  # content / reasoning / tool calls (chat); None: raw text
+        self.one_call = one_call  # parallel_tool_calls false: the first call only
+        self.calls: list[ToolCall] = []
+        self.reasoning: list[str] = []  # the reasoning text so far (non-streaming bodies)
         self.started_at = started_at  # monotonic, when the HTTP request arrived
         self.read_timeout = read_timeout
         self.keepalive_s = keepalive_s
@@ -120,7 +126,16 @@ class Generation:
         events = self.tools.feed(out) if out else []
         if final:
             events += self.tools.flush()
-        return [("text", v) if k == "content" else (k, v) for k, v in events]
+        kept = []
+        for k, v in events:
+            if k == "tool_call":
+                if self.one_call and self.calls:
+                    continue
+                self.calls.append(v)  # type: ignore[arg-type]
+            elif k == "reasoning":
+                self.reasoning.append(v)  # type: ignore[arg-type]
+            kept.append(("text", v) if k == "content" else (k, v))
+        return kept
 
     def _observe_tokens(self, times: list[float]) -> None:
         if self.metrics is None or not times:
@@ -186,12 +201,12 @@ class Generation:
                 for ev in self._text_events(self.detok.flush(), final=True):
                     yield ev
                 break
-        if self.tools is not None and self.tools.calls and finish == "stop":
+        if self.calls and finish == "stop":
             finish = "tool_calls"
         if self.metrics is not None:
             self.metrics.tokens.labels(model=self.model, kind="completion").inc(self.completion_tokens)
             self.metrics.tokens.labels(model=self.model, kind="prompt").inc(s.prompt_len)
         visible = None if self.visible_at is None else (self.visible_at - self.started_at) * 1000
         yield "end", Final(finish, s.prompt_len, self.completion_tokens, self.model_ttft_ms,
-                           visible, error, list(self.tools.calls if self.tools else []),
+                           visible, error, list(self.calls),
                            s.abort_reason, self.logprobs)

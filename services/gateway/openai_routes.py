@@ -17,12 +17,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from common.messages import Generate
+from services.gateway import choices
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Generation
-from services.gateway.openai_schemas import ChatRequest, CompletionRequest, tool_names, validate
-from services.gateway.prompts import prompt_ids
+from services.gateway.openai_schemas import ChatRequest, CompletionRequest, validate
+from services.gateway.prompts import output_parser, prompt_ids
 from services.gateway.sampling_params import generate_fields
-from services.gateway.streaming import EventStreamResponse, Shape, collect, sse_events
+from services.gateway.streaming import EventStreamResponse, Shape
 
 router = APIRouter()
 
@@ -101,14 +102,16 @@ async def _handle(request: Request, *, chat: bool) -> Response:
         top_p=1.0 if req.top_p is None else float(req.top_p),
         seed=None if req.seed is None else req.seed % (2**63),
         stop_token_ids=list(tok.eos_ids), client="gateway", **generate_fields(req, tok, chat=chat))
+    n = req.n or 1
     try:
-        stream = await backend.generate(gen_msg)
+        streams = await choices.open_streams(backend, gen_msg, n)
     except ConnectionError as exc:
         raise ApiError(503, str(exc), code="no_serving_deployment") from None
-    names = tool_names(req) if chat else None
-    gen = Generation(stream, tok, model=backend.model, stops=req.stops(), tool_names=names,
-                     started_at=started, read_timeout=gw.settings.request_read_timeout,
-                     keepalive_s=gw.settings.keepalive_s, metrics=gw.metrics)
+    gens = [Generation(st, tok, model=backend.model, stops=req.stops(),
+                       parser=output_parser(req, tok, prompt) if chat else None,
+                       started_at=started, read_timeout=gw.settings.request_read_timeout,
+                       keepalive_s=gw.settings.keepalive_s, metrics=gw.metrics,
+                       one_call=chat and req.parallel_tool_calls is False) for st in streams]
     shape = Shape(chat, rid, backend.model, req.include_usage(), logprobs=gen_msg.top_logprobs >= 0)
     headers = {"x-lockstep-request-id": rid, "x-lockstep-deployment": backend.deployment_id}
 
@@ -116,20 +119,33 @@ async def _handle(request: Request, *, chat: bool) -> Response:
         gw.metrics.requests.labels(endpoint=endpoint, model=backend.model,
                                    outcome=outcome or _outcome(final)).inc()
 
+    def release_all(reason: str) -> None:
+        for st in streams:
+            st.release(reason)  # no-op for a stream already released
+
     if req.stream:
-        def on_end(final: Final) -> None:
-            stream.release()
-            done(final)
+        ended: dict[int, Final] = {}
+        counted: list[bool] = []  # the request's outcome is counted once
+
+        def count(final: Final | None, outcome: str | None = None) -> None:
+            if not counted:
+                counted.append(True)
+                done(final, outcome)
+
+        def on_end(i: int, final: Final) -> None:
+            streams[i].release()
+            ended[i] = final
+            if len(ended) == n or final.error is not None:
+                count(choices.merged_final([ended[k] for k in sorted(ended)]))
 
         def on_disconnect() -> None:
-            if not stream.released:
-                stream.release("client_disconnect")
-                if not stream.finished:
-                    done(None, "client_disconnect")
+            if any(not st.released for st in streams):
+                release_all("client_disconnect")
+                count(None, "client_disconnect")
 
         async def body():
             try:
-                async for chunk in sse_events(gen, shape, prefix, on_end):
+                async for chunk in choices.sse_choices(gens, shape, prefix, on_end):
                     yield chunk
             finally:
                 on_disconnect()
@@ -137,20 +153,21 @@ async def _handle(request: Request, *, chat: bool) -> Response:
         return EventStreamResponse(body(), on_disconnect, headers)
 
     try:
-        text, final = await _until_disconnect(request, collect(gen, prefix))
+        results = await _until_disconnect(request, choices.collect_all(gens, prefix))
     except _ClientGone:
-        stream.release("client_disconnect")
+        release_all("client_disconnect")
         done(None, "client_disconnect")
         return Response(status_code=499)
     finally:
-        stream.release("client_disconnect")  # no-op after a normal end
+        release_all("client_disconnect")  # no-op after a normal end
+    final = choices.merged_final([f for _, _, f in results])
     done(final)
     if final.error is not None:
         final.error.headers = {**headers, **(final.error.headers or {})}  # keeps retry-after
         raise final.error
     headers["x-lockstep-ttft-model-ms"] = _hdr(final.model_ttft_ms)
     headers["x-lockstep-ttft-visible-ms"] = _hdr(final.visible_ttft_ms)
-    return JSONResponse(shape.body(text, final), headers=headers)
+    return JSONResponse(choices.body(shape, results), headers=headers)
 
 
 def _outcome(final: Final | None) -> str:

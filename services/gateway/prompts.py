@@ -20,13 +20,20 @@ from services.gateway.openai_schemas import (
     CompletionRequest,
     template_messages,
     template_tools,
+    tool_names,
 )
+from services.gateway.output_parser import OutputParser
+
+# Arguments the gateway itself passes to the chat template: not the client's to set.
+RESERVED_TEMPLATE_ARGS = frozenset({"messages", "tools", "add_generation_prompt", "tokenize",
+                                    "return_dict", "continue_final_message", "chat_template"})
 
 
 @dataclass(frozen=True)
 class Prompt:
     ids: list[int]
     echo: str  # text to echo back (completions with echo), else ""
+    in_reasoning: bool = False  # the chat prompt ends inside an open reasoning block
 
 
 def byte_limit(tok: ModelTokenizer, bytes_per_token: int) -> int | None:
@@ -45,13 +52,14 @@ def prompt_ids(req: ChatRequest | CompletionRequest, tok: ModelTokenizer,
     limit = byte_limit(tok, bytes_per_token)
     if isinstance(req, ChatRequest):
         try:
-            text = tok.render_chat(template_messages(req), template_tools(req))
+            text = tok.render_chat(template_messages(req), template_tools(req),
+                                   template_kwargs(req, tok))
         except ChatTemplateError as exc:  # the messages (or the model) do not fit it
             raise ApiError(400, str(exc), param="messages", code="invalid_value") from None
         n = len(text.encode())
         if limit is not None and n > limit:
             raise _too_long("messages", n, limit, tok)
-        return Prompt(tok.encode(text), "")
+        return Prompt(tok.encode(text), "", tok.fmt.opens_in_reasoning(text))
     p = req.prompt
     if isinstance(p, list) and p and isinstance(p[0], str | list):
         p = p[0]
@@ -69,3 +77,27 @@ def prompt_ids(req: ChatRequest | CompletionRequest, tok: ModelTokenizer,
         raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt",
                        code="invalid_value")
     return Prompt(list(p), tok.decode(list(p)) if req.echo else "")
+
+
+def template_kwargs(req: ChatRequest, tok: ModelTokenizer) -> dict:
+    """`chat_template_kwargs` (an object, validated by the schema; the gateway's own
+    arguments refused by name) and `reasoning_effort`, which only a template that reads
+    it can honour."""
+    kw = dict(req.chat_template_kwargs or {})
+    for k in kw:
+        if k in RESERVED_TEMPLATE_ARGS:
+            raise ApiError(400, f"chat_template_kwargs.{k}: set by the server, not the request",
+                           param=f"chat_template_kwargs.{k}", code="invalid_value")
+    if req.reasoning_effort is not None:
+        if "reasoning_effort" not in tok.fmt.template_vars:
+            raise ApiError(400, f"reasoning_effort: the chat template of {tok.path.name} does not "
+                           "read it", param="reasoning_effort", code="unsupported_value")
+        kw.setdefault("reasoning_effort", req.reasoning_effort)
+    return kw
+
+
+def output_parser(req: ChatRequest, tok: ModelTokenizer, prompt: Prompt) -> OutputParser:
+    """Content, reasoning and (when tools are offered) tool calls, in the model's format."""
+    names = tool_names(req)
+    return OutputParser(tok.fmt, tools=template_tools(req) if names else None,
+                        tool_names=names, in_reasoning=prompt.in_reasoning)

@@ -165,10 +165,10 @@ class Backend:
     def active(self) -> int:
         return len(self.streams)
 
-    def check_room(self) -> None:
-        """Raise Overloaded if one more request would exceed the bound on in flight."""
+    def check_room(self, more: int = 1) -> None:
+        """Raise Overloaded if `more` requests would exceed the bound on in flight."""
         n = len(self.streams)
-        if self.max_inflight and n >= self.max_inflight:
+        if self.max_inflight and n + more > self.max_inflight:
             self.overloads["gateway"] += 1
             raise Overloaded(self, "gateway", n)
 

@@ -46,7 +46,8 @@ class Shape:
             return None
         return lp.chat(entries) if self.chat else self._completion_lp(entries)
 
-    def chunk(self, *, text: str | None = None, role: bool = False,
+    def chunk(self, *, text: str | None = None, role: bool = False, index: int = 0,
+              reasoning: str | None = None,
               tool_call: tuple[int, ToolCall] | None = None, finish: str | None = None,
               extra: dict | None = None, logprobs: list[lp.TokenLogprob] | None = None) -> dict:
         if self.chat:
@@ -55,13 +56,15 @@ class Shape:
                 delta = {"role": "assistant", "content": ""}
             if text is not None:
                 delta["content"] = text
+            if reasoning is not None:
+                delta["reasoning_content"] = reasoning
             if tool_call is not None:
                 delta["tool_calls"] = [tool_call[1].to_openai(tool_call[0])]
-            choice = {"index": 0, "delta": delta, "logprobs": self._lp(logprobs),
+            choice = {"index": index, "delta": delta, "logprobs": self._lp(logprobs),
                       "finish_reason": finish}
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": self._lp(logprobs),
+            choice = {"index": index, "text": text or "", "logprobs": self._lp(logprobs),
                       "finish_reason": finish}
             obj = "text_completion"
         out = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
@@ -77,16 +80,18 @@ class Shape:
                 "created": self.created, "model": self.model, "choices": [],
                 "usage": final.usage(), "lockstep": final.timings()}
 
-    def body(self, text: str, final: Final) -> dict:
+    def body(self, text: str, final: Final, index: int = 0, reasoning: str = "") -> dict:
         if self.chat:
             msg: dict = {"role": "assistant", "content": text or (None if final.tool_calls else "")}
+            if reasoning:
+                msg["reasoning_content"] = reasoning
             if final.tool_calls:
                 msg["tool_calls"] = [c.to_openai() for c in final.tool_calls]
-            choice = {"index": 0, "message": msg, "logprobs": self._lp(final.logprobs),
+            choice = {"index": index, "message": msg, "logprobs": self._lp(final.logprobs),
                       "finish_reason": final.finish_reason}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": self._lp(final.logprobs),
+            choice = {"index": index, "text": text, "logprobs": self._lp(final.logprobs),
                       "finish_reason": final.finish_reason}
             obj = "text_completion"
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
@@ -107,8 +112,11 @@ async def collect(gen: Generation, prefix: str = "") -> tuple[str, Final]:
 
 
 async def sse_events(gen: Generation, shape: Shape, prefix: str = "",
-                     on_end: Callable[[Final], None] | None = None) -> AsyncIterator[bytes]:
-    """SSE bytes for one generation; `on_end` gets the Final (metrics, release)."""
+                     on_end: Callable[[Final], None] | None = None, *, index: int = 0,
+                     tail: bool = True) -> AsyncIterator[bytes]:
+    """SSE bytes for one generation (choice `index`); `on_end` gets the Final (metrics,
+    release). Without `tail` the usage chunk and [DONE] are left to the caller (n > 1:
+    choices.py merges the streams of several)."""
     n_calls = 0
     pending: list[lp.TokenLogprob] = []  # logprobs of tokens whose text is not out yet
 
@@ -118,10 +126,10 @@ async def sse_events(gen: Generation, shape: Shape, prefix: str = "",
         return out
 
     if shape.chat:
-        yield sse(shape.chunk(role=True))
+        yield sse(shape.chunk(role=True, index=index))
     if prefix:  # echo
         gen.mark_visible()
-        yield sse(shape.chunk(text=prefix))
+        yield sse(shape.chunk(text=prefix, index=index))
     async for kind, val in gen.events():
         if kind == "keepalive":
             yield KEEPALIVE
@@ -129,10 +137,13 @@ async def sse_events(gen: Generation, shape: Shape, prefix: str = "",
             pending += val
         elif kind == "text":
             gen.mark_visible()
-            yield sse(shape.chunk(text=val, logprobs=take()))
+            yield sse(shape.chunk(index=index, text=val, logprobs=take()))
+        elif kind == "reasoning":
+            gen.mark_visible()
+            yield sse(shape.chunk(index=index, reasoning=val))
         elif kind == "tool_call":
             gen.mark_visible()
-            yield sse(shape.chunk(tool_call=(n_calls, val), logprobs=take()))
+            yield sse(shape.chunk(index=index, tool_call=(n_calls, val), logprobs=take()))
             n_calls += 1
         elif kind == "end":
             final: Final = val
@@ -141,11 +152,12 @@ async def sse_events(gen: Generation, shape: Shape, prefix: str = "",
             if final.error is not None:
                 yield sse(final.error.body())
             else:
-                yield sse(shape.chunk(finish=final.finish_reason, logprobs=take(),
+                yield sse(shape.chunk(index=index, finish=final.finish_reason, logprobs=take(),
                                       extra={"lockstep": final.timings()}))
-                if shape.include_usage:
+                if shape.include_usage and tail:
                     yield sse(shape.usage_chunk(final))
-            yield DONE
+            if tail:
+                yield DONE
             return
 
 

@@ -1,5 +1,5 @@
-"""Gateway text pipeline: incremental detokenizer, stop strings, tool-call envelopes,
-request validation."""
+"""Gateway text pipeline: incremental detokenizer, stop strings, request validation
+(tool calls and reasoning: test_output_parser.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from services.gateway.detok import load_tokenizer
 from services.gateway.errors import ApiError
 from services.gateway.openai_schemas import ChatRequest, CompletionRequest, validate
 from services.gateway.stops import StopMatcher
-from services.gateway.toolcalls import ToolCallParser
 
 
 @pytest.fixture(scope="module")
@@ -70,36 +69,6 @@ def test_stop_matcher_equals_whole_string_cut(text, stops, cuts):
     assert m.stopped == bool(hits)
 
 
-def test_tool_parser_streams_in_order():
-    p = ToolCallParser({"get_weather", "add"})
-    src = ('Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
-           '<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call> done')
-    events = []
-    for i in range(0, len(src), 3):  # split everywhere, including inside the tags
-        events += p.feed(src[i:i + 3])
-    events += p.flush()
-    kinds = [k for k, _ in events]
-    assert kinds[0] == "content" and kinds.count("tool_call") == 2
-    calls = [v for k, v in events if k == "tool_call"]
-    assert [c.name for c in calls] == ["get_weather", "add"]
-    assert json.loads(calls[1].arguments) == {"a": 1}
-    content = "".join(v for k, v in events if k == "content")
-    assert content == "Sure.  done"  # whitespace-only runs between envelopes dropped
-
-
-@pytest.mark.parametrize("src", [
-    '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>',  # not an offered tool
-    '<tool_call>{"name": "add", "arguments": [1]}</tool_call>',  # arguments not an object
-    "<tool_call>not json</tool_call>",
-    '<tool_call>{"name": "add", "arguments": {}}',  # never closed
-])
-def test_invalid_envelopes_stay_text(src):
-    p = ToolCallParser({"add"})
-    events = p.feed(src) + p.flush()
-    assert all(k == "content" for k, _ in events)
-    assert "".join(v for _, v in events) == src
-
-
 def _err(cls, body) -> ApiError:
     with pytest.raises(ApiError) as ei:
         validate(cls, json.dumps(body).encode() if not isinstance(body, bytes) else body)
@@ -114,12 +83,12 @@ def test_validation_errors_name_the_parameter():
     assert _err(ChatRequest, {"model": "m", "messages": msgs, "max_tokens": 0}).param == "max_tokens"
     assert _err(ChatRequest, {"model": "m", "messages": msgs, "temperature": 3}).param == "temperature"
     assert _err(ChatRequest, {"model": "m", "messages": msgs, "stream": "yes"}).param == "stream"
-    assert _err(ChatRequest, {"model": "m", "messages": msgs, "n": 3}).param == "n"
+    assert _err(ChatRequest, {"model": "m", "messages": msgs, "n": 17}).param == "n"
     assert _err(ChatRequest, {"model": "m", "messages": [
         {"role": "user", "content": [{"type": "image_url"}]}]}).code == "unsupported_value"
     assert _err(CompletionRequest, {"model": "m", "prompt": ["a", "b"]}).param == "prompt"
     r = validate(ChatRequest, json.dumps({"model": "m", "messages": msgs, "max_completion_tokens": 5,
-                                          "max_tokens": 9, "stop": "x", "unknown": 1}).encode())
+                                          "max_tokens": 9, "stop": "x"}).encode())
     assert r.limit() == 5 and r.stops() == ["x"]
     c = validate(CompletionRequest, b'{"model": "m", "prompt": [1, 2, 3], "seed": -4}')
     assert c.prompt == [1, 2, 3] and c.seed == -4
