@@ -11,6 +11,8 @@ gateway's own evidence:
   which runs abort-all for that deployment and needs zero-active evidence from every
   rank (DELETE with force falls back on verified teardown as the proof); then the
   supervisor's verified teardown.
+`POST /deployments/{id}/cache-clear` empties every rank's prefix cache through the plan
+(the supervisor's `cache_clear`: rank 0 confirms the step; 504 `timeout` if it did not).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ router = APIRouter(prefix="/admin/api/cluster")
 DEPLOY_WAIT_S = 600.0
 REAP_WAIT_S = 180.0
 STOP_WAIT_S = 120.0
+CACHE_CLEAR_WAIT_S = 600.0  # the longest deadline the supervisor accepts
 
 
 class _Args(BaseModel):
@@ -55,6 +58,10 @@ class UnloadArgs(_Args):
 class AbortAllArgs(_Args):
     deployment_id: str | None = None
     timeout_s: float | None = Field(default=None, gt=0, le=300)
+
+
+class CacheClearArgs(_Args):
+    timeout_s: float | None = Field(default=None, gt=0, le=600)  # None: the supervisor's
 
 
 class BackendArgs(_Args):
@@ -249,6 +256,15 @@ def _flag(request: Request, name: str) -> bool:
         raise ApiError(400, f"invalid value for '{name}': expected true or false",
                        param=name, code="invalid_value")
     return val
+
+
+@router.post("/deployments/{dep_id}/cache-clear")
+async def cache_clear(dep_id: str, request: Request) -> dict:
+    require_admin(request)
+    a = await _args(request, CacheClearArgs)
+    # The supervisor answers by its own deadline (timeout_s, else its cancel_timeout).
+    return await call(request, "cache_clear", {"deployment_id": dep_id, "timeout_s": a.timeout_s},
+                      timeout=(a.timeout_s or CACHE_CLEAR_WAIT_S) + 10.0)
 
 
 @router.post("/backend-selection")

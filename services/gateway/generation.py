@@ -36,10 +36,12 @@ class Final:
     tool_calls: list[ToolCall] = field(default_factory=list)
     abort_reason: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # asked for: every token's
+    cached_tokens: int = 0  # of the prompt, served from rank 0's prefix cache
 
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}  # OpenAI's
 
     def timings(self) -> dict:
         return {"ttft_model_ms": _ms(self.model_ttft_ms), "ttft_visible_ms": _ms(self.visible_ttft_ms)}
@@ -106,6 +108,7 @@ class Generation:
         self.keepalive_s = keepalive_s
         self.metrics = metrics
         self.completion_tokens = 0
+        self.cached_tokens = 0  # rank 0 says so on the request's first chunk
         self.model_ttft_ms: float | None = None
         self.visible_at: float | None = None
         self._last_token_time: float | None = None
@@ -174,6 +177,7 @@ class Generation:
                     self.model_ttft_ms = b.model_ttft_ms
                     if self.metrics is not None:
                         self.metrics.ttft_model.labels(model=self.model).observe(b.model_ttft_ms / 1000)
+                self.cached_tokens = max(self.cached_tokens, b.cached_tokens)
                 tokens += b.tokens
                 if b.logprobs:
                     lps += from_body(self.tok, b)
@@ -206,7 +210,9 @@ class Generation:
         if self.metrics is not None:
             self.metrics.tokens.labels(model=self.model, kind="completion").inc(self.completion_tokens)
             self.metrics.tokens.labels(model=self.model, kind="prompt").inc(s.prompt_len)
+            if self.model_ttft_ms is not None:  # rank 0 prefilled it: a hit or a miss
+                self.metrics.prefix_cache(self.model, self.cached_tokens)
         visible = None if self.visible_at is None else (self.visible_at - self.started_at) * 1000
         yield "end", Final(finish, s.prompt_len, self.completion_tokens, self.model_ttft_ms,
                            visible, error, list(self.calls),
-                           s.abort_reason, self.logprobs)
+                           s.abort_reason, self.logprobs, self.cached_tokens)

@@ -1,10 +1,12 @@
 """Prometheus metrics for the whole cluster, as the gateway sees it.
 
 The gateway's own series (requests, tokens, aborts by cause, TTFT twice, per-token
-latency) are ordinary instruments on a per-app registry; per deployment, requests in
+latency, prefix-cache hits / misses / cached tokens counted per request from rank 0's
+`cached_tokens`) are ordinary instruments on a per-app registry; per deployment, requests in
 flight, their bound and the 429s it caused (`lockstep_gateway_overloaded_total`, by
 bound: this gateway's, or rank 0's) are read from the backends at scrape time. What the supervisor,
-reaper and ranks report (rank telemetry, cancel epochs, deployment states, bus
+reaper and ranks report (rank telemetry, each rank's prefix cache: entries, tokens,
+bytes, stored and evicted entries; cancel epochs, deployment states, bus
 rejections by service and reason, teardown and reap outcomes) is collected at scrape
 time from the gateway's last cluster refresh, so a scrape never waits on the bus.
 """
@@ -41,10 +43,27 @@ class Metrics:
         self.token_latency = Histogram("lockstep_token_latency_seconds",
                                        "Time between consecutive tokens of one request",
                                        ["model"], buckets=TOKEN_BUCKETS, registry=r)
+        self.cache_hits = Counter("lockstep_gateway_prefix_cache_hits",
+                                  "Requests whose prompt started from rank 0's prefix cache",
+                                  ["model"], registry=r)
+        self.cache_misses = Counter("lockstep_gateway_prefix_cache_misses",
+                                    "Requests prefilled without the prefix cache", ["model"],
+                                    registry=r)
+        self.cached_tokens = Counter("lockstep_gateway_prefix_cache_cached_tokens",
+                                     "Prompt tokens served from the prefix cache", ["model"],
+                                     registry=r)
         self.admin_calls = Counter("lockstep_gateway_admin_calls", "Admin API calls by outcome",
                                    ["command", "code"], registry=r)
         self.cluster = None  # set by the app: the Cluster whose state is exported
         r.register(_ClusterCollector(self))
+
+    def prefix_cache(self, model: str, cached_tokens: int) -> None:
+        """One request rank 0 prefilled: a hit if the cache served part of its prompt."""
+        if cached_tokens > 0:
+            self.cache_hits.labels(model=model).inc()
+            self.cached_tokens.labels(model=model).inc(cached_tokens)
+        else:
+            self.cache_misses.labels(model=model).inc()
 
 
 class _ClusterCollector:
@@ -73,6 +92,15 @@ class _ClusterCollector:
                                ("acked_epoch", "Last acknowledged cancel epoch"),
                                ("mem_active_bytes", "MLX active memory"),
                                ("telemetry_age_seconds", "Seconds since the last telemetry"))}
+        cache_g = {n: GaugeMetricFamily(f"lockstep_rank_prefix_cache_{n}", h,
+                                        labels=["deployment", "rank"])
+                   for n, h in (("entries", "Prefix-cache entries held"),
+                                ("tokens", "Tokens the prefix-cache entries cover"),
+                                ("bytes", "Prefix-cache KV bytes held on this rank"))}
+        cache_c = {n: CounterMetricFamily(f"lockstep_rank_prefix_cache_{n}", h,
+                                          labels=["deployment", "rank"])
+                   for n, h in (("stored", "Prefix-cache entries stored"),
+                                ("evicted", "Prefix-cache entries evicted"))}
         rejects = CounterMetricFamily("lockstep_bus_rejected", "Bus messages rejected",
                                       labels=["service", "socket", "reason"])
         up = GaugeMetricFamily("lockstep_supervisor_up", "1 if the supervisor answered lately")
@@ -104,6 +132,11 @@ class _ClusterCollector:
                                         ("mem_active_bytes", "mem_active")):
                         if isinstance(rk.get(field), int | float):
                             rank_g[name].add_metric(labels, rk[field])
+                    cache = rk.get("cache")  # None: the cache is off (or no telemetry yet)
+                    if isinstance(cache, dict):
+                        for name, fam in (*cache_g.items(), *cache_c.items()):
+                            if isinstance(cache.get(name), int):
+                                fam.add_metric(labels, cache[name])
                     if isinstance(rk.get("last_seen"), int | float):
                         rank_g["telemetry_age_seconds"].add_metric(labels, max(0.0, now - rk["last_seen"]))
             st = c.status or {}
@@ -120,7 +153,8 @@ class _ClusterCollector:
             extra += _numbers("lockstep_reaper", st.get("reaper"), "Reaper outcome counters")
             extra += _numbers("lockstep_supervisor", st.get("supervisor"), "Supervisor counters")
         active.add_metric(["all"], total)
-        yield from (active, limit, overloaded, dep_state, *rank_g.values(), rejects, up, epoch, *extra)
+        yield from (active, limit, overloaded, dep_state, *rank_g.values(), *cache_g.values(),
+                    *cache_c.values(), rejects, up, epoch, *extra)
 
 
 def _numbers(prefix: str, obj: Any, doc: str) -> list:

@@ -8,7 +8,10 @@ before the first token; `release_held()` makes every waiting request due now),
 `ignore_abort`, `drop_final` (never send the final chunk of an aborted request), `silent`
 (accept requests, never answer), `max_open` (refuse a GENERATE while that many are open,
 as rank 0's bound does: error_code overloaded), `refuse(gen) -> (ErrorCode, text) | None`
-(end it at once with that error, as rank 0 does).
+(end it at once with that error, as rank 0 does), `cached(gen) -> int` (the prompt tokens
+its first chunk says the prefix cache served, as rank 0's `cached_tokens`).
+FakeSupervisor lists `rank_cache` (a CacheStats or None) as rank 0's prefix cache and
+answers `cache_clear` with a step, unless `replies` cans another answer.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from common.messages import (
     Abort,
     AdminReply,
     AdminRequest,
+    CacheStats,
     ErrorCode,
     Event,
     Generate,
@@ -62,6 +66,7 @@ class FakeRank0:
     silent: bool = False
     max_open: int = 0
     refuse: Callable[[Generate], tuple[ErrorCode, str] | None] | None = None
+    cached: Callable[[Generate], int] | None = None
     endpoint: str = ""
     generates: list[Generate] = field(default_factory=list)
     aborts: list[tuple[str, str, float]] = field(default_factory=list)  # (rid, reason, at)
@@ -179,10 +184,12 @@ class FakeRank0:
                 finish = "length" if len(r.out) >= r.gen.max_tokens else "stop"
             ttft = (now - r.received_at) * 1000 if r.sent == 0 else None
             toks = [tok] if tok is not None else []
+            cached = self.cached(r.gen) if self.cached is not None and r.sent == 0 else 0
             self._send(r.ident, Tokens(request_id=rid, tokens=toks, index=r.sent,
                                        finish_reason=finish, prompt_tokens=len(r.gen.prompt),
                                        model_ttft_ms=ttft, step=self.step,
-                                       token_times=[time.time()] * len(toks)))
+                                       token_times=[time.time()] * len(toks),
+                                       cached_tokens=cached))
             r.sent += 1
             r.next_at = now + self.step_s
             if finish:
@@ -204,6 +211,7 @@ class FakeSupervisor:
     commands: list[AdminRequest] = field(default_factory=list)
     replies: dict[str, AdminReply] = field(default_factory=dict)  # command → canned reply
     silent: set[str] = field(default_factory=set)  # commands never answered (a slow one)
+    rank_cache: CacheStats | None = None  # rank 0's prefix cache, as its telemetry says
 
     def start(self) -> FakeSupervisor:
         self._ctx = zmq.Context()
@@ -240,7 +248,7 @@ class FakeSupervisor:
             ranks=[RankInfo(rank=0, host="127.0.0.1", remote=False, pid=1, phase="serving",
                             step=self.rank.step, active=len(self.rank.active_ids),
                             cancel_epoch=0, acked_epoch=0, mem_active=0,
-                            last_seen=time.time())]))
+                            last_seen=time.time(), cache=self.rank_cache)]))
 
     def publish(self, name: str = "state", topic: str = "events") -> None:
         """An event; topic "deployment" (name "state") is a state change, as the supervisor's."""
@@ -287,6 +295,12 @@ class FakeSupervisor:
             self.state = "gone"
             return ok({"deployment_id": req.args.get("deployment_id"),
                        "outcome": {"proven": True, "path": ["graceful"], "survivors": []}})
+        if req.command == "cache_clear":
+            if req.args.get("deployment_id") != self.deployment_id:
+                return AdminReply(request_id=req.request_id, ok=False, code="not_found",
+                                  message=f"no deployment {req.args.get('deployment_id')!r}")
+            return ok({"deployment_id": self.deployment_id, "clear_id": 1,
+                       "step": self.rank.step, "enabled": True, "sends": 1, "waited_s": 0.0})
         if req.command == "ping":
             return ok({"pong": True})
         return AdminReply(request_id=req.request_id, ok=False, code="unknown_command",
