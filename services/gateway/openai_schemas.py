@@ -86,6 +86,7 @@ class ChatRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None  # checked by structured.grammar_for
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None
@@ -190,9 +191,12 @@ def _check_tool_choice(req: ChatRequest) -> None:
         raise ApiError(400, f"tool_choice {tc!r}: expected 'none', 'auto', 'required' or "
                        "{'type': 'function', 'function': {'name': ...}}", param="tool_choice",
                        code="invalid_value")
-    # "required" and a named function are kept only by constrained decoding.
-    raise ApiError(400, "tool_choice 'required' or a named function is not supported yet",
-                   param="tool_choice", code="unsupported_value")
+    # "required" and a named function are kept by constrained decoding (structured.py).
+    fn = tc.get("function") if isinstance(tc, dict) else None
+    if isinstance(tc, dict) and (tc.get("type") != "function" or not isinstance(fn, dict)
+                                 or not isinstance(fn.get("name"), str)):
+        raise ApiError(400, "tool_choice: expected {'type': 'function', 'function': "
+                       "{'name': ...}}", param="tool_choice", code="invalid_value")
 
 
 def template_messages(req: ChatRequest) -> list[dict]:
