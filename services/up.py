@@ -51,6 +51,8 @@ from common.config import (
 from common.home import Paths
 from common.keys import KeyFileError, ensure_cluster_key
 from common.launcher_watch import LAUNCHER_ENV, launcher_value
+from common.model_ref import ModelNotFound, model_id
+from common.model_ref import resolve as resolve_model
 from common.procs import ProcessIdentity, identify, is_alive, snapshot_children, terminate_ladder
 from services.up_admin import AdminLink, DeploymentDown, UpError
 from services.up_console import UpConsole
@@ -148,8 +150,11 @@ class Up:
                 raise UpError(f"{name} exited with status {p.returncode}; its log ends:\n{tail}")
 
     def model_path(self) -> str:
-        if self.s.model:
-            return str(Path(self.s.model).expanduser().resolve())
+        if self.s.model:  # a directory, or a Hugging Face repo id in the local cache
+            try:
+                return str(resolve_model(self.s.model))
+            except ModelNotFound as exc:
+                raise UpError(f"--model {exc}") from None
         from common.tinymodel import build_model, is_complete
 
         target = self.paths.models / "tiny"
@@ -240,7 +245,7 @@ class Up:
                                           "hosts": hosts, "backend": backend, "wait": False,
                                           "envs": envs}, timeout=120.0)
         dep_id = data["deployment_id"]
-        self.log(f"deploying {Path(model).name} as {dep_id} (tp={s.tp}, pp={s.pp}, backend={backend})")
+        self.log(f"deploying {model_id(model)} as {dep_id} (tp={s.tp}, pp={s.pp}, backend={backend})")
         url = f"http://{'127.0.0.1' if s.host in ('0.0.0.0', '::') else s.host}:{s.port}"
         deadline = time.monotonic() + s.ready_timeout
         while not self.stop_flag.is_set():  # this deployment serving, not a stale /ready
@@ -255,7 +260,7 @@ class Up:
                         lambda: self.progress(dep_id))
         if self.stop_flag.is_set():
             return None
-        self.print_banner(url, Path(model).name, dep_id)
+        self.print_banner(url, model_id(model), dep_id)
         return dep_id
 
     def print_banner(self, url: str, model: str, dep_id: str) -> None:

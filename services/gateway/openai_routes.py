@@ -12,10 +12,12 @@ import asyncio
 import hmac
 import secrets
 import time
+from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from common import model_ref
 from common.messages import Generate
 from services.gateway import choices
 from services.gateway.errors import ApiError
@@ -47,8 +49,17 @@ async def list_models(request: Request) -> dict:
     seen: dict[str, dict] = {}
     for d in request.app.state.gw.cluster.models():
         seen.setdefault(d["model"], {"id": d["model"], "object": "model",
-                                     "created": int(d.get("canary_at") or 0), "owned_by": "lockstep"})
+                                     "created": _created(d.get("model_path")),
+                                     "owned_by": model_ref.owner(d["model"])})
     return {"object": "list", "data": list(seen.values())}
+
+
+def _created(model_path: str | None) -> int:
+    """When the model's files were written (its config.json), as OpenAI's `created`."""
+    try:
+        return int((Path(model_path) / "config.json").stat().st_mtime) if model_path else 0
+    except OSError:
+        return 0
 
 
 @router.get("/v1/models/{model_id:path}")

@@ -12,6 +12,7 @@ from common.bus import Channel
 from common.envelope import Key
 from common.keys import LaunchKeys, seal_key
 from common.messages import CacheStats
+from common.model_ref import model_id
 from common.procs import ProcessIdentity, is_alive
 from common.records import LaunchManifest
 from common.schema import to_wire
@@ -126,7 +127,7 @@ class Deployment:
 
     @property
     def model_name(self) -> str:
-        return Path(self.plan.model_path).name
+        return model_id(self.plan.model_path)  # a HF snapshot: its repo id
 
     def identities(self) -> list[ProcessIdentity]:
         return [r.identity for r in self.ranks.values() if r.identity is not None]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.model_ref import ModelNotFound, resolve
 from services.supervisor.errors import AdminError
 from services.supervisor.hosts import (
     BACKENDS,
@@ -74,8 +75,10 @@ def make_plan(model_path: str, tp: int, pp: int, hosts: list[dict[str, Any]] | N
                                         "(mlx-lm sharded_load takes one group)")
     if backend not in BACKENDS:
         raise AdminError("bad_request", f"backend: must be one of {', '.join(BACKENDS)}")
-    if not Path(model_path).is_dir():
-        raise AdminError("bad_request", f"model_path: {model_path} is not a directory")
+    try:  # a directory, or a Hugging Face repo id in the local cache (offline)
+        model_path = str(resolve(model_path))
+    except ModelNotFound as exc:
+        raise AdminError("bad_request", f"model_path: {exc}") from None
     if pp > 1 and not (Path(model_path) / "model.safetensors.index.json").is_file():
         raise AdminError("bad_request", "model_path: pipeline parallel needs "
                                         "model.safetensors.index.json in the model directory")
