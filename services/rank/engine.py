@@ -137,6 +137,9 @@ class Engine:
                 del self.by_rid[f.active.request_id]
                 del self.by_uid[f.active.uid]
         if self.store is not None:
+            for op in cache_ops:  # followers take a live STORE's KV now; rank 0 took it
+                if op.live and op.request_id not in self.store.finished:  # after the step
+                    self.take_live(op.request_id)
             self.store.apply(list(cache_ops))
         elif cache_ops:
             raise Divergence("plan carries cache ops; the prompt cache is off on this rank")
@@ -160,6 +163,16 @@ class Engine:
                 self.by_rid[a.request_id] = a
                 self.by_uid[uid] = a
         return removed
+
+    def take_live(self, request_id: str) -> tuple[list, list[int]]:
+        """The KV of a request still in the batch (prompt and tokens fed so far), held
+        for the plan that stores it, as a finished request's is."""
+        a = self.by_rid.get(request_id)
+        if a is None:
+            raise Divergence(f"plan stores {request_id!r} live, which is not in this batch")
+        cache, tokens = self.gen.extract_cache([a.uid])[a.uid]
+        self.store.finished[request_id] = (cache, list(tokens))
+        return self.store.finished[request_id]
 
     def _starts(self, inserts: list[PlanInsert]):
         """Each insert's prompt still to compute, the cache it starts from (None: empty)

@@ -32,7 +32,7 @@ from services.rank.engine import Divergence, Emitted
 from services.rank.loop import RankLoop
 from services.rank.outbox import Command, PublishPlan, StreamChunk
 from services.rank.planwire import MAX_BATCH_BYTES, plan_size
-from services.rank.prefix_cache import CachePlanner
+from services.rank.prefix_cache import WAIT, CachePlanner
 from services.rank.prefix_store import cache_bytes
 
 log = logging.getLogger("lockstep.rank.leader")
@@ -179,19 +179,25 @@ class Leader(RankLoop):
         ops = self.cache.take_ops() if self.cache is not None else []
         inserts: list[PlanInsert] = []
         budget = MAX_BATCH_BYTES
+        waiting: list[str] = []  # for a running prefill that will serve them (kept in order)
         while self.pending:
-            req = self.scheduled[self.pending[0]]
+            rid = self.pending[0]
+            req = self.scheduled[rid]
             ins = req.insert
             budget -= plan_size(Plan(0, 0, True, [ins]))
             if inserts and budget < 0:
                 break
+            self.pending.popleft()
             if self.cache is not None:
-                entry, n = self.cache.match(ins.prompt)
+                entry, n = self.cache.plan_insert(rid, ins.prompt)
+                if entry == WAIT:
+                    waiting.append(rid)
+                    continue
                 if entry:
                     ins = replace(ins, cache_entry=entry, cached_tokens=n)
                     req.cached_tokens = n
             inserts.append(ins)
-            self.pending.popleft()
+        self.pending.extendleft(reversed(waiting))
         plan_removes = [PlanRemove(request_id=rid, reason=why) for rid, why in removes.items()]
         try:
             removed = self.engine.apply(plan_removes, inserts, ops)
@@ -208,6 +214,8 @@ class Leader(RankLoop):
         for f in removed:
             self.record(f)
             self.finish(f.active.request_id, "abort", error=None, step=f.step)
+            if self.cache is not None:
+                self.cache.left(f.active.request_id)
         if epoch:
             self.consume_cancel(plan)
         self.publish_counts()
@@ -222,12 +230,25 @@ class Leader(RankLoop):
         if delay:
             time.sleep(delay)
         emitted = super().step()  # removals recorded before the streams end
-        if self.cache is not None:  # the model's finishes: what the next plan stores
-            for rid, (kv, tokens) in self.engine.store.finished.items():
-                self.cache.finished(rid, tokens, cache_bytes(kv))
+        if self.cache is not None:
+            self.plan_stores(emitted)
         self.emit(emitted)
         self.publish_counts()
         return emitted
+
+    def plan_stores(self, emitted: list[Emitted]) -> None:
+        """What the next plan stores: the model's finishes (prompt + reply), and the
+        prompt KV of requests others wait for, once prefilled (live)."""
+        finished = self.engine.store.finished
+        for rid, (kv, tokens) in finished.items():
+            self.cache.finished(rid, tokens, cache_bytes(kv))
+            self.cache.left(rid)
+        for e in emitted:
+            rid = e.active.request_id
+            if len(e.active.tokens) <= 1 and rid not in finished \
+                    and self.cache.first_token(rid) and self.engine.has(rid):
+                kv, tokens = self.engine.take_live(rid)
+                self.cache.finished(rid, tokens, cache_bytes(kv), live=True)
 
     def publish_cache(self) -> None:
         stats = self.engine.store.stats()

@@ -15,6 +15,12 @@ is used when an insert starts from it, and new when stored.
   prefix of the new one are evicted (the new one serves them, trimmed); then LRU entries
   until the entry and byte budgets hold. An entry bigger than the whole budget is not
   stored. Aborted or cancelled requests are never stored: nothing half-written.
+- share a prefill: a request whose prompt shares at least SHARE_TOKENS more with a
+  request still in prefill than with any entry waits (stays pending) until that prefill
+  ends; its prompt KV is then stored from the running batch (a live STORE) and the
+  waiting requests start from it. So n choices of one prompt, or a burst sharing one
+  system prompt, compute the shared part once. A waiter never waits on nothing: once
+  the request it waits on emits a token or leaves, it is matched again.
 - clear: one CLEAR op, every rank empties its store at the same plan.
 """
 
@@ -28,6 +34,8 @@ import numpy as np
 from common.messages import CacheOp, CacheOpKind, CacheStats
 
 MIN_HIT_TOKENS = 8  # below this a hit saves less than copying the entry costs
+SHARE_TOKENS = 64  # wait for a running prefill when it would save at least this much
+WAIT = -1  # plan_insert: keep the request pending (a running prefill will serve it)
 
 
 @dataclass
@@ -53,25 +61,63 @@ class CachePlanner:
         self.ops: list[CacheOp] = []  # for the next plan
         self.hits = self.misses = self.hit_tokens = 0
         self.not_stored = 0  # finished requests bigger than the whole budget
+        self.prefilling: dict[str, np.ndarray] = {}  # in the batch, no token yet
+        self.waited_on: set[str] = set()  # of those, the ones a pending request waits for
         self.clears: list[str] = []  # requested, not yet in a plan
         self.cleared: list[str] = []  # in the plan just taken
 
     # -- inserts -----------------------------------------------------------------------
 
-    def match(self, prompt: list[int]) -> tuple[int, int]:
-        """(entry id, tokens it covers) for an insert of `prompt`; (0, 0) for a miss.
-        Call after `take_ops()`: the index then is what every rank holds at inserts."""
+    def plan_insert(self, request_id: str, prompt: list[int]) -> tuple[int, int]:
+        """(entry, tokens) for inserting `request_id` now, or (WAIT, 0): leave it pending
+        until the request in prefill that shares most of its prompt has a token."""
         p = np.asarray(prompt, dtype=np.int64)
         limit = len(prompt) - 1
+        best_rid, best_share = None, 0
+        for rid, other in self.prefilling.items():
+            n = min(shared_prefix(p, other), limit)
+            if n > best_share:
+                best_rid, best_share = rid, n
+        _, held = self.peek(p)
+        if best_rid is not None and best_share >= held + SHARE_TOKENS:
+            self.waited_on.add(best_rid)
+            return WAIT, 0
+        entry, n = self.match(prompt)
+        if len(prompt) > SHARE_TOKENS:
+            self.prefilling[request_id] = p
+        return entry, n
+
+    def peek(self, p: np.ndarray) -> tuple[int, int]:
+        """The best entry for prompt `p`, without counting or touching it."""
+        limit = len(p) - 1
         best, best_n = 0, 0
         for eid, e in reversed(self.index.items()):  # most recent first: ties keep it
-            common = shared_prefix(p, e.tokens)
-            n = min(common, limit)
+            n = min(shared_prefix(p, e.tokens), limit)
             if n < len(e.tokens) and not self.trimmable:
                 continue  # it would have to be cut
             if n > best_n:
                 best, best_n = eid, n
-        if best_n < MIN_HIT_TOKENS:
+        return (best, best_n) if best_n >= MIN_HIT_TOKENS else (0, 0)
+
+    def first_token(self, request_id: str) -> bool:
+        """`request_id` emitted its first token (its prompt is prefilled), or left the
+        batch: True if requests wait for its prompt's KV (store it live now)."""
+        self.prefilling.pop(request_id, None)
+        if request_id in self.waited_on:
+            self.waited_on.discard(request_id)
+            return True
+        return False
+
+    def left(self, request_id: str) -> None:
+        """`request_id` left the batch (removed, or finished)."""
+        self.prefilling.pop(request_id, None)
+        self.waited_on.discard(request_id)
+
+    def match(self, prompt: list[int]) -> tuple[int, int]:
+        """(entry id, tokens it covers) for an insert of `prompt`; (0, 0) for a miss.
+        Call after `take_ops()`: the index then is what every rank holds at inserts."""
+        best, best_n = self.peek(np.asarray(prompt, dtype=np.int64))
+        if not best:
             self.misses += 1
             return 0, 0
         self.index.move_to_end(best)
@@ -81,9 +127,11 @@ class CachePlanner:
 
     # -- stores, evictions, clears -----------------------------------------------------
 
-    def finished(self, request_id: str, tokens: list[int], nbytes: int) -> None:
-        """The model finished `request_id` at the last step; its KV (`tokens`, rank 0's
-        `nbytes`) can be stored by the next plan."""
+    def finished(self, request_id: str, tokens: list[int], nbytes: int, *,
+                 live: bool = False) -> None:
+        """The model finished `request_id` at the last step (or, `live`, it is still in
+        the batch with its prompt prefilled); its KV (`tokens`, rank 0's `nbytes`) can
+        be stored by the next plan."""
         if not tokens or nbytes > self.max_bytes:
             self.not_stored += 1
             return
@@ -104,7 +152,7 @@ class CachePlanner:
         self.index[eid] = Indexed(t, nbytes)
         self.nbytes += nbytes
         self.ops.append(CacheOp(kind=CacheOpKind.STORE, entry_id=eid, request_id=request_id,
-                                n_tokens=len(tokens), nbytes=nbytes))
+                                n_tokens=len(tokens), nbytes=nbytes, live=live))
 
     def _evict(self, eid: int) -> None:
         e = self.index.pop(eid)

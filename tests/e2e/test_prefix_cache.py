@@ -132,6 +132,16 @@ def test_prefix_cache_matches_cache_off(mode, reference, tmp_path):
         assert cached(rh) >= len(f)
         assert rh.tokens == ref.generate(h, max_tokens=16, temperature=0.9, seed=1234).tokens
 
+        # 8. Three requests sharing a new 200-token prefix at once: one prefill, which the
+        #    other two wait for and start from (a live store of its prompt's KV).
+        shared = words(7, 200)
+        prompts = [shared + words(20 + i, 5) for i in range(3)]
+        rids = [d.submit(p, max_tokens=6) for p in prompts]
+        rs = [d.result(rid) for rid in rids]
+        assert [cached(r) for r in rs] == [0, len(shared), len(shared)]
+        for p, r in zip(prompts, rs, strict=True):
+            assert r.tokens == ref.generate(p, max_tokens=6).tokens
+
         # Every rank applied every cache decision at the same plan, and every request's
         # tokens agree across ranks.
         d.wait(lambda: index_records(d, 1) == index_records(d, 0), 10, "follower index")

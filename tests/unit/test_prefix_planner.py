@@ -62,3 +62,24 @@ def test_the_same_tokens_are_stored_once_and_clear_replaces_pending_ops():
     assert [o.kind for o in p.take_ops()] == [CacheOpKind.CLEAR]
     assert p.take_cleared() == ["c-1"] and p.take_cleared() == []
     assert p.match(t) == (0, 0) and p.nbytes == 0
+
+
+def test_a_request_waits_for_a_running_prefill_it_shares_and_never_for_nothing():
+    from services.rank.prefix_cache import SHARE_TOKENS, WAIT
+
+    p = CachePlanner(max_entries=4, max_bytes=10_000, trimmable=True)
+    shared = list(range(100, 100 + 2 * SHARE_TOKENS))
+    assert p.plan_insert("a", shared + [1]) == (0, 0)  # a miss: a prefills
+    assert p.plan_insert("b", shared + [2]) == (WAIT, 0)  # shares a's prefill
+    assert p.plan_insert("c", list(range(900, 1000))) == (0, 0)  # shares nothing
+    assert p.first_token("a") is True  # b waits: store a's prompt KV live
+    p.finished("a", shared + [1, 7], nbytes=10, live=True)
+    [op] = p.take_ops()
+    assert op.live and op.request_id == "a"
+    assert p.plan_insert("b", shared + [2]) == (op.entry_id, len(shared))
+    # A request waited on that leaves before its first token releases its waiters.
+    assert p.plan_insert("d", list(range(3000, 3200))) == (0, 0)
+    assert p.plan_insert("e", list(range(3000, 3200)) + [5]) == (WAIT, 0)
+    p.left("d")
+    assert p.plan_insert("e", list(range(3000, 3200)) + [5]) == (0, 0)
+    assert p.first_token("c") is False  # nobody waited for c
