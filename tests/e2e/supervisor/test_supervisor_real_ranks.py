@@ -1,6 +1,7 @@
 """The supervisor with real MLX ranks (`python -m services.rank`, ring backend over
 loopback): deploy TP=2 of the embedded model (built once into $LOCKSTEP_HOME/models),
-serve through rank 0, stop — every pid gone, manifest removed, markers retired."""
+serve through rank 0, admin cache_clear through the plan (every rank's prefix cache
+empty at one step), stop — every pid gone, manifest removed, markers retired."""
 
 from __future__ import annotations
 
@@ -10,7 +11,18 @@ import pytest
 
 from common.home import Paths, manifest_path, marker_dir
 from tests.support.requests import RequestsClient
-from tests.support.supervisor import RunningSupervisor, fake_settings, pid_gone
+from tests.support.supervisor import RunningSupervisor, fake_settings, pid_gone, poll_for
+
+
+def run(client: RequestsClient, prompt: list[int]) -> tuple[list[int], int]:
+    """(tokens, cached_tokens of the first chunk) of one greedy request."""
+    rid = client.generate(prompt, 4)
+    assert client.wait_finished([rid], 60)[rid] == "length"
+    return client.tokens(rid), client.streams[rid][0].cached_tokens
+
+
+def _ranks(rs: RunningSupervisor) -> list[dict]:
+    return rs.ok("status")["deployments"][0]["ranks"]
 
 
 @pytest.mark.timeout(240)
@@ -34,6 +46,19 @@ def test_deploy_tp2_serve_and_verified_stop(tmp_path):
             assert client.wait_finished(rids, 60) == {r: "length" for r in rids}
             a, b = (client.tokens(r) for r in rids)
             assert len(a) == 8 and a == b  # greedy: identical prompts, identical tokens
+
+            # Admin cache_clear on real ranks: a repeated prompt hits the prefix cache,
+            # the clear empties every rank's store at one plan, the next one misses.
+            prompt = list(range(10, 30))
+            hit = [run(client, prompt) for _ in range(2)]
+            assert hit[0][1] == 0 and hit[1][1] == len(prompt) - 1 and hit[0][0] == hit[1][0]
+            poll_for(lambda: all((c := r["cache"]) and c["entries"] >= 1
+                                 for r in _ranks(rs)), 30, "every rank holding an entry")
+            cleared = rs.ok("cache_clear", deployment_id="real", timeout=60)
+            assert cleared["enabled"] and cleared["step"] > 0
+            poll_for(lambda: all(r["cache"]["entries"] == 0 and r["step"] >= cleared["step"]
+                                 for r in _ranks(rs)), 30, "every rank's cache empty")
+            assert run(client, prompt) == (hit[0][0], 0)  # a miss, the same tokens
         finally:
             client.close()
 
