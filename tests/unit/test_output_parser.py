@@ -9,12 +9,12 @@ import json
 import shutil
 
 import pytest
-from tokenizers import AddedToken, Tokenizer
 
 from common.tinymodel import build_model
 from services.gateway.chat_format import ChatFormat
 from services.gateway.detok import load_tokenizer
 from services.gateway.output_parser import MAX_ENVELOPE, OutputParser
+from tests.support.thinker_model import thinker_model
 
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "city": {"type": "string"}}}}}
@@ -132,28 +132,8 @@ def test_a_tool_call_after_reasoning():
     assert text_of(events, "reasoning") == "need add"
 
 
-def _with_think_tokens(tiny, tmp_path):
-    """The embedded model's tokenizer with <think>/</think> as special tokens, and a
-    template that opens reasoning in the generation prompt (as Qwen3's does)."""
-    d = tmp_path / "thinker"
-    shutil.copytree(tiny, d)
-    t = Tokenizer.from_file(str(d / "tokenizer.json"))
-    t.add_special_tokens([AddedToken(m, special=True, normalized=False)
-                          for m in ("<think>", "</think>")])
-    t.save(str(d / "tokenizer.json"))
-    cfg = json.loads((d / "tokenizer_config.json").read_text())
-    for m in ("<think>", "</think>"):
-        cfg["added_tokens_decoder"][str(t.token_to_id(m))] = {
-            "content": m, "lstrip": False, "normalized": False, "rstrip": False,
-            "single_word": False, "special": True}
-    cfg["chat_template"] += ("{%- if add_generation_prompt and enable_thinking is not false %}"
-                             "{{- '<think>\\n' }}{%- endif %}")
-    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return d
-
-
 def test_special_think_tokens_reach_the_parser(tiny, tmp_path):
-    tok = load_tokenizer(_with_think_tokens(tiny, tmp_path))
+    tok = load_tokenizer(thinker_model(tiny, tmp_path / "thinker"))
     assert tok.fmt.has_thinking and tok.fmt.think_start == "<think>"
     ids = [*tok.encode("<think>"), *tok.encode("why"), *tok.encode("</think>"),
            *tok.encode("so"), *tok.encode("<|im_end|>")]
