@@ -52,15 +52,16 @@ MODEL_CACHE = Path(os.environ.get("LOCKSTEP_BENCH_MODELS",
 
 @dataclass
 class Config:
-    presets: tuple[str, ...] = ("tiny", "bench")
+    presets: tuple[str, ...] = ("bench", "tiny")
     concurrencies: tuple[int, ...] = (1, 8, 32)
+    on_concurrencies: tuple[int, ...] | None = None  # the cache-on row's; None: the same
     requests: dict[int, int] = field(default_factory=lambda: {1: 4, 8: 16, 32: 32})
     prompt_tokens: dict[str, tuple[int, int]] = field(
         default_factory=lambda: {"tiny": (300, 3000), "bench": (200, 2000)})
     max_tokens: dict[str, int] = field(default_factory=lambda: {"tiny": 128, "bench": 64})
     tps: tuple[int, ...] = (1, 2)
     caches: tuple[str, ...] = ("off", "on")
-    trials: int = 2
+    trials: int = 1  # each measurement is already N(C) requests; ratios are in-run
     inproc_presets: tuple[str, ...] = ("tiny",)  # issue 16: tiny end to end vs in-process
     seed: str = "gw-1"
 
@@ -198,7 +199,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
-def bench_preset(cfg: Config, preset: str, work: Path) -> dict:
+def bench_preset(cfg: Config, preset: str, work: Path, checkpoint) -> dict:
     from common.tinymodel import build_model
 
     model = build_model(MODEL_CACHE / preset, preset=preset)
@@ -208,13 +209,14 @@ def bench_preset(cfg: Config, preset: str, work: Path) -> dict:
     loads = {(t, c): workload(cfg, tok, preset, t, c)
              for t in range(cfg.trials) for c in cfg.concurrencies}
     ptoks = [len(chat_prompt_tokens(tok, m)) for w in loads.values() for m in w]
-    out: dict = {"model": str(model), "max_tokens": max_tokens,
+    out: dict = {"model": str(model), "max_tokens": max_tokens, "complete": False,
                  "prompt_tokens": {"range": cfg.prompt_tokens[preset], "min": min(ptoks),
                                    "median": statistics.median(ptoks), "max": max(ptoks),
                                    "total_per_trial": sum(ptoks) // cfg.trials},
                  "servers": [], "trials": {}, "summary": {}}
     warm = warm_workload(tok, preset, lo)
     for cache in cfg.caches:
+        concs = cfg.concurrencies if cache == "off" else (cfg.on_concurrencies or cfg.concurrencies)
         rows: dict[str, dict[int, list[dict]]] = {}
         systems: list[tuple[str, object]] = [(f"lockstep_tp{tp}", tp) for tp in cfg.tps]
         systems.append(("mlx_lm", None))
@@ -224,6 +226,8 @@ def bench_preset(cfg: Config, preset: str, work: Path) -> dict:
             try:
                 asyncio.run(run_concurrent(srv.url, srv.model, warm, 8, 2))  # unmeasured
                 for (t, c), convs in loads.items():
+                    if c not in concs:
+                        continue
                     r = measure(srv, convs, max_tokens, c)
                     r["loadavg"] = os.getloadavg()[0]
                     rows.setdefault(name, {}).setdefault(c, []).append(r)
@@ -233,6 +237,9 @@ def bench_preset(cfg: Config, preset: str, work: Path) -> dict:
             finally:
                 sv.stop(srv)
                 out["servers"].append(srv.record())
+            out["trials"][f"cache_{cache}"] = rows
+            out["summary"][f"cache_{cache}"] = summarize_rows(rows, concs)
+            checkpoint(out)
         if cache == "off" and preset in cfg.inproc_presets:
             spec = {"max_tokens": max_tokens,
                     "warm": [chat_prompt_tokens(tok, m) for m in warm[:2]],
@@ -241,9 +248,13 @@ def bench_preset(cfg: Config, preset: str, work: Path) -> dict:
             res = inproc(model, work, spec)
             out["inproc_env"] = res.pop("env")
             for key, r in res.items():
+                r["loadavg"] = os.getloadavg()[0]
                 rows.setdefault("inproc", {}).setdefault(int(key.split("/c")[1]), []).append(r)
         out["trials"][f"cache_{cache}"] = rows
-        out["summary"][f"cache_{cache}"] = summarize_rows(rows, cfg.concurrencies)
+        out["summary"][f"cache_{cache}"] = summarize_rows(rows, concs)
+        checkpoint(out)
+    out["complete"] = True
+    checkpoint(out)
     return out
 
 
@@ -303,14 +314,23 @@ def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
     result = {"benchmark": "gateway", "host": platform.node(), "python": platform.python_version(),
               "started": time.time(), "config": asdict(cfg),
               "environment": sv.environment_record(), "presets": {}}
+    out = out_dir if out_dir is not None else RESULTS
+
+    def save(preset: str, preset_result: dict) -> None:
+        # Written after every server: a run cut short still leaves what it measured.
+        result["presets"][preset] = preset_result
+        write_result(out, "gateway", {**result, "complete": False,
+                                      "targets": targets(result["presets"])})
+
     with tempfile.TemporaryDirectory(prefix="lockstep-bench-gw-") as tmp:
         for preset in cfg.presets:
-            result["presets"][preset] = bench_preset(cfg, preset, Path(tmp))
+            bench_preset(cfg, preset, Path(tmp), lambda r, p=preset: save(p, r))
+    result["complete"] = True
     result["targets"] = targets(result["presets"])
     result["seconds"] = round(time.time() - result["started"], 1)
     # Other work on the machine moves these numbers a lot on 2 cores: recorded with them.
     result["loadavg_end"] = os.getloadavg()
-    write_result(out_dir if out_dir is not None else RESULTS, "gateway", result)
+    write_result(out, "gateway", result)
     return result
 
 
@@ -322,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", help="comma-separated (default: 1,8,32)")
     ap.add_argument("--tp", help="comma-separated Lockstep TP sizes (default: 1,2)")
     ap.add_argument("--caches", help="off,on (default: both rows)")
+    ap.add_argument("--on-concurrency", help="the cache-on row's concurrencies (default: same)")
+    ap.add_argument("--requests", help="requests per concurrency, e.g. 1:4,8:16,32:32")
+    ap.add_argument("--prompt-range", action="append", default=[],
+                    help="PRESET:LO:HI prompt tokens (repeatable), e.g. bench:200:2000")
     ap.add_argument("--trials", type=int)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--inproc", help=argparse.SUPPRESS)
@@ -340,6 +364,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg.caches = tuple(a.caches.split(","))
     if a.trials:
         cfg.trials = a.trials
+    if a.on_concurrency:
+        cfg.on_concurrencies = tuple(int(c) for c in a.on_concurrency.split(","))
+    if a.requests:
+        cfg.requests = {int(c): int(n) for c, n in (x.split(":") for x in a.requests.split(","))}
+    for spec in a.prompt_range:
+        preset, lo, hi = spec.split(":")
+        cfg.prompt_tokens[preset] = (int(lo), int(hi))
     out = a.out
     if a.quick and out is None:  # a smoke never overwrites the committed result
         out = Path(tempfile.gettempdir()) / "lockstep-bench-quick"

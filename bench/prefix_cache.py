@@ -167,6 +167,7 @@ def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
               "python": platform.python_version(), "started": time.time(),
               "config": asdict(cfg), "model": str(model),
               "environment": sv.environment_record(), "servers": [], "tp": {}}
+    out = out_dir if out_dir is not None else RESULTS
     with tempfile.TemporaryDirectory(prefix="lockstep-bench-pc-") as tmp:
         work = Path(tmp)
         for tp in cfg.tps:
@@ -175,7 +176,8 @@ def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
                       (lambda tp=tp: sv.lockstep(model, work, tp, False))]
             if tp == 1:
                 starts.append(lambda: sv.mlx_lm(model, work, True))
-            systems = {}
+            systems: dict = {}
+            result["tp"][f"tp{tp}"] = {"runs": runs, "systems": systems}
             for start in starts:
                 srv = start()
                 try:
@@ -183,6 +185,8 @@ def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
                 finally:
                     sv.stop(srv)
                     result["servers"].append(srv.record())
+                # Written after every server: a run cut short still leaves what it measured.
+                write_result(out, "prefix_cache", {**result, "complete": False})
             ratios = compare(systems, f"lockstep-tp{tp}-cache-on", f"lockstep-tp{tp}-cache-off",
                              "mlx_lm-cache-on" if tp == 1 else None)
             result["tp"][f"tp{tp}"] = {"runs": runs, "systems": systems, "ratios": ratios}
@@ -194,9 +198,10 @@ def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
                                     for n, s in r["systems"].items()},
              **r["ratios"]}
         for tp, r in result["tp"].items()}
+    result["complete"] = True
     result["seconds"] = round(time.time() - result["started"], 1)
     result["loadavg_end"] = os.getloadavg()
-    write_result(out_dir if out_dir is not None else RESULTS, "prefix_cache", result)
+    write_result(out, "prefix_cache", result)
     return result
 
 
