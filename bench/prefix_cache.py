@@ -196,6 +196,13 @@ def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
                                 for n, s in r["systems"].items()},
              "shared_ttft_p50_ms": {n: s["shared_system_prompt"]["ttft_p50_ms"]
                                     for n, s in r["systems"].items()},
+             # What each server said it reused (usage.prompt_tokens_details), first run.
+             "cached_tokens_per_turn_run0": {
+                 n: [t["cached_tokens"] for t in s["conversation"]["runs"][0]]
+                 for n, s in r["systems"].items()},
+             "prompt_tokens_per_turn_run0": {
+                 n: [t["prompt_tokens"] for t in s["conversation"]["runs"][0]]
+                 for n, s in r["systems"].items()},
              **r["ratios"]}
         for tp, r in result["tp"].items()}
     result["complete"] = True
