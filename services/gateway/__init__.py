@@ -3,12 +3,15 @@
 Map — which module owns which behaviour of DESIGN.md (§8 HTTP API, §6 cancellation).
 Wiring, /health, /ready (readiness: serving, tokenizer loaded, canary fresh, view not
 stale) and the body cap: `app`; the OpenAI endpoints: `openai_routes`, their request
-schemas and validation `openai_schemas`; errors in OpenAI's shape `errors`, the 500
+schemas and validation `openai_schemas`, every request field honoured / harmless /
+refused in one table `request_fields`, `n` choices merged `choices`; errors in OpenAI's shape `errors`, the 500
 catch-all `catch_all`. Input bounds (body, JSON depth, surrogates, counts, prompt bytes
 before tokenizing, work off the loop): `app` (body), `jsonguard`, `openai_schemas`,
 `prompts`, `prepare_pool`. From rank 0's chunks to what the client sees: `generation`
-(detokenize → stop strings → tool calls, read timeout, rank error codes → HTTP in one
-table), with `detok`, `stops`, `toolcalls`, `tokenizers` (loaded once per model); bodies
+(detokenize → stop strings → content / reasoning / tool calls, read timeout, rank error
+codes → HTTP in one table), with `detok`, `stops`, `output_parser` (mlx-lm's state
+machine), `toolcalls` (mlx-lm's parsers, validated), `chat_format` (the model's markers
+and parser, as mlx-lm reads them), `tokenizers` (loaded once per model); bodies
 and SSE, and abort on client disconnect (a listener next to the writer): `streaming`.
 One deployment's request channel to rank 0 — admission (`max_inflight`, 429), ABORT on
 release, drains, orphans reaped, the active counter: `request_channel`; rank 0 lost,

@@ -65,7 +65,7 @@ ROWS: tuple[Row, ...] = (
     Row("max_tokens", H, H, "default `default_max_tokens`, capped by the context"),
     Row("messages", H, None, "text content parts only; rendered by the model's chat template"),
     Row("metadata", OK, None, "nothing is stored"),
-    Row("modalities", H, None, "`[\"text\"]` only; `audio` → 400 `unsupported_value`"),
+    Row("modalities", H, None, "`[\"text\"]` only; `audio` → 400 naming it"),
     Row("model", H, H, "a served model's id (`GET /v1/models`): a directory name or a "
         "Hugging Face repo id"),
     Row("moderation", NO, None, "no moderation here"),
