@@ -44,6 +44,7 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier turn's, for templates that show it
 
 
 class FunctionDef(_Strict):
@@ -214,6 +215,8 @@ def template_messages(req: ChatRequest) -> list[dict]:
             d["tool_calls"] = m.tool_calls
         if m.tool_call_id:
             d["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content:
+            d["reasoning_content"] = m.reasoning_content
         out.append(d)
     return out
 
