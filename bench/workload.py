@@ -2,9 +2,9 @@
 
 Text is built from the embedded model's own corpus vocabulary (common/tinymodel/corpus.py)
 with a `random.Random` seeded by a string key, so the same key always gives the same
-text and different keys give text that differs from its first words on: no two
-prompts share a prefix beyond the chat template, so a prefix cache cannot flatter a
-"distinct prompts" run. Lengths are counted with the model's own tokenizer.
+text, and each text starts with a digest of its key, so texts of different keys part
+within their first few tokens: no two prompts share a prefix beyond the chat template
+and a word or two, so a prefix cache cannot flatter a "distinct prompts" run. Lengths are counted with the model's own tokenizer.
 
     tok = load_tokenizer(model_dir)
     text = prose(tok, 800, "gw/bench/c8/t0/r3")      # ~800 tokens of distinct text
@@ -13,6 +13,7 @@ prompts share a prefix beyond the chat template, so a prefix cache cannot flatte
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from pathlib import Path
@@ -66,10 +67,9 @@ def _sentence(rng: random.Random) -> str:
 
 def prose(tok, n_tokens: int, key: str) -> str:
     """About `n_tokens` tokens (whole sentences, the last one may overshoot a little) of
-    text that only `key` determines; it starts with the key so every key's text differs
-    from its first token."""
+    text that only `key` determines, starting with a digest of the key."""
     rng = random.Random(key)
-    parts = [f"Notes {key}:"]
+    parts = [f"Ref {hashlib.sha256(key.encode()).hexdigest()[:10]}:"]
     count = count_tokens(tok, parts[0])
     while count < n_tokens:
         sentence = _sentence(rng)
