@@ -280,6 +280,7 @@ class Plan:
     cancel_epoch: int = 0  # epoch folded into this plan, 0 if none
     shutdown: bool = False
     cache: list[CacheOp] = field(default_factory=list)
+    prefill_step: int = 0  # prompt tokens per chunk from this step on (0: the settings')
 
 
 @dataclass

@@ -56,7 +56,10 @@ class RankSettings:
     # open, running or waiting; 0 = OPEN_REQUESTS_PER_SLOT x max_batch.
     max_open_requests: Count = 0
     prefill_batch: AtLeastOne = 8
-    prefill_step: AtLeastOne = 512
+    prefill_step: AtLeastOne = 512  # prompt tokens per chunk while no stream is decoding
+    # ... and while streams are decoding: every step runs one chunk and one decode, so a
+    # long prompt arriving costs running streams at most this much per token.
+    prefill_step_decoding: AtLeastOne = 32
     default_max_tokens: AtLeastOne = 256
     # Prefix cache (services/rank/prefix_cache.py): stored entries at most; 0 = off.
     prompt_cache_entries: Count = 32

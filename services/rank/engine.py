@@ -108,6 +108,10 @@ class Engine:
     def active_ids(self) -> tuple[str, ...]:
         return tuple(self.by_rid)
 
+    def decoding(self) -> bool:
+        """Some request in the batch has emitted a token (is past its prefill)."""
+        return any(a.tokens for a in self.by_rid.values())
+
     def holds_finished(self) -> bool:
         """KV of finished requests waits for a plan to store or drop it."""
         return self.store is not None and bool(self.store.finished)
@@ -115,8 +119,11 @@ class Engine:
     # -- plan application ------------------------------------------------------------
 
     def apply(self, removes: list[PlanRemove], inserts: list[PlanInsert],
-              cache_ops: list[CacheOp] = ()) -> list[Finished]:
-        """Removes first, then cache ops, then inserts, exactly as the plan lists them."""
+              cache_ops: list[CacheOp] = (), prefill_step: int = 0) -> list[Finished]:
+        """Removes first, then cache ops, then inserts, exactly as the plan lists them;
+        `prefill_step` (0: unchanged, an older rank 0) is the prompt chunk from now on."""
+        if prefill_step > 0:  # every rank alike: a collective's shapes depend on it
+            self.gen.prefill_step_size = prefill_step
         try:
             return self._apply(removes, inserts, cache_ops)
         except CacheDivergence as exc:

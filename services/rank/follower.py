@@ -71,7 +71,8 @@ class Follower(RankLoop):
             self.fail(f"plan {plan.seq} is for step {plan.step}, this rank is at step "
                       f"{self.engine.step}")
         try:
-            removed = self.engine.apply(plan.removes, plan.inserts, plan.cache)
+            removed = self.engine.apply(plan.removes, plan.inserts, plan.cache,
+                                        plan.prefill_step)
         except Exception as exc:  # noqa: BLE001 - Divergence, or anything else: fail closed
             self.fail(f"plan {plan.seq}: {exc!r}")
         self.expected += 1

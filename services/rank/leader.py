@@ -199,12 +199,14 @@ class Leader(RankLoop):
             inserts.append(ins)
         self.pending.extendleft(reversed(waiting))
         plan_removes = [PlanRemove(request_id=rid, reason=why) for rid, why in removes.items()]
+        chunk = self.prefill_chunk()
         try:
-            removed = self.engine.apply(plan_removes, inserts, ops)
+            removed = self.engine.apply(plan_removes, inserts, ops, chunk)
         except Exception as exc:  # noqa: BLE001 - never publish a plan rank 0 can't apply
             self.fail(f"rank 0 cannot apply its own plan: {exc!r}")
         plan = Plan(seq=self.seq, step=self.engine.step, advance=self.engine.has_work(),
-                    inserts=inserts, removes=plan_removes, cancel_epoch=epoch, cache=ops)
+                    inserts=inserts, removes=plan_removes, cancel_epoch=epoch, cache=ops,
+                    prefill_step=chunk)
         self.seq += 1
         self.send(PublishPlan(plan))
         self.applied_cache(plan)
@@ -224,6 +226,14 @@ class Leader(RankLoop):
             # sends while this thread is inside MLX (GIL released), not in its way.
             self.flush()
             self.step()
+
+    def prefill_chunk(self) -> int:
+        """The prompt chunk for the next step, in every plan (a plan alone says it):
+        short while streams decode, so a long prompt never stalls them; long otherwise."""
+        s = self.settings
+        if self.engine.decoding():
+            return min(s.prefill_step_decoding, s.prefill_step)
+        return s.prefill_step
 
     def step(self) -> list[Emitted]:
         delay = self.rt.seams.step_delay_s
