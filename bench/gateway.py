@@ -57,7 +57,7 @@ class Config:
     on_concurrencies: tuple[int, ...] | None = None  # the cache-on row's; None: the same
     requests: dict[int, int] = field(default_factory=lambda: {1: 4, 8: 16, 32: 32})
     prompt_tokens: dict[str, tuple[int, int]] = field(
-        default_factory=lambda: {"tiny": (300, 3000), "bench": (200, 2000)})
+        default_factory=lambda: {"tiny": (300, 3000), "bench": (200, 1200)})
     max_tokens: dict[str, int] = field(default_factory=lambda: {"tiny": 128, "bench": 64})
     tps: tuple[int, ...] = (1, 2)
     caches: tuple[str, ...] = ("off", "on")

@@ -157,7 +157,30 @@ def targets(tp_results: dict) -> dict:
     return out
 
 
-def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
+WORKLOAD_KEYS = ("preset", "turns", "new_tokens", "max_tokens", "shared_requests",
+                 "system_tokens", "user_tokens", "shared_concurrency", "shared_runs", "seed")
+
+
+def _merge_into(result: dict, path: Path, cfg: Config) -> None:
+    base = json.loads(path.read_text())
+    mine = asdict(cfg)
+    differ = {k: (base["config"].get(k), mine[k]) for k in WORKLOAD_KEYS
+              if base["config"].get(k) != (list(mine[k]) if isinstance(mine[k], tuple) else mine[k])}
+    if differ:
+        raise SystemExit(f"--merge: {path} was measured with another workload: {differ}")
+    keep = {k: v for k, v in base["tp"].items() if k not in {f"tp{t}" for t in cfg.tps}}
+    result["tp"].update(keep)
+    result["servers"] = [s for s in base["servers"]
+                         if any(s["name"].startswith(f"lockstep-{k}") for k in keep)
+                         or (s["name"].startswith("mlx_lm") and "tp1" in keep)]
+    result["merged"] = {"from_started": base["started"], "kept": sorted(keep),
+                        "their_environment": base["environment"]}
+
+
+def run(out_dir: Path | str | None = None, cfg: Config | None = None,
+        merge: bool = False) -> dict:
+    """Measure every TP size in cfg.tps; with `merge`, keep the other TP sizes' results
+    of the existing prefix_cache.json (same preset and workload) and add these."""
     from common.tinymodel import build_model
 
     cfg = cfg or Config()
@@ -168,6 +191,8 @@ def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
               "config": asdict(cfg), "model": str(model),
               "environment": sv.environment_record(), "servers": [], "tp": {}}
     out = out_dir if out_dir is not None else RESULTS
+    if merge:
+        _merge_into(result, Path(out) / "prefix_cache.json", cfg)
     with tempfile.TemporaryDirectory(prefix="lockstep-bench-pc-") as tmp:
         work = Path(tmp)
         for tp in cfg.tps:
@@ -177,7 +202,8 @@ def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
             if tp == 1:
                 starts.append(lambda: sv.mlx_lm(model, work, True))
             systems: dict = {}
-            result["tp"][f"tp{tp}"] = {"runs": runs, "systems": systems}
+            started = time.time()
+            result["tp"][f"tp{tp}"] = {"runs": runs, "started": started, "systems": systems}
             for start in starts:
                 srv = start()
                 try:
@@ -189,7 +215,8 @@ def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
                 write_result(out, "prefix_cache", {**result, "complete": False})
             ratios = compare(systems, f"lockstep-tp{tp}-cache-on", f"lockstep-tp{tp}-cache-off",
                              "mlx_lm-cache-on" if tp == 1 else None)
-            result["tp"][f"tp{tp}"] = {"runs": runs, "systems": systems, "ratios": ratios}
+            result["tp"][f"tp{tp}"] = {"runs": runs, "started": started, "systems": systems,
+                                       "ratios": ratios}
     result["targets"] = targets(result["tp"])
     result["summary"] = {
         tp: {"ttft_median_ms": {n: s["conversation"]["ttft_median_ms"]
@@ -219,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int)
     ap.add_argument("--tp2-runs", type=int)
     ap.add_argument("--tp", help="comma-separated Lockstep TP sizes (default: 1,2)")
+    ap.add_argument("--merge", action="store_true",
+                    help="add to the existing prefix_cache.json's other TP sizes")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     cfg = QUICK if a.quick else Config()
@@ -231,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out
     if a.quick and out is None:  # a smoke never overwrites the committed result
         out = Path(tempfile.gettempdir()) / "lockstep-bench-quick"
-    res = run(out, cfg)
+    res = run(out, cfg, a.merge)
     print(json.dumps(res["summary"], indent=1))
     print(json.dumps(res["targets"], indent=1))
     return 0
