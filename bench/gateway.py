@@ -20,7 +20,12 @@ fixed max_tokens. Reported per measurement: generated tokens/s, TTFT p50/p90, IT
 p50/p99 (client-side, bench/chat_client.py); medians over trials in `summary`; ratios
 in the same run; the issue-16 targets computed, never asserted.
 
-    python -m bench.gateway [--quick] [--presets tiny,bench] [--trials 2] [--out DIR]
+    python -m bench.gateway [--quick] [--presets bench,tiny] [--concurrency 1,8,32]
+        [--tp 1,2] [--caches off,on] [--on-concurrency 8] [--requests 1:4,8:16,32:32]
+        [--prompt-range bench:200:1200] [--trials 1] [--out DIR]
+
+`--quick` (tiny preset, a minute or two) writes to $TMPDIR/lockstep-bench-quick unless
+--out says otherwise; it is a smoke, not a result.
 """
 
 from __future__ import annotations
@@ -252,6 +257,10 @@ def bench_preset(cfg: Config, preset: str, work: Path, checkpoint) -> dict:
                 rows.setdefault("inproc", {}).setdefault(int(key.split("/c")[1]), []).append(r)
         out["trials"][f"cache_{cache}"] = rows
         out["summary"][f"cache_{cache}"] = summarize_rows(rows, concs)
+        # What the servers said they reused: 0 everywhere proves the cache-off row is off.
+        out["summary"][f"cache_{cache}"]["cached_tokens_reported"] = {
+            name: sum(r.get("cached_tokens_total") or 0 for rs in by_c.values() for r in rs)
+            for name, by_c in rows.items() if name != "inproc"}
         checkpoint(out)
     out["complete"] = True
     checkpoint(out)
