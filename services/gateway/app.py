@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 
 from fastapi import FastAPI, Request
@@ -46,7 +47,7 @@ class Gateway:
 
     def pick(self, model: str) -> Backend:
         c = self.cluster
-        cands = [b for b in c.backends.values() if b.model == model]
+        cands = [b for b in c.backends.values() if names(b, model)]
         live = [b for b in cands if not b.lost]
         if live:
             b = min(live, key=lambda b: b.active)
@@ -114,6 +115,16 @@ class Gateway:
             finally:
                 s.release("canary_timeout")
             return b.last_ok_at is not None and time.time() - b.last_ok_at <= fresh
+
+
+def names(b: Backend, model: str) -> bool:
+    """A request's `model` names a backend by its id (a directory name, or the repo id of
+    a Hugging Face snapshot: common/model_ref.py) or by its model directory's path."""
+    if model == b.model:
+        return True
+    if not b.model_path or not model.startswith(("/", "~")):
+        return False
+    return os.path.realpath(os.path.expanduser(model)) == os.path.realpath(b.model_path)
 
 
 class BodyLimit:

@@ -130,6 +130,10 @@ def test_models_lists_the_repo_id(live):
     assert [m.id for m in models] == [REPO_ID]
     assert models[0].owned_by == "acme"
     assert models[0].created == int((live["snap"] / "config.json").stat().st_mtime)
+    by_path = client(live).completions.create(model=str(live["snap"]), prompt="hi", max_tokens=2)
+    assert by_path.model == REPO_ID  # the directory names it too; answered with its id
+    with pytest.raises(openai.NotFoundError):
+        client(live).completions.create(model="acme/other", prompt="hi", max_tokens=2)
 
 
 @pytest.mark.timeout(240)
