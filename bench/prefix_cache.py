@@ -68,7 +68,10 @@ async def conversation(srv: sv.Server, tok, cfg: Config, run: int) -> list[dict]
                              "content": prose(tok, cfg.new_tokens, f"{cfg.seed}/conv/r{run}/t{t}")})
             r = await chat(client, srv.url, srv.model, messages, cfg.max_tokens)
             messages.append({"role": "assistant", "content": r.text})
-            turns.append(r.record())
+            rec = r.record()
+            if rec["ttft_ms"] is None:  # an empty reply (EOS first): prefill ends with it
+                rec["ttft_ms"], rec["no_content"] = rec["total_ms"], True
+            turns.append(rec)
     return turns
 
 
