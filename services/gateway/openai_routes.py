@@ -26,6 +26,7 @@ from services.gateway.openai_schemas import ChatRequest, CompletionRequest, vali
 from services.gateway.prompts import output_parser, prompt_ids
 from services.gateway.sampling_params import generate_fields
 from services.gateway.streaming import EventStreamResponse, Shape
+from services.gateway.structured import grammar_for
 
 router = APIRouter()
 
@@ -106,13 +107,15 @@ async def _handle(request: Request, *, chat: bool) -> Response:
     limit = req.limit() or gw.settings.default_max_tokens
     if ctx:
         limit = min(limit, ctx - len(ids))
+    grammar = await gw.prepare_pool.run(grammar_for, req, tok) if chat else ""  # structured output
     rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
     gen_msg = Generate(
         request_id=rid, prompt=ids, max_tokens=limit,
         temperature=1.0 if req.temperature is None else float(req.temperature),
         top_p=1.0 if req.top_p is None else float(req.top_p),
         seed=None if req.seed is None else req.seed % (2**63),
-        stop_token_ids=list(tok.eos_ids), client="gateway", **generate_fields(req, tok, chat=chat))
+        stop_token_ids=list(tok.eos_ids), client="gateway", grammar=grammar,
+        **generate_fields(req, tok, chat=chat))
     n = req.n or 1
     try:
         streams = await choices.open_streams(backend, gen_msg, n)
