@@ -121,22 +121,19 @@ def make_logit_bias(bias: dict[int, float]) -> LogitsProcessor:
     return add_bias
 
 
-def _seen(tokens: mx.array, width: int) -> mx.array:
-    """A (width,) bool mask of the ids in `tokens` (duplicates alike)."""
-    return mx.zeros((width,), dtype=mx.int32).at[tokens].add(1) > 0
-
-
 def make_repetition_penalty(penalty: float, context_size: int) -> LogitsProcessor:
     """mlx-lm's and vLLM's sign-aware penalty (a positive logit divided by it, a negative
     one multiplied) for each id among the last `context_size` tokens, prompt included.
-    mlx-lm's own writes into its argument; this one returns a new array."""
+    mlx-lm's own writes into its argument; this one returns a new array. Gather and
+    scatter touch only those tokens' logits; a repeated id is written the same value."""
 
     def penalize(tokens: mx.array, logits: mx.array) -> mx.array:
         if tokens.shape[0] == 0:
             return logits
-        seen = _seen(tokens[-context_size:], logits.shape[-1])[None, :]
-        scaled = mx.where(logits < 0, logits * penalty, logits / penalty)
-        return mx.where(seen, scaled, logits)
+        recent = tokens[-context_size:][None, :]
+        sel = mx.take_along_axis(logits, recent, axis=-1)
+        sel = mx.where(sel < 0, sel * penalty, sel / penalty)
+        return mx.put_along_axis(logits, recent, sel, axis=-1)
 
     return penalize
 
@@ -151,10 +148,13 @@ def make_output_penalties(presence: float, frequency: float,
     def penalize(tokens: mx.array, logits: mx.array) -> mx.array:
         if tokens.shape[0] <= prompt_len:  # shapes are known without evaluating
             return logits
-        out = tokens[prompt_len:]
-        counts = mx.zeros((logits.shape[-1],), dtype=mx.float32).at[out].add(1.0)
-        penalty = frequency * counts + presence * (counts > 0).astype(mx.float32)
-        return logits - penalty.astype(logits.dtype)[None, :]
+        out = tokens[prompt_len:][None, :]
+        if frequency:  # a scatter-add: once per occurrence
+            logits = logits.at[:, out[0]].subtract(mx.array(frequency, logits.dtype))
+        if presence:  # a scatter-set: a repeated id gets the same value, once
+            sel = mx.take_along_axis(logits, out, axis=-1) - mx.array(presence, logits.dtype)
+            logits = mx.put_along_axis(logits, out, sel, axis=-1)
+        return logits
 
     return penalize
 
