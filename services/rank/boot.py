@@ -26,6 +26,7 @@ from common.records import Phase
 from services.rank import events as ev
 from services.rank.engine import Engine
 from services.rank.errors import StartupError
+from services.rank.grammar import RankGrammars
 from services.rank.io import RankIO
 from services.rank.outbox import AnnounceReady, Served
 from services.rank.process_exit import EXIT_FAILED, EXIT_OK
@@ -73,8 +74,9 @@ def init_distributed(spec: RankSpec):
     return group
 
 
-def load_shard(spec: RankSpec, group) -> tuple[object, list[int], int, int | None]:
-    """(model, eos token ids, vocab size, context length or None) for this rank's shard."""
+def load_shard(spec: RankSpec, group) -> tuple[object, object, list[int], int, int | None]:
+    """(model, tokenizer, eos token ids, vocab size, context length or None) for this
+    rank's shard; the tokenizer is kept for constrained decoding (services/rank/grammar.py)."""
     path = spec.model_path
     if group is None:
         from mlx_lm import load
@@ -92,7 +94,7 @@ def load_shard(spec: RankSpec, group) -> tuple[object, list[int], int, int | Non
                                "supported (use tp=N or pp=N)")
         model, tokenizer, config = sharded_load(path, return_config=True, **kw)
     ctx = config.get("max_position_embeddings")
-    return model, sorted(tokenizer.eos_token_ids), int(config["vocab_size"]), \
+    return model, tokenizer, sorted(tokenizer.eos_token_ids), int(config["vocab_size"]), \
         int(ctx) if isinstance(ctx, int) and ctx > 0 else None
 
 
@@ -123,8 +125,9 @@ def run(spec: RankSpec) -> None:
         rt.inside = Where(Inside.DISTRIBUTED_INIT)  # a peer that never starts: forever
         group = init_distributed(spec)
         rt.inside = Where(Inside.LOAD)
-        model, eos_ids, vocab, max_context = load_shard(spec, group)
-        engine = Engine(model, eos_ids, spec.settings)
+        model, tokenizer, eos_ids, vocab, max_context = load_shard(spec, group)
+        engine = Engine(model, eos_ids, spec.settings,
+                        grammars=RankGrammars(tokenizer, eos_ids, vocab))  # built lazily
     except Exception as exc:  # noqa: BLE001 - any load failure ends this rank, reported
         log.exception("loading failed")
         rt.exit(EXIT_FAILED, Phase.FAILED, f"load failed: {exc}")

@@ -24,6 +24,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
 from common.messages import CacheOp, PlanInsert, PlanRemove
 from common.rankspec import DEFAULT_PROMPT_CACHE_BYTES, RankSettings
+from services.rank.grammar import RankGrammars
 from services.rank.prefix_store import CacheDivergence, PromptStore
 from services.rank.sampling import make_sampler
 
@@ -77,8 +78,10 @@ def generator_kwargs(settings: RankSettings) -> dict:
 
 
 class Engine:
-    def __init__(self, model, eos_ids: list[int], settings: RankSettings) -> None:
+    def __init__(self, model, eos_ids: list[int], settings: RankSettings,
+                 grammars: RankGrammars | None = None) -> None:
         self.eos_ids = sorted(int(t) for t in eos_ids)
+        self.grammars = grammars  # constrained decoding's matchers (None: no tokenizer)
         self.gen = BatchGenerator(model, stop_tokens=[[t] for t in self.eos_ids],
                                   **generator_kwargs(settings))
         self._default_stops = StopSequences([(t,) for t in self.eos_ids] or None)
