@@ -179,3 +179,21 @@ def test_gateway_and_rank_bounds_agree():
     assert gw.MAX_CONTEXT_SIZE == sampling.MAX_CONTEXT_SIZE
     assert gw.BIAS_LIMIT == sampling.BIAS_LIMIT
     assert math.isfinite(sampling.PENALTY_LIMIT)
+
+
+def test_plan_size_bounds_an_insert_with_every_sampling_field():
+    import msgpack
+
+    from common.messages import Plan
+    from common.schema import to_wire
+    from services.rank.planwire import plan_size
+
+    for n_bias in (0, 1024):
+        ins = PlanInsert(request_id="chatcmpl-" + "a" * 24, prompt=[150000] * 10,
+                         max_tokens=10**6, temperature=0.7, top_p=0.9, seed=2**62,
+                         stop_token_ids=[1, 2], cache_entry=2**40, cached_tokens=10**6,
+                         top_k=10**6, min_p=0.05, presence_penalty=1.5, frequency_penalty=-1.5,
+                         repetition_penalty=1.3, repetition_context_size=2**20, top_logprobs=20,
+                         logit_bias=[TokenBias(150000 + i, -99.5) for i in range(n_bias)])
+        plan = Plan(seq=2**40, step=2**40, advance=True, inserts=[ins] * 4)
+        assert len(msgpack.packb(to_wire(plan))) <= plan_size(plan)
