@@ -59,7 +59,7 @@ class RankSettings:
     prefill_step: AtLeastOne = 512  # prompt tokens per chunk while no stream is decoding
     # ... and while streams are decoding: every step runs one chunk and one decode, so a
     # long prompt arriving costs running streams at most this much per token.
-    prefill_step_decoding: AtLeastOne = 32
+    prefill_step_decoding: AtLeastOne = 128
     default_max_tokens: AtLeastOne = 256
     # Prefix cache (services/rank/prefix_cache.py): stored entries at most; 0 = off.
     prompt_cache_entries: Count = 32
