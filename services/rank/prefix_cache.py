@@ -63,8 +63,8 @@ class CachePlanner:
         self.not_stored = 0  # finished requests bigger than the whole budget
         self.prefilling: dict[str, np.ndarray] = {}  # in the batch, no token yet
         self.waited_on: set[str] = set()  # of those, the ones a pending request waits for
-        self.clears: list[str] = []  # requested, not yet in a plan
-        self.cleared: list[str] = []  # in the plan just taken
+        self.clears: list[int] = []  # requested, not yet in a plan
+        self.cleared: list[int] = []  # in the plan just taken
 
     # -- inserts -----------------------------------------------------------------------
 
@@ -159,7 +159,7 @@ class CachePlanner:
         self.nbytes -= e.nbytes
         self.ops.append(CacheOp(kind=CacheOpKind.EVICT, entry_id=eid))
 
-    def request_clear(self, clear_id: str = "") -> None:
+    def request_clear(self, clear_id: int = 0) -> None:
         """Empty every rank's store at the next plan (admin cache-clear); `clear_id` is
         handed back by `take_cleared()` once that plan is built, to acknowledge it."""
         # Pending stores and evictions are moot: the KV of a store not applied is
@@ -169,7 +169,7 @@ class CachePlanner:
         self.nbytes = 0
         self.clears.append(clear_id)
 
-    def take_cleared(self) -> list[str]:
+    def take_cleared(self) -> list[int]:
         """Clear ids whose CLEAR went into the plan just taken (`take_ops`)."""
         out, self.cleared = self.cleared, []
         return out

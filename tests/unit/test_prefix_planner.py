@@ -58,9 +58,9 @@ def test_the_same_tokens_are_stored_once_and_clear_replaces_pending_ops():
     p.finished("again", t, nbytes=5)
     assert ops(p) == []
     p.finished("b", list(range(200, 220)), nbytes=5)
-    p.request_clear("c-1")
+    p.request_clear(7)
     assert [o.kind for o in p.take_ops()] == [CacheOpKind.CLEAR]
-    assert p.take_cleared() == ["c-1"] and p.take_cleared() == []
+    assert p.take_cleared() == [7] and p.take_cleared() == []
     assert p.match(t) == (0, 0) and p.nbytes == 0
 
 
