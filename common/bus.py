@@ -213,16 +213,22 @@ class AsyncRpcClient:
             msg = self.channel.unpack_dealer(frames)
             if msg is None:
                 continue
-            rid = getattr(msg.body, "request_id", None)
-            fut = self._waiters.pop(rid, None)
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
-                continue
-            q = self._streams.get(rid)
-            if q is not None:
-                q.put_nowait(msg)
-            else:
-                log.debug("%s: dropped late reply for %s", self.endpoint, rid)
+            chunks = getattr(msg.body, "chunks", None)  # a batch: each to its own stream
+            for item in (msg,) if chunks is None else chunks:
+                self._route(item)
+
+    def _route(self, item) -> None:
+        """`item`: a Message, or one body out of a batch (consumers read `.body` if any)."""
+        rid = getattr(getattr(item, "body", item), "request_id", None)
+        fut = self._waiters.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(item)
+            return
+        q = self._streams.get(rid)
+        if q is not None:
+            q.put_nowait(item)
+        else:
+            log.debug("%s: dropped late reply for %s", self.endpoint, rid)
 
     async def send(self, body: Any) -> None:
         await self.sock.send(self.channel.pack(body))

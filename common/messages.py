@@ -30,6 +30,7 @@ class Kind(str, enum.Enum):
     GENERATE = "generate"
     ABORT = "abort"
     TOKENS = "tokens"
+    TOKENS_BATCH = "tokens_batch"
     STATS_REQUEST = "stats_request"
     STATS = "stats"
     PLAN_HELLO = "plan_hello"
@@ -183,6 +184,14 @@ class Tokens:
     logprobs: list[float] = field(default_factory=list)
     top_ids: list[list[int]] = field(default_factory=list)
     top_logprobs: list[list[float]] = field(default_factory=list)
+
+
+@dataclass
+class TokensBatch:
+    """Several streams' chunks for one requester, in one signed message: rank 0 sends
+    one per requester per step instead of one per request. Chunks keep their order."""
+
+    chunks: list[Tokens] = field(metadata={"max_len": 1024})
 
 
 @dataclass
@@ -454,6 +463,7 @@ BODY: dict[Kind, type] = {
     Kind.GENERATE: Generate,
     Kind.ABORT: Abort,
     Kind.TOKENS: Tokens,
+    Kind.TOKENS_BATCH: TokensBatch,
     Kind.STATS_REQUEST: StatsRequest,
     Kind.STATS: Stats,
     Kind.PLAN_HELLO: PlanHello,
@@ -485,7 +495,7 @@ ADMIN_IN = frozenset({Kind.ADMIN_REQUEST})
 ADMIN_OUT = frozenset({Kind.ADMIN_REPLY})
 EVENTS = frozenset({Kind.EVENT})
 REQUESTS_IN = frozenset({Kind.GENERATE, Kind.ABORT, Kind.STATS_REQUEST})
-REQUESTS_OUT = frozenset({Kind.TOKENS, Kind.STATS})
+REQUESTS_OUT = frozenset({Kind.TOKENS, Kind.TOKENS_BATCH, Kind.STATS})
 # Session handshake (common/handshake.py) on the plan and report sockets.
 AUTH_TO_RESPONDER = frozenset({Kind.AUTH_HELLO, Kind.AUTH_PROOF})
 AUTH_TO_INITIATOR = frozenset({Kind.AUTH_CHALLENGE, Kind.AUTH_OK})

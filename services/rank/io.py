@@ -51,6 +51,7 @@ from services.rank.streams import StreamLedger
 from services.rank.waker import Waker
 
 log = logging.getLogger("lockstep.rank.io")
+BATCH_CHUNKS = 256  # chunks per TOKENS_BATCH at most (well under the frame cap)
 PLAN_IN_MAX = 64 * 1024  # rank 0's plan ROUTER only ever receives small messages
 
 
@@ -61,6 +62,7 @@ class RankIO:
         self.drops: collections.Counter[str] = collections.Counter()
         self.wire = Wire(self.drops)
         self._out: collections.deque = collections.deque()
+        self._chunks: dict[bytes, list[m.Tokens]] = {}  # this drain's chunks by requester
         self.ctx = zmq.Context()
         sender = f"{spec.deployment_id}/rank-{spec.rank}"
 
@@ -201,14 +203,20 @@ class RankIO:
                 return
 
     def _drain_outbox(self) -> bool:
+        try:
+            return self._drain_commands()
+        finally:
+            self._send_chunks()
+
+    def _drain_commands(self) -> bool:
         while self._out:
             cmd = self._out.popleft()
             if isinstance(cmd, out.PublishPlan):
                 self.session.publish(cmd.plan)
             elif isinstance(cmd, out.StreamChunk):
                 got = self.streams.on_chunk(cmd) if self.streams is not None else None
-                if got is not None:
-                    self._send_req(*got)
+                if got is not None:  # sent together per requester once the outbox is drained
+                    self._chunks.setdefault(got[0], []).append(got[1])
             elif isinstance(cmd, out.Report):
                 if isinstance(cmd.body, m.CacheCleared) and self.clears is not None:
                     self.clears.on_answer(cmd.body)  # its re-sends get this same answer
@@ -221,9 +229,11 @@ class RankIO:
             elif isinstance(cmd, out.Probe):
                 self.session.ping(cmd.ping)
             elif isinstance(cmd, out.AbortAll):
+                self._send_chunks()  # a stream's last tokens before its end
                 self._end_streams("abort", cmd.detail, m.ErrorCode.WATCHDOG_ABORT)
                 self.inbox.put(ev.AbortAllEv(cmd.reason))
             elif isinstance(cmd, out.Stop):
+                self._send_chunks()
                 self._close(cmd.why)
                 return True
             else:  # pragma: no cover - a closed set
@@ -313,12 +323,24 @@ class RankIO:
             if answer is not None:
                 self.reporting.send(answer)
 
-    def _send_req(self, ident: bytes, body: m.Tokens) -> None:
+    def _send_chunks(self) -> None:
+        """One signed message per requester for every chunk the drain produced: a
+        TOKENS alone, several as one TOKENS_BATCH (a step of a full batch: one message,
+        not one per request)."""
+        chunks, self._chunks = self._chunks, {}
+        for ident, bodies in chunks.items():
+            for i in range(0, len(bodies), BATCH_CHUNKS):
+                part = bodies[i:i + BATCH_CHUNKS]
+                self._send_req(ident, part[0] if len(part) == 1 else m.TokensBatch(part), part)
+
+    def _send_req(self, ident: bytes, body, chunks: list[m.Tokens]) -> None:
         errno = self.wire.send_to(self.requests, self.req, ident, body)
-        # The requester (a gateway) is gone: nobody reads this stream any more, so the
-        # request leaves the batch at the next step instead of decoding to its cap.
-        if errno == zmq.EHOSTUNREACH and not body.finish_reason:
-            self.inbox.put(ev.AbortEv(m.Abort(body.request_id, ev.REQUESTER_GONE)))
+        # The requester (a gateway) is gone: nobody reads these streams any more, so the
+        # requests leave the batch at the next step instead of decoding to their caps.
+        if errno == zmq.EHOSTUNREACH:
+            for c in chunks:
+                if not c.finish_reason:
+                    self.inbox.put(ev.AbortEv(m.Abort(c.request_id, ev.REQUESTER_GONE)))
 
     def _on_requests(self, frames: list[bytes]) -> None:
         got = self.req.unpack_router(frames)

@@ -35,7 +35,7 @@ async def _one(client: AsyncRpcClient, tokens: int, timeout: float) -> list[int]
                 await client.send(Abort(request_id=rid, reason="canary timeout"))
                 raise LaunchError(f"canary: {len(got)} of {tokens} tokens within "
                                   f"{timeout:.0f}s through rank 0") from None
-            body = msg.body
+            body = getattr(msg, "body", msg)  # a chunk out of a TOKENS_BATCH is bare
             if getattr(body, "tokens", None) is None:
                 continue
             got += body.tokens

@@ -53,6 +53,7 @@ class Stub(threading.Thread):
         self.telemetry: dict[int, m.Telemetry] = {}
         self.acks: dict[int, dict[int, m.CancelAck]] = collections.defaultdict(dict)
         self.streams: dict[str, list[m.Tokens]] = collections.defaultdict(list)
+        self.batches = 0  # TOKENS_BATCH messages (several streams' chunks in one)
         self.ended: dict[str, threading.Event] = collections.defaultdict(threading.Event)
         self.stats: dict[str, m.Stats] = {}
         self.resend: dict[int, tuple[m.Cancel, float]] = {}  # epoch → (cancel, until)
@@ -141,10 +142,13 @@ class Stub(threading.Thread):
         if msg is None:
             return
         with self.cv:
-            if isinstance(msg.body, m.Tokens):
-                self.streams[msg.body.request_id].append(msg.body)
-                if msg.body.finish_reason is not None:
-                    self.ended[msg.body.request_id].set()
+            if isinstance(msg.body, (m.Tokens, m.TokensBatch)):
+                chunks = msg.body.chunks if isinstance(msg.body, m.TokensBatch) else [msg.body]
+                self.batches += isinstance(msg.body, m.TokensBatch)
+                for c in chunks:
+                    self.streams[c.request_id].append(c)
+                    if c.finish_reason is not None:
+                        self.ended[c.request_id].set()
             elif isinstance(msg.body, m.Stats):
                 self.stats[msg.body.request_id] = msg.body
             self.cv.notify_all()

@@ -49,6 +49,7 @@ SAMPLES: dict[Kind, Any] = {
     Kind.ABORT: m.Abort("r-2", "disconnect"),
     Kind.TOKENS: m.Tokens("r-2", [5, 6], 3, "stop", None, 3, 12.5, 9, [NOW, NOW + 0.01],
                           m.ErrorCode.OVERLOADED),
+    Kind.TOKENS_BATCH: m.TokensBatch([m.Tokens("r-2", [5, 6], 3), m.Tokens("r-3", [7], 0, "stop")]),
     Kind.STATS_REQUEST: m.StatsRequest("r-3"),
     Kind.STATS: m.Stats("r-3", "serving", 10, 1, ["r-2"], 4),
     Kind.PLAN_HELLO: m.PlanHello(1),

@@ -56,8 +56,9 @@ class RequestsClient:
     def pump(self, timeout: float = 0.05) -> None:
         while self.sock.poll(int(timeout * 1000)):
             msg = self.channel.unpack_dealer(self.sock.recv_multipart())
-            if msg is not None and isinstance(msg.body, Tokens):
-                self.streams.setdefault(msg.body.request_id, []).append(msg.body)
+            body = None if msg is None else msg.body
+            for c in getattr(body, "chunks", None) or ([body] if isinstance(body, Tokens) else []):
+                self.streams.setdefault(c.request_id, []).append(c)
             timeout = 0
 
     def finish_reason(self, rid: str) -> str | None:
