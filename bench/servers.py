@@ -56,8 +56,12 @@ def rank_settings():
 def batch_settings() -> dict[str, int]:
     """The batch/prefill settings both servers run with (RankSettings defaults)."""
     rs = rank_settings()
-    return {"max_batch": rs.max_batch, "prefill_batch": rs.prefill_batch,
-            "prefill_step": rs.prefill_step}
+    out = {"max_batch": rs.max_batch, "prefill_batch": rs.prefill_batch,
+           "prefill_step": rs.prefill_step}
+    if hasattr(rs, "prefill_step_decoding"):
+        # Lockstep only: mlx_lm.server has no such knob (it prefills prefill_step always).
+        out["lockstep_only_prefill_step_decoding"] = rs.prefill_step_decoding
+    return out
 
 
 def rank_env() -> dict[str, str]:
@@ -187,6 +191,7 @@ def mlx_lm(model: Path, work: Path, cache: bool, timeout: float = 600) -> Server
     flags = ["--decode-concurrency", str(b["max_batch"]), "--prompt-concurrency",
              str(b["prefill_batch"]), "--prefill-step-size", str(b["prefill_step"]),
              "--prompt-cache-size", str(MLX_LM_DEFAULT_CACHE_SIZE if cache else 0)]
+    b = {k: v for k, v in b.items() if not k.startswith("lockstep_only")}
     cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--port", str(port),
            "--log-level", "WARNING", *flags]
     with open(log, "ab") as out:
