@@ -19,11 +19,12 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # Debian/Ubuntu packages the tests use (OpenBLAS for fast CPU matmul, netns + sshd
-# for the multi-host tests). Skipped quietly where apt-get is absent (macOS).
+# for the multi-host tests, headless chromium + chromedriver for the console's browser
+# tests). Skipped quietly where apt-get is absent (macOS).
 system-deps:
 	@if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = "0" ]; then \
 	  need=""; \
-	  for p in libopenblas0-pthread iproute2 openssh-server openssh-client procps; do \
+	  for p in libopenblas0-pthread iproute2 openssh-server openssh-client procps chromium chromium-driver; do \
 	    dpkg -s $$p >/dev/null 2>&1 || need="$$need $$p"; \
 	  done; \
 	  if [ -n "$$need" ]; then \

@@ -90,6 +90,11 @@ class RequestStream:
         self.released = False
         self.abort_reason: str | None = None
         self.refusal: Overloaded | None = None  # rank 0 refused it as overloaded
+        # For the operator console (console_api.py): what rank 0 has sent so far.
+        self.generated = 0
+        self.cached_tokens = 0
+        self.model_ttft_ms: float | None = None
+        self.first_token_at: float | None = None  # monotonic, as the gateway took it
 
     async def next(self, timeout: float) -> Tokens | None:
         """The next chunk from rank 0, or None if none arrived within `timeout`."""
@@ -118,6 +123,12 @@ class RequestStream:
         body: Tokens = getattr(msg, "body", msg)
         if body.tokens:
             self.last_token_at = self.consumer_seen
+            self.generated += len(body.tokens)
+            self.backend.tokens_out += len(body.tokens)
+            self.first_token_at = self.first_token_at or self.consumer_seen
+        self.cached_tokens = max(self.cached_tokens, body.cached_tokens)
+        if self.model_ttft_ms is None and body.model_ttft_ms is not None:
+            self.model_ttft_ms = body.model_ttft_ms
         if body.finish_reason:
             self.finished, self.finish_reason = True, body.finish_reason
             if body.error_code == ErrorCode.OVERLOADED and self.refusal is None:
@@ -152,6 +163,7 @@ class Backend:
         self.max_inflight = max_inflight  # 0: no bound
         self.retry_after_s = retry_after_s
         self.overloads: collections.Counter[str] = collections.Counter()  # by bound
+        self.tokens_out = 0  # completion tokens taken from rank 0 (the console's rate)
         self.last_ok_at: float | None = None  # wall clock of the last good generation
         self.closed = False
         self._on_abort = on_abort or (lambda cause: None)

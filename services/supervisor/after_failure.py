@@ -83,6 +83,8 @@ async def _attempts(sup: Supervisor, dep: Deployment) -> None:
             log.info("deployment %s: teardown after the failure proven in %.1fs (attempt %d, "
                      "path %s)", dep.deployment_id, took, attempt,
                      " -> ".join((dep.teardown or {}).get("path") or []) or "none alive")
+            sup.emit("deployment", "teardown", dep, "teardown after the failure proven",
+                     {"outcome": dep.teardown or {}, "attempts": attempt})  # its ladder path
             return
         late = attempt >= MIN_ATTEMPTS and time.monotonic() + RETRY_S >= give_up_at
         if dep.abort_reason is not None or late:

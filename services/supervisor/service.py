@@ -5,6 +5,7 @@ monitor loops, events, and the reap gate. Deploy/stop/replan orchestration lives
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -27,6 +28,7 @@ from common.messages import (
 )
 from common.procs import START_TIME_TOLERANCE, identify
 from common.records import SupervisorRecord
+from common.schema import to_wire
 from services.supervisor import commands, lifecycle
 from services.supervisor.after_failure import teardown_after_failure
 from services.supervisor.broadcast import Broadcaster
@@ -48,6 +50,9 @@ log = logging.getLogger("lockstep.supervisor")
 VERSION = "0.1.0"
 MONITOR_S = 0.25
 DEAD_PHASES = frozenset({"failed", "peer_lost", "launcher_lost"})
+JOURNAL_LEN = 200
+TORN_DOWN = frozenset({DeploymentState.STOPPED, DeploymentState.FAILED,
+                       DeploymentState.TEARDOWN_FAILED})
 
 
 class Supervisor:
@@ -68,6 +73,9 @@ class Supervisor:
         self.reap_fn = reap_fn
         self.deployments: dict[str, Deployment] = {}
         self.last_reap: dict[str, Any] | None = None
+        # The last events published (state changes, incidents, reaps), as sent: the
+        # incidents of `status` (the console, `lockstep admin status`) outlive their deployment.
+        self.journal: collections.deque[dict[str, Any]] = collections.deque(maxlen=JOURNAL_LEN)
         self.started_at = time.time()
         self._tasks: set[asyncio.Task] = set()
         self._loops: list[asyncio.Task] = []
@@ -158,6 +166,10 @@ class Supervisor:
         ev = Event(topic=topic, name=name, deployment_id=dep.deployment_id if dep else "",
                    state=state if state is not None else (dep.state.value if dep else ""),
                    reason=reason[:60000], at=time.time(), data=data or {})
+        self.publish(ev)
+
+    def publish(self, ev: Event) -> None:
+        self.journal.append(to_wire(ev))
         self.sockets.publish_event(ev)
 
     def set_state(self, dep: Deployment, state: DeploymentState, reason: str = "") -> None:
@@ -166,7 +178,9 @@ class Supervisor:
         if not dep.life.transition(state, reason):
             return
         log.info("deployment %s: %s -> %s %s", dep.deployment_id, was, state, reason)
-        self.emit("deployment", "state", dep, reason, {"job_id": dep.job_id})
+        done = dep.teardown if state in TORN_DOWN else None  # its ladder path, for the console
+        self.emit("deployment", "state", dep, reason,
+                  {"job_id": dep.job_id, **({"teardown": done} if done else {})})
 
     def incident(self, dep: Deployment, name: str, reason: str, data: dict | None = None) -> None:
         log.error("incident %s on %s: %s", name, dep.deployment_id, reason)
@@ -186,7 +200,7 @@ class Supervisor:
         loop = asyncio.get_running_loop()
 
         def publish(ev: Event) -> None:
-            loop.call_soon_threadsafe(self.sockets.publish_event, ev)
+            loop.call_soon_threadsafe(self.publish, ev)
 
         fn = self.reap_fn or reap_orphans
         remote = SshRemoteReaper(self.paths, ssh_config=self.settings.ssh_config,

@@ -4,7 +4,10 @@ last reap report.
     request  {}
     reply    {supervisor: {pid, boot_id, uptime_s, home, endpoints},
               deployments: [DeploymentInfo], cancel_epoch,
-              rejections: [{service, socket, reason, count}], reaper: ReapReport|null}
+              rejections: [{service, socket, reason, count}], reaper: ReapReport|null,
+              events: [Event]}
+             events: the last events published (deployment state changes with their
+             teardown outcome, incidents, reaps), oldest first (service.py `journal`)
              rejections: the supervisor's own sockets (service "supervisor"), plus what every
              rank reported in telemetry, summed over ranks (service "rank"; per rank in
              deployments[].ranks[].rejects)
@@ -42,6 +45,7 @@ async def run(sup: Supervisor, args: Args) -> dict:
         "cancel_epoch": sup.epochs.current,
         "rejections": REGISTRY.snapshot() + rank_rejections(sup),
         "reaper": sup.last_reap,
+        "events": list(sup.journal),
     }
 
 

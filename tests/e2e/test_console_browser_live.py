@@ -1,0 +1,222 @@
+"""The operator console (/admin/) in a real browser: Debian's chromium, headless, driven
+by selenium through the system chromedriver (no browser download), against a live TP=2
+`lockstep up` shared by the module. Tests run in file order: login from the fragment →
+serving; a long stream in the requests table, aborted from the page (finish_reason
+"abort", every rank's removal record); a follower SIGKILLed → the incident and the
+redeploy. Screenshots of each state go to the module's tmp dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.gwutil import free_port, poll_until, sse_lines
+from tests.support.processes import interrupt, process_gone, up_argv
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_S = 240.0
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="chromium is not installed (apt-get install chromium chromium-driver; "
+           "`make test` installs them through `make system-deps`)")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    home = tmp_path_factory.mktemp("uphome")
+    port = free_port()
+    log = open(home / "up.out", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(up_argv(home, port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    st = {"proc": proc, "home": home, "url": url, "out": home / "up.out",
+          "shots": tmp_path_factory.mktemp("screenshots")}
+    try:
+        def ready():
+            if proc.poll() is not None:
+                raise AssertionError(f"lockstep up exited: {st['out'].read_text()[-3000:]}")
+            return httpx.get(url + "/ready", timeout=5).status_code == 200
+        poll_until(ready, READY_S, "lockstep up to be ready", interval=0.05)
+        st["token"] = (home / "admin.token").read_text().strip()
+        st["hdr"] = {"authorization": f"Bearer {st['token']}"}
+        st["dep"] = serving(st)
+        yield st
+    finally:
+        interrupt(proc, 90)
+        log.close()
+
+
+def serving(live) -> dict:
+    deps = httpx.get(live["url"] + "/admin/api/cluster/deployments", headers=live["hdr"],
+                     timeout=10).json()["deployments"]
+    return next(d for d in deps if d["state"] == "serving")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+              "--window-size=1500,1100", "--disable-extensions", "--no-first-run"):
+        opts.add_argument(a)
+    drv = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    try:
+        yield drv
+    finally:
+        drv.quit()
+
+
+def shot(live, drv, name: str) -> Path:
+    p = live["shots"] / f"console-{name}.png"
+    drv.save_screenshot(str(p))
+    return p
+
+
+def cells(drv, table: str, key: str) -> list[str] | None:
+    """The texts of the row keyed `key` in `table` (None: no such row)."""
+    return drv.execute_script(
+        "const tr = Array.from(document.querySelectorAll(arguments[0] + ' tbody tr'))"
+        ".find((r) => r.dataset.key === arguments[1]);"
+        "return tr ? Array.from(tr.cells).map((c) => c.textContent) : null;", table, key)
+
+
+def kinds(drv) -> list[str]:
+    return drv.execute_script("return Array.from(document.querySelectorAll('#incidents tbody tr'))"
+                              ".map((r) => r.dataset.kind);")
+
+
+def ranks_serving(drv, dep_id: str, world: int) -> bool:
+    rows = [cells(drv, "#ranks", f"{dep_id}/{r}") for r in range(world)]
+    return all(row is not None and row[4] == "serving" for row in rows)
+
+
+@pytest.mark.timeout(60)
+def test_page_is_static_and_strict(live):
+    r = httpx.get(live["url"] + "/admin/", timeout=10)
+    assert r.status_code == 200
+    csp = r.headers["content-security-policy"]
+    assert "default-src 'self'" in csp and "script-src 'self'" in csp, csp
+    assert "<script src=\"/admin/console.js\"" in r.text
+    assert "<script>" not in r.text and " on" + "click" not in r.text  # no inline script
+    assert live["token"] not in r.text
+    js = httpx.get(live["url"] + "/admin/console.js", timeout=10)
+    assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+    assert httpx.get(live["url"] + "/admin/secret.txt", timeout=10).status_code == 404
+    assert httpx.get(live["url"] + "/admin/api/requests", timeout=10).status_code == 401
+
+
+@pytest.mark.timeout(60)
+def test_wrong_token_shows_login(live, browser):
+    browser.get(live["url"] + "/admin/#token=not-the-token")
+    poll_until(lambda: browser.execute_script(
+        "return !document.querySelector('#login').hidden && "
+        "document.querySelector('#login-error').textContent"), 15, "the login form")
+    assert browser.execute_script("return location.hash") == ""
+    assert browser.execute_script("return sessionStorage.length") == 0  # dropped on 401
+    shot(live, browser, "login")
+
+
+@pytest.mark.timeout(60)
+def test_login_from_fragment_shows_serving(live, browser):
+    dep = live["dep"]
+    browser.get(live["url"] + "/admin/#token=" + live["token"])
+    poll_until(lambda: (cells(browser, "#deployments", dep["deployment_id"]) or [""] * 6)[5]
+               == "serving", 15, "the deployment serving on the page")
+    poll_until(lambda: ranks_serving(browser, dep["deployment_id"], 2), 15,
+               "both ranks serving on the page")
+    assert browser.execute_script("return location.hash") == ""  # off the address bar
+    assert live["token"] not in browser.current_url
+    row = cells(browser, "#deployments", dep["deployment_id"])
+    assert row[1] == dep["model"] and row[2] == "2×1", row
+    assert "launching → loading → canary → serving" in row[6], row
+    rank1 = cells(browser, "#ranks", f"{dep['deployment_id']}/1")
+    assert rank1[3] == str(dep["ranks"][1]["pid"]) and rank1[8] != "0", rank1  # pid, memory
+    shot(live, browser, "serving")
+
+
+def _long_stream(live, sink: dict) -> None:
+    body = {"model": live["dep"]["model"], "prompt": "the long road", "max_tokens": 3000,
+            "temperature": 0, "stream": True}
+    with httpx.stream("POST", live["url"] + "/v1/completions", json=body, timeout=120) as resp:
+        sink["rid"] = resp.headers["x-lockstep-request-id"]
+        for kind, d in sse_lines(resp):
+            if kind == "data" and d != "[DONE]" and d["choices"]:
+                sink["n"] = sink.get("n", 0) + 1
+                if d["choices"][0]["finish_reason"]:
+                    sink["finish"] = d["choices"][0]["finish_reason"]
+    sink["done"] = True
+
+
+def removals(live, dep: dict, rid: str) -> dict[int, dict]:
+    d = live["home"] / "runtime" / "markers" / dep["deployment_id"]
+    out = {}
+    for r in range(dep["world_size"]):
+        p = d / f"rank-{r}.removals.jsonl"
+        if p.exists():
+            for line in p.read_text().splitlines():
+                rec = json.loads(line)
+                if rec["request_id"] == rid:
+                    out[r] = rec
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_abort_from_the_requests_table(live, browser):
+    from selenium.webdriver.common.by import By
+
+    sink: dict = {}
+    t = threading.Thread(target=_long_stream, args=(live, sink), daemon=True)
+    t.start()
+    rid = poll_until(lambda: sink.get("rid"), 30, "the stream's request id")
+    poll_until(lambda: (row := cells(browser, "#requests", rid)) and int(row[6]) > 0, 20,
+               "the stream in the requests table, generating")
+    row = cells(browser, "#requests", rid)
+    assert row[1] == live["dep"]["model"] and int(row[4]) > 0 and row[9] == "running", row
+    shot(live, browser, "request")
+    browser.find_element(By.CSS_SELECTOR, f'#requests tr[data-rid="{rid}"] button.abort').click()
+    t.join(30)
+    assert sink.get("done") and sink.get("finish") == "abort", sink
+    recs = poll_until(lambda: (lambda r: r if len(r) == 2 else None)(
+        removals(live, live["dep"], rid)), 15, "every rank's removal record of the aborted request")
+    assert {r["reason"] for r in recs.values()} == {"abort"}, recs
+    assert len({r["step"] for r in recs.values()}) == 1, recs  # the same step on every rank
+    poll_until(lambda: cells(browser, "#requests", rid) is None, 10, "the row gone")
+
+
+@pytest.mark.timeout(120)
+def test_follower_sigkill_shows_incident_and_redeploy(live, browser):
+    dep = live["dep"]
+    pid = dep["ranks"][1]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    poll_until(lambda: process_gone(pid), 10, "the follower gone")
+    poll_until(lambda: "rank_lost" in kinds(browser), 20, "the rank_lost incident on the page")
+    poll_until(lambda: "redeploy" in kinds(browser), 30, "the redeploy on the page")
+    new = poll_until(lambda: (lambda d: d if d["deployment_id"] != dep["deployment_id"] else None)(
+        serving(live)), 90, "a new deployment serving")
+    poll_until(lambda: ranks_serving(browser, new["deployment_id"], 2), 20,
+               "the new deployment's ranks serving on the page")
+    poll_until(lambda: (cells(browser, "#deployments", new["deployment_id"]) or [""] * 6)[5]
+               == "serving", 15, "the new deployment serving on the page")
+    ks = kinds(browser)
+    # newest first: the redeploy is above the loss, the teardown of the old one between
+    assert ks.index("redeploy") < ks.index("rank_lost"), ks
+    text = browser.find_element("css selector", "#incidents").text
+    assert f"rank 1 (pid {pid})" in text, text
+    # the teardown after the failure, with its ladder path (the follower was gone already)
+    assert ks.index("teardown") < ks.index("rank_lost"), ks
+    assert "teardown shutdown" in text or "teardown sigterm" in text, text
+    shot(live, browser, "incident")
