@@ -29,6 +29,7 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_p
 
 from common.messages import Generate, PlanInsert
+from services.rank.grammar import RankGrammars
 
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]  # (tokens so far, logits)
@@ -108,6 +109,7 @@ class ProcessorContext(Protocol):
     is passed; a processor that needs more names it here)."""
 
     eos_ids: list[int]
+    grammars: RankGrammars | None  # the rank's llguidance matchers (services/rank/grammar.py)
 
 
 def make_logit_bias(bias: dict[int, float]) -> LogitsProcessor:
@@ -170,6 +172,10 @@ def logits_processors_for(ins: PlanInsert, ctx: ProcessorContext) -> list[Logits
     if ins.presence_penalty or ins.frequency_penalty:
         out.append(make_output_penalties(ins.presence_penalty, ins.frequency_penalty,
                                          len(ins.prompt)))
+    if ins.grammar:  # last: a disallowed token stays -inf whatever came before
+        if ctx is None or ctx.grammars is None:
+            raise ValueError("a grammar needs the rank's tokenizer (Engine grammars)")
+        out.append(ctx.grammars.processor(ins.grammar))
     return out
 
 
