@@ -26,7 +26,7 @@ from common.messages import CacheOp, PlanInsert, PlanRemove
 from common.rankspec import DEFAULT_PROMPT_CACHE_BYTES, RankSettings
 from services.rank.grammar import RankGrammars
 from services.rank.prefix_store import CacheDivergence, PromptStore
-from services.rank.sampling import make_sampler
+from services.rank.sampling import logits_processors_for, sampler_for
 
 
 class Divergence(Exception):
@@ -65,6 +65,7 @@ class Emitted:
     active: Active
     token: int | None  # None: the stop token itself, which is not emitted
     finish_reason: str | None
+    logprobs: mx.array | None = None  # this step's row (rank 0 reads it if asked)
 
 
 def generator_kwargs(settings: RankSettings) -> dict:
@@ -161,7 +162,8 @@ class Engine:
             uids = self.gen.insert(
                 prompts, caches=caches, all_tokens=done,
                 max_tokens=[i.max_tokens for i in inserts],
-                samplers=[make_sampler(i.temperature, i.top_p, i.seed) for i in inserts],
+                samplers=[sampler_for(i) for i in inserts],
+                logits_processors=[logits_processors_for(i, self) for i in inserts],
                 stop_sequences=[self._stops(i.stop_token_ids) for i in inserts],
             )
             expected = list(range(self.next_uid, self.next_uid + len(inserts)))
@@ -225,7 +227,7 @@ class Engine:
             keep = None if r.finish_reason == "stop" else token
             if keep is not None:
                 a.tokens.append(keep)
-            emitted.append(Emitted(a, keep, r.finish_reason))
+            emitted.append(Emitted(a, keep, r.finish_reason, r.logprobs))
             if r.finish_reason is not None:
                 del self.by_rid[a.request_id]
                 del self.by_uid[a.uid]

@@ -29,11 +29,13 @@ from common.records import Phase
 from services.rank import events as ev
 from services.rank.cache_clears import answers as clear_answers
 from services.rank.engine import Divergence, Emitted
+from services.rank.logprobs import chunk_fields, step_logprobs
 from services.rank.loop import RankLoop
 from services.rank.outbox import Command, PublishPlan, StreamChunk
 from services.rank.planwire import MAX_BATCH_BYTES, plan_size
 from services.rank.prefix_cache import WAIT, CachePlanner
 from services.rank.prefix_store import cache_bytes
+from services.rank.sampling import plan_fields, sampling_problem
 
 log = logging.getLogger("lockstep.rank.leader")
 MAX_SEED = (1 << 63) - 1
@@ -117,7 +119,7 @@ class Leader(RankLoop):
         ins = PlanInsert(
             request_id=g.request_id, prompt=g.prompt, max_tokens=max_tokens,
             temperature=g.temperature, top_p=g.top_p, seed=seed & MAX_SEED,
-            stop_token_ids=sorted(set(g.stop_token_ids)))
+            stop_token_ids=sorted(set(g.stop_token_ids)), **plan_fields(g))
         self.scheduled[g.request_id] = Req(ins, e.received_at)
         self.pending.append(g.request_id)
         self.publish_counts()
@@ -136,6 +138,9 @@ class Leader(RankLoop):
             return bad, "temperature must be a finite number >= 0"
         if not math.isfinite(g.top_p) or not 0 < g.top_p <= 1:
             return bad, "top_p must be in (0, 1]"
+        why = sampling_problem(g, v)
+        if why is not None:
+            return bad, why
         if self.context is not None and len(g.prompt) >= self.context:
             return ErrorCode.PROMPT_TOO_LONG, \
                 f"prompt of {len(g.prompt)} tokens does not fit the context ({self.context})"
@@ -267,6 +272,8 @@ class Leader(RankLoop):
     def emit(self, emitted: list[Emitted]) -> None:
         now = time.time()
         step = self.engine.step - 1
+        # One batched extraction per step, for the requests that asked (top_logprobs >= 0).
+        lps = step_logprobs(emitted, lambda rid: self.scheduled[rid].insert.top_logprobs)
         for e in emitted:
             rid = e.active.request_id
             req = self.scheduled[rid]
@@ -278,7 +285,7 @@ class Leader(RankLoop):
             self.out.append(StreamChunk(rid, toks, e.finish_reason, step, ttft,
                                         [now] * len(toks),
                                         cached_tokens=req.cached_tokens if ttft is not None
-                                        else 0))
+                                        else 0, **chunk_fields(lps.get(rid))))
             if e.finish_reason is not None:
                 del self.scheduled[rid]
 
