@@ -252,6 +252,15 @@ class CacheOpKind(str, enum.Enum):
 
 
 @dataclass
+class LoadProgress:
+    """A loading rank's progress (services/rank/load_progress.py): bytes this process
+    has read since loading began (capped at the total) of its model's *.safetensors."""
+
+    read_bytes: int = 0
+    total_bytes: int = 0
+
+
+@dataclass
 class CacheOp:
     kind: CacheOpKind
     entry_id: int = 0
@@ -403,6 +412,7 @@ class Telemetry:
     error: str | None = field(default=None, metadata=TEXT)
     rejects: dict[str, int] = field(default_factory=dict)  # "socket.reason" -> count
     cache: CacheStats | None = None  # the prompt-cache store (None: caching off)
+    load: LoadProgress | None = None  # while loading: bytes read of the weights' total
 
 
 @dataclass

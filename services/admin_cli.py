@@ -1,7 +1,7 @@
 """`lockstep admin COMMAND` — the supervisor's signed ZeroMQ admin socket from the shell.
 
     lockstep admin [--home DIR] [--endpoint EP] [--timeout S] [--json] COMMAND ...
-      ping | status | deployments | reap
+      ping | status | watch | deployments | reap
       deploy [--model PATH] [--tp N] [--pp N] [--hosts FILE] [--backend B] [--id ID]
              [--no-wait]
       stop ID [--force]
@@ -14,7 +14,8 @@
 The endpoint comes from `$LOCKSTEP_HOME/runtime/supervisor.json` unless given. Exit
 status: 0 ok, 1 the supervisor answered with an error (its code is printed), 2 usage,
 3 no answer (supervisor not running, or the deadline passed). `--json` prints the whole
-reply `{ok, code, message, data}`.
+reply `{ok, code, message, data}`. `watch` redraws `status` every second in place
+(services/admin_status.py) until Ctrl-C (exit 0).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from common.envelope import Key
 from common.home import Paths, read_supervisor_record
 from common.keys import KeyFileError, load_cluster_key
 from common.messages import ADMIN_OUT, AdminReply, AdminRequest, CacheStats
+from services import admin_status
 
 LONG_COMMANDS = {"deploy": 900.0, "stop": 120.0, "replan": 900.0, "abort_all": 120.0,
                  "cancel": 60.0, "reap": 120.0, "cache_clear": 620.0}
@@ -110,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     def add(name: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common])
 
-    for name in ("ping", "status", "deployments", "reap"):
+    for name in ("ping", "status", "watch", "deployments", "reap"):
         add(name)
     p = add("deploy")
     p.add_argument("--model", dest="model_path")
@@ -172,12 +175,10 @@ def build_request(ns: argparse.Namespace) -> tuple[str, dict[str, Any]]:
 
 
 def human(cmd: str, data: dict[str, Any]) -> str:
-    if cmd in ("status", "deployments"):
+    if cmd == "status":
+        return admin_status.render(data)
+    if cmd == "deployments":
         lines = []
-        if cmd == "status":
-            s = data["supervisor"]
-            lines.append(f"supervisor pid {s['pid']} up {s['uptime_s']:.0f}s home {s['home']} "
-                         f"cancel epoch {data['cancel_epoch']}")
         for d in map(read_deployment_info, data["deployments"]):
             lines.append(f"{d.deployment_id}  {d.state:<15} {d.model} tp={d.tp} "
                          f"pp={d.pp} backend={d.backend} job={d.job_id}"
@@ -188,9 +189,6 @@ def human(cmd: str, data: dict[str, Any]) -> str:
                              f"acked epoch {r.acked_epoch}" + _cache_text(r.cache))
         if not data["deployments"]:
             lines.append("no deployments")
-        if cmd == "status":
-            for rj in data.get("rejections") or []:
-                lines.append(f"rejected {rj['service']}/{rj['socket']} {rj['reason']}: {rj['count']}")
         return "\n".join(lines)
     if cmd == "stop":
         o = data["outcome"]
@@ -233,6 +231,34 @@ def _cache_text(c: CacheStats | None) -> str:
     return f"  cache {c.entries} entries {c.tokens} tokens {c.bytes / 2**20:.1f} MiB"
 
 
+def watch(client: AdminClient, timeout: float | None, period_s: float = 1.0) -> int:
+    """`status`, redrawn in place every `period_s` until Ctrl-C (exit 0)."""
+    prev = None
+    try:
+        while True:
+            t0 = time.monotonic()
+            try:
+                reply = client.call("status", timeout or 5.0)
+                if reply.ok:
+                    text = admin_status.render(reply.data, prev=prev)
+                    prev = admin_status.steps_of(reply.data)
+                else:
+                    text = f"error [{reply.code}]: {reply.message}"
+            except BusTimeout as exc:
+                text = f"lockstep admin watch: no answer: {exc}"
+            except DeploymentInfoError as exc:
+                text = f"lockstep admin watch: {exc}"
+            stamp = time.strftime("%H:%M:%S")
+            sys.stdout.write(f"{admin_status.CLEAR}lockstep admin watch  {stamp}  "
+                             f"(every {period_s:g}s, Ctrl-C to quit)\n\n{text}\n")
+            sys.stdout.flush()
+            time.sleep(max(0.0, period_s - (time.monotonic() - t0)))
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        client.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
     home = (ns.home or default_home()).expanduser()
@@ -242,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyFileError as exc:
         print(f"lockstep admin: {exc}", file=sys.stderr)
         return 2
+    if cmd == "watch":
+        return watch(client, ns.timeout)
     try:
         reply = client.call(cmd, ns.timeout, **args)
     except BusTimeout as exc:

@@ -57,6 +57,7 @@ from common.procs import ProcessIdentity, identify, is_alive, snapshot_children,
 from services.up_admin import AdminLink, DeploymentDown, UpError
 from services.up_console import UpConsole
 from services.up_preflight import busy_ports, supervisor_busy
+from services.up_progress import UpProgress
 
 
 @dataclass(frozen=True)
@@ -121,11 +122,13 @@ class Up:
         self.admin: AdminLink | None = None
         self.teardown_ok = True
         self.console = UpConsole(self.paths.logs / "up.log")
+        self.shown = UpProgress(self.console, self.console.is_tty())  # stages while starting
         me = identify(os.getpid())
         self.launcher = launcher_value(me) if me is not None else None
 
     def log(self, msg: str, *, err: bool = False) -> None:
         """Never raises: the terminal may be gone (see up_console)."""
+        self.shown.end()  # a stage's live line first gets its newline
         self.console.say(f"lockstep up: {msg}", err=err)
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
@@ -190,7 +193,7 @@ class Up:
     def run(self) -> int:
         s = self.s
         key = ensure_cluster_key(self.paths.cluster_key)
-        ensure_admin_token(self.paths.admin_token)
+        self.admin_token = ensure_admin_token(self.paths.admin_token)
         model = self.model_path()
         hosts, envs, backend = self.hosts()
         sup = self.spawn("supervisor", ["--admin-port", str(s.admin_port), "--events-port",
@@ -251,13 +254,17 @@ class Up:
         while not self.stop_flag.is_set():  # this deployment serving, not a stale /ready
             self.progress(dep_id)
             dep = self.admin.deployment(dep_id)
+            self.shown.update(dep)
             if dep is not None and dep.state == "serving":
                 break
             if time.monotonic() > deadline:
                 raise UpError(f"deployment {dep_id} not serving after {s.ready_timeout:.0f}s")
             self.stop_flag.wait(0.25)
-        wait_http_ready(url + "/ready", max(1.0, deadline - time.monotonic()), self.stop_flag,
-                        lambda: self.progress(dep_id))
+        try:
+            wait_http_ready(url + "/ready", max(1.0, deadline - time.monotonic()), self.stop_flag,
+                            lambda: self.progress(dep_id))
+        finally:
+            self.shown.end()
         if self.stop_flag.is_set():
             return None
         self.print_banner(url, model_id(model), dep_id)
@@ -272,7 +279,11 @@ class Up:
             f"  OpenAI base URL: {url}/v1    ready: {url}/ready    metrics: {url}/metrics\n"
             f"  admin token:     {self.paths.admin_token}\n\n"
             f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
-            f"       -d '{body}'\n\nPress Ctrl-C to stop.\n")
+            f"       -d '{body}'\n")
+        # The console's login link carries the token in its fragment (never sent to a
+        # server): to the terminal only, not to up.log.
+        self.console.redraw(f"  cluster console: {url}/admin/#token={self.admin_token}\n\n")
+        self.console.say("Press Ctrl-C to stop.\n")
 
     def shutdown(self) -> bool:
         """abort_all → verified teardown → stop services → prove every pid gone."""

@@ -28,6 +28,29 @@ class UpConsole:
         self._to_log(text)
         self._to_stream("stderr" if err else "stdout", text)
 
+    def log_only(self, text: str) -> None:
+        self._to_log(text)
+
+    def redraw(self, text: str) -> None:
+        """Raw text to stdout, no newline added, not logged (up_progress's live line)."""
+        if "stdout" in self.broken:
+            return
+        stream = sys.stdout
+        try:
+            if stream is None:
+                raise OSError("closed")
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):
+            self.broken.add("stdout")
+            self._silence("stdout", stream)
+
+    def is_tty(self) -> bool:
+        try:
+            return sys.stdout is not None and sys.stdout.isatty()
+        except (OSError, ValueError):
+            return False
+
     def _to_log(self, text: str) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
         lines = "".join(f"{stamp} {line}\n" for line in text.strip("\n").splitlines() or [""])

@@ -32,6 +32,7 @@ from common.home import Paths, marker_path, write_marker
 from common.messages import CacheStats, Telemetry
 from common.rankspec import RankSpec
 from common.records import Phase, RankMarker
+from services.rank import load_progress
 from services.rank.outbox import AbortAll, Command
 from services.rank.process_exit import (
     EXIT_FAILED,
@@ -184,6 +185,7 @@ class RankRuntime:
             pid=self.pid, phase=self.phase.value, step=self.step, active=self.active,
             cancel_epoch=self.cancel_epoch, mem_active=mem_active, mem_peak=mem_peak,
             at=self.clock(), error=self.error, rejects=self.rejects(), cache=self.cache,
+            load=load_progress.sample(self.phase.value, self.spec.model_path),
         )
 
     # -- hooks for the watchdogs (services.rank.watchdog_thread) -------------------------------------

@@ -256,6 +256,7 @@ class Supervisor:
             rs.last_seen, rs.telemetry_rx = now, time.monotonic()
             rs.rejects = dict(body.rejects)  # "socket.reason" -> count, for status/metrics
             rs.cache = body.cache  # the prefix cache's figures (None: off), for status/metrics
+            rs.load = body.load  # while loading: weights bytes read / total
             if body.error:
                 rs.error = body.error
         elif isinstance(body, CancelAck):

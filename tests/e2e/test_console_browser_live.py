@@ -49,6 +49,12 @@ def live(tmp_path_factory):
             return httpx.get(url + "/ready", timeout=5).status_code == 200
         poll_until(ready, READY_S, "lockstep up to be ready", interval=0.05)
         st["token"] = (home / "admin.token").read_text().strip()
+        # the login link `lockstep up` prints (to the terminal only, not to up.log)
+        st["link"] = poll_until(lambda: next((ln.split(": ", 1)[1] for ln in
+                                              st["out"].read_text().splitlines()
+                                              if "cluster console: " in ln), None), 10,
+                                "the console's login link")
+        assert st["token"] not in (home / "runtime" / "logs" / "up.log").read_text()
         st["hdr"] = {"authorization": f"Bearer {st['token']}"}
         st["dep"] = serving(st)
         yield st
@@ -133,7 +139,8 @@ def test_wrong_token_shows_login(live, browser):
 @pytest.mark.timeout(60)
 def test_login_from_fragment_shows_serving(live, browser):
     dep = live["dep"]
-    browser.get(live["url"] + "/admin/#token=" + live["token"])
+    assert live["link"] == live["url"] + "/admin/#token=" + live["token"]
+    browser.get(live["link"])
     poll_until(lambda: (cells(browser, "#deployments", dep["deployment_id"]) or [""] * 6)[5]
                == "serving", 15, "the deployment serving on the page")
     poll_until(lambda: ranks_serving(browser, dep["deployment_id"], 2), 15,

@@ -1,0 +1,168 @@
+"""`lockstep admin status` in human form, and `lockstep admin watch` (the same, redrawn
+every second in place): pure rendering of the supervisor's `status` reply.
+
+Per deployment: state, model, shape, uptime, and its prefix cache (rank 0 decides hits);
+per rank: host, pid, phase, step, steps/s (watch only: the step's rate between two
+replies; in lockstep every rank takes the same steps, each step one token for every
+request decoding), active, memory, telemetry age, cancel epoch seen/acked, load progress
+while loading; then the rejected-message counters and the last incidents from the
+supervisor's journal (`status.events`: state changes with their teardown outcome,
+incidents, reaps), newest first — the same reading as the console's page.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from common.deployment_info import DeploymentInfo, RankInfo, read_deployment_info
+
+CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
+INCIDENTS = 8
+FIRST_EVENT = "loading"  # a deployment is born launching: its first state event is loading
+TORN_DOWN = ("failed", "teardown_failed", "stopped")
+
+
+@dataclass(frozen=True)
+class Incident:
+    at: float
+    kind: str
+    deployment_id: str
+    what: str
+    detail: str = ""
+
+
+def _ladder(outcome: Any) -> str:
+    if not isinstance(outcome, dict):
+        return ""
+    path = " -> ".join(outcome.get("path") or []) or "none alive"
+    proven = "NOT proven" if outcome.get("proven") is False else "proven"
+    return f"teardown {path} ({proven})"
+
+
+def _incident(e: dict) -> Incident | None:
+    topic, name, data = e.get("topic"), e.get("name"), e.get("data") or {}
+    at, dep, reason = float(e.get("at") or 0.0), str(e.get("deployment_id") or ""), str(e.get("reason") or "")
+    if topic == "incident":
+        return Incident(at, str(name), dep, reason, _ladder(data.get("outcome")))
+    if topic == "deployment" and name == "teardown":
+        return Incident(at, "teardown", dep, reason, _ladder(data.get("outcome")))
+    if topic == "deployment" and name == "state":
+        state = e.get("state")
+        if state in TORN_DOWN:
+            return Incident(at, str(state), dep, reason, _ladder(data.get("teardown")))
+        if state == FIRST_EVENT:
+            return Incident(at, "deploy", dep, f"launched: {reason}")
+        if state == "serving":
+            return Incident(at, "serving", dep, reason)
+        return None
+    if topic == "reap":
+        if name == "pass" and not (data.get("reaped") or e.get("state") == "blocked"):
+            return None  # a pass that found nothing: not an incident
+        detail = ""
+        if name == "reaped":
+            detail = (f"job {data.get('job_id')}, {data.get('ranks')} rank(s), "
+                      + (" -> ".join(data.get("path") or []) or "none alive"))
+        return Incident(at, f"reap {name}", dep, reason, detail)
+    return None
+
+
+def incidents(events: list[dict]) -> list[Incident]:
+    """The journal's incidents, newest first; a deploy after a loss is a redeploy."""
+    out: list[Incident] = []
+    lost = False
+    for e in events:
+        if not isinstance(e, dict) or (inc := _incident(e)) is None:
+            continue
+        if inc.kind in ("failed", "rank_lost"):
+            lost = True
+        elif inc.kind == "deploy" and lost:
+            inc, lost = Incident(inc.at, "redeploy", inc.deployment_id, inc.what), False
+        out.append(inc)
+    return out[::-1]
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def age(s: float | None) -> str:
+    if s is None or s < 0:
+        return "-"
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+
+
+def cache_text(d: DeploymentInfo) -> str:
+    c = next((r.cache for r in d.ranks if r.rank == 0), None)
+    if c is None:
+        return "prefix cache off (or no telemetry yet)"
+    looked = c.hits + c.misses
+    rate = f"{100 * c.hits / looked:.0f}%" if looked else "-"
+    return (f"prefix cache {c.entries} entries, {c.tokens} tokens, {mib(c.bytes)}; "
+            f"hits {c.hits}/{looked} ({rate}), {c.hit_tokens} prompt tokens served, "
+            f"{c.evicted} evicted")
+
+
+def _rate(r: RankInfo, dep_id: str, prev: dict[tuple, tuple[int, float]] | None) -> str:
+    if prev is None:
+        return "-"
+    p = prev.get((dep_id, r.rank, r.pid))
+    if p is None or r.last_seen <= p[1]:
+        return "-"
+    return f"{(r.step - p[0]) / (r.last_seen - p[1]):.1f}"
+
+
+def steps_of(data: dict) -> dict[tuple, tuple[int, float]]:
+    """(deployment, rank, pid) -> (step, last_seen): the next render's rate baseline."""
+    out = {}
+    for raw in data.get("deployments") or []:
+        d = read_deployment_info(raw)
+        for r in d.ranks:
+            out[(d.deployment_id, r.rank, r.pid)] = (r.step, r.last_seen)
+    return out
+
+
+def render(data: dict, *, now: float | None = None,
+           prev: dict[tuple, tuple[int, float]] | None = None) -> str:
+    """The status reply as text. `prev` (watch): the last reply's steps_of, for steps/s."""
+    now = time.time() if now is None else now
+    s = data["supervisor"]
+    lines = [f"supervisor pid {s['pid']} up {age(s['uptime_s'])} home {s['home']} "
+             f"cancel epoch {data['cancel_epoch']}"]
+    events = [e for e in data.get("events") or [] if isinstance(e, dict)]
+    for d in map(read_deployment_info, data["deployments"]):
+        serving = [e.get("at") for e in events if e.get("deployment_id") == d.deployment_id
+                   and e.get("name") == "state" and e.get("state") == "serving"]
+        up = f" up {age(now - serving[-1])}" if d.state == "serving" and serving else ""
+        lines.append(f"{d.deployment_id}  {d.state}{up}  {d.model} tp={d.tp} pp={d.pp} "
+                     f"backend={d.backend} job={d.job_id}" + (f"  error: {d.error}" if d.error else ""))
+        lines.append(f"  {cache_text(d)}")
+        lines.append(f"  {'rank':>4} {'host':<16} {'pid':>7} {'phase':<13} {'step':>7} "
+                     f"{'steps/s':>7} {'active':>6} {'memory':>10} {'seen':>6}  epoch seen/acked")
+        for r in d.ranks:
+            seen = age(now - r.last_seen) if r.last_seen else "-"
+            host = r.host + ("*" if r.remote else "")
+            load = ""
+            if r.load is not None and r.load.total_bytes:
+                load = (f"  load {100 * min(r.load.read_bytes, r.load.total_bytes) // r.load.total_bytes}%"
+                        f" of {mib(r.load.total_bytes)}")
+            lines.append(f"  {r.rank:>4} {host:<16} {r.pid:>7} {r.phase:<13} {r.step:>7} "
+                         f"{_rate(r, d.deployment_id, prev):>7} {r.active:>6} "
+                         f"{mib(r.mem_active):>10} {seen:>6}  {r.cancel_epoch}/{r.acked_epoch}{load}")
+    if not data["deployments"]:
+        lines.append("no deployments")
+    for rj in data.get("rejections") or []:
+        lines.append(f"rejected {rj['service']}/{rj['socket']} {rj['reason']}: {rj['count']}")
+    last = incidents(events)[:INCIDENTS]
+    if last:
+        lines.append("last incidents (newest first):")
+        for inc in last:
+            stamp = time.strftime("%H:%M:%S", time.localtime(inc.at))
+            lines.append(f"  {stamp} {inc.kind:<15} {inc.deployment_id or '-'}  {inc.what}"
+                         + (f"  [{inc.detail}]" if inc.detail else ""))
+    return "\n".join(lines)
