@@ -227,3 +227,25 @@ def test_follower_sigkill_shows_incident_and_redeploy(live, browser):
     assert ks.index("teardown") < ks.index("rank_lost"), ks
     assert "teardown shutdown" in text or "teardown sigterm" in text, text
     shot(live, browser, "incident")
+
+
+@pytest.mark.timeout(60)
+def test_admin_watch_redraws_and_exits_0_on_ctrl_c(live):
+    """`lockstep admin watch` against the same cluster: redrawn in place (a screen clear
+    per refresh), the last incidents shown, Ctrl-C (SIGINT) exits 0."""
+    out = live["home"] / "watch.out"
+    with open(out, "wb") as f:
+        p = subprocess.Popen([*up_argv(live["home"], 0)[:3], "admin", "--home", str(live["home"]),
+                              "watch"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            poll_until(lambda: out.read_bytes().count(b"\x1b[H\x1b[2J") >= 2, 20, "two redraws")
+            p.send_signal(signal.SIGINT)
+            assert p.wait(10) == 0
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    last = out.read_text().split("\x1b[H\x1b[2J")[-1]
+    assert "last incidents (newest first):" in last and "rank_lost" in last, last
+    assert "redeploy" in last and "steps/s" in last, last
+    assert serving(live)["deployment_id"] + "  serving up " in last, last
