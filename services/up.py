@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -51,8 +51,7 @@ from common.config import (
 from common.home import Paths
 from common.keys import KeyFileError, ensure_cluster_key
 from common.launcher_watch import LAUNCHER_ENV, launcher_value
-from common.model_ref import ModelNotFound, model_id
-from common.model_ref import resolve as resolve_model
+from common.model_ref import model_id
 from common.procs import ProcessIdentity, identify, is_alive, snapshot_children, terminate_ladder
 from services.up_admin import AdminLink, DeploymentDown, UpError
 from services.up_console import UpConsole
@@ -125,6 +124,7 @@ class Up:
         self.shown = UpProgress(self.console, self.console.is_tty())  # stages while starting
         me = identify(os.getpid())
         self.launcher = launcher_value(me) if me is not None else None
+        self.topology_given = True  # main() says if --tp/--pp or LOCKSTEP_TP/PP was set
 
     def log(self, msg: str, *, err: bool = False) -> None:
         """Never raises: the terminal may be gone (see up_console)."""
@@ -153,17 +153,12 @@ class Up:
                 raise UpError(f"{name} exited with status {p.returncode}; its log ends:\n{tail}")
 
     def model_path(self) -> str:
-        if self.s.model:  # a directory, or a Hugging Face repo id in the local cache
-            try:
-                return str(resolve_model(self.s.model))
-            except ModelNotFound as exc:
-                raise UpError(f"--model {exc}") from None
-        from common.tinymodel import build_model, is_complete
+        from services.up_model import model_dir
 
-        target = self.paths.models / "tiny"
-        if not is_complete(target):
-            self.log(f"building the embedded model into {target} (once)")
-        return str(build_model(target, preset="tiny"))
+        path, topology = model_dir(self.paths.models, self.s.model, self.log)
+        if topology is not None and not self.topology_given:  # e.g. SmolLM2: PP=2
+            self.s = replace(self.s, tp=topology[0], pp=topology[1])
+        return path
 
     def hosts(self) -> tuple[list[dict] | None, list[str], str]:
         backend = self.s.backend
@@ -339,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         up = Up(s)
+        up.topology_given = any(args.get(k) is not None for k in ("tp", "pp")) or any(
+            os.environ.get(f"LOCKSTEP_{k}") for k in ("TP", "PP"))
         up.preflight()  # nothing started yet: nothing to stop if it fails
     except OSError as exc:
         print(f"lockstep up: cannot use home {s.home}: {exc}", file=sys.stderr)

@@ -62,7 +62,9 @@ def up_argv(home: Path, port: int, *extra: str) -> list[str]:
     """`lockstep up` serving HTTP on `port`, its internal sockets on free ports."""
     return [sys.executable, "-m", "services.cli", "up", "--home", str(home), "--port", str(port),
             "--admin-port", "0", "--events-port", "0", "--control-port", "0",
-            "--report-port", "0", "--reaper-events-port", "0", *extra]
+            "--report-port", "0", "--reaper-events-port", "0",
+            # the random preset unless a test names a model: the default (SmolLM2) is slow
+            *([] if "--model" in extra else ["--model", "tiny"]), *extra]
 
 
 def interrupt(proc: subprocess.Popen, timeout: float) -> None:
