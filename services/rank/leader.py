@@ -119,7 +119,7 @@ class Leader(RankLoop):
         ins = PlanInsert(
             request_id=g.request_id, prompt=g.prompt, max_tokens=max_tokens,
             temperature=g.temperature, top_p=g.top_p, seed=seed & MAX_SEED,
-            stop_token_ids=sorted(set(g.stop_token_ids)), **plan_fields(g))
+            stop_token_ids=sorted(set(g.stop_token_ids)), grammar=g.grammar, **plan_fields(g))
         self.scheduled[g.request_id] = Req(ins, e.received_at)
         self.pending.append(g.request_id)
         self.publish_counts()
@@ -144,9 +144,14 @@ class Leader(RankLoop):
         if self.context is not None and len(g.prompt) >= self.context:
             return ErrorCode.PROMPT_TOO_LONG, \
                 f"prompt of {len(g.prompt)} tokens does not fit the context ({self.context})"
-        if plan_size(Plan(0, 0, True, [PlanInsert(g.request_id, g.prompt, 1, 0, 1, 0)])) \
-                > MAX_BATCH_BYTES:
+        if plan_size(Plan(0, 0, True, [PlanInsert(g.request_id, g.prompt, 1, 0, 1, 0,
+                                                  grammar=g.grammar)])) > MAX_BATCH_BYTES:
             return ErrorCode.PROMPT_TOO_LONG, "prompt too long"
+        if g.grammar:  # compiled here first: every rank compiles the same text alike
+            why = "this rank has no tokenizer" if self.engine.grammars is None \
+                else self.engine.grammars.check(g.grammar)
+            if why is not None:
+                return bad, f"grammar: {why}"
         return None
 
     def on_abort(self, rid: str, reason: str) -> None:
