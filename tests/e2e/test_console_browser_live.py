@@ -249,3 +249,62 @@ def test_admin_watch_redraws_and_exits_0_on_ctrl_c(live):
     assert "last incidents (newest first):" in last and "rank_lost" in last, last
     assert "redeploy" in last and "steps/s" in last, last
     assert serving(live)["deployment_id"] + "  serving up " in last, last
+
+
+# 8 deployments of 2 ranks and 64 requests in flight, served to the page by a stub of
+# fetch injected before its script runs (the page itself is the real one).
+SCALE_STUB = r"""
+(() => {
+  const deps = [], reqs = [], t0 = Date.now() / 1000;
+  for (let d = 0; d < 8; d++) {
+    const id = "dep-" + d;
+    deps.push({deployment_id: id, job_id: "j-" + d, state: "serving", model: "m" + d,
+      model_path: "/m", tp: 2, pp: 1, backend: "ring", world_size: 2, requests_endpoint: "",
+      requests_key_sealed: "", canary_at: t0, error: null, teardown: null,
+      ranks: [0, 1].map((r) => ({rank: r, host: "h" + r, remote: false, pid: 1000 + 2 * d + r,
+        phase: "serving", step: 10, active: 8, cancel_epoch: 0, acked_epoch: 0,
+        mem_active: 1 << 30, last_seen: t0, rejects: {}, cache: null, load: null}))});
+    for (let q = 0; q < 8; q++) reqs.push({request_id: "r-" + d + "-" + q, deployment_id: id,
+      model: "m" + d, age_s: q, prompt_tokens: 10, cached_tokens: 0, generated_tokens: q,
+      model_ttft_ms: 5, visible_ttft_ms: 6, finished: false, aborting: false, abort_reason: null});
+  }
+  let n = 0;
+  window.fetch = async (path) => {
+    n++;
+    const now = Date.now() / 1000;
+    const body = path.endsWith("/status")
+      ? {deployments: deps.map((d) => Object.assign({}, d, {ranks: d.ranks.map((r) =>
+          Object.assign({}, r, {step: 10 + n, last_seen: now}))})),
+         cancel_epoch: 0, rejections: [], events: []}
+      : {at: now, requests: reqs.map((q) => Object.assign({}, q, {generated_tokens: q.generated_tokens + n})),
+         deployments: Object.fromEntries(deps.map((d) => [d.deployment_id,
+           {active: 8, tokens_out: 100 * n, lost: null, overloads: {}}]))};
+    return {ok: true, status: 200, json: async () => body};
+  };
+})();
+"""
+
+
+@pytest.mark.timeout(60)
+def test_page_stays_usable_with_8_deployments_and_64_requests(live, browser):
+    sid = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
+                                  {"source": SCALE_STUB})["identifier"]
+    try:
+        browser.get("about:blank")  # a new document (the same URL but its fragment is not)
+        browser.get(live["url"] + "/admin/#token=stub")
+        count = "return document.querySelectorAll(arguments[0] + ' tbody tr').length"
+        poll_until(lambda: browser.execute_script(count, "#requests") == 64, 15, "64 request rows")
+        assert browser.execute_script(count, "#deployments") == 8
+        assert browser.execute_script(count, "#ranks") == 16
+        # keyed rows: the same button element across polls (a click never lands on a
+        # replaced row), its counters updated in place
+        browser.execute_script("window.__b = document.querySelector("
+                               "'#requests tr[data-rid=\"r-7-7\"] button.abort')")
+        before = cells(browser, "#requests", "r-7-7")[6]
+        poll_until(lambda: cells(browser, "#requests", "r-7-7")[6] != before, 5, "a later poll")
+        assert browser.execute_script("return window.__b === document.querySelector("
+                                      "'#requests tr[data-rid=\"r-7-7\"] button.abort') "
+                                      "&& document.contains(window.__b)")
+        shot(live, browser, "scale")
+    finally:
+        browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": sid})
