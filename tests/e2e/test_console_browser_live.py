@@ -123,6 +123,10 @@ def test_page_is_static_and_strict(live):
     assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
     assert httpx.get(live["url"] + "/admin/secret.txt", timeout=10).status_code == 404
     assert httpx.get(live["url"] + "/admin/api/requests", timeout=10).status_code == 401
+    abort = live["url"] + "/admin/api/requests/nope/abort"
+    assert httpx.post(abort, timeout=10).status_code == 401
+    r = httpx.post(abort, headers=live["hdr"], timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
 
 
 @pytest.mark.timeout(60)
