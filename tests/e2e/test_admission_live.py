@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.bus import Channel, configure
 from common.keys import load_cluster_key, requests_key_of
-from common.messages import REQUESTS_OUT, Abort, ErrorCode, Generate, Tokens
+from common.messages import REQUESTS_OUT, Abort, ErrorCode, Generate, Tokens, TokensBatch
 from tests.gwutil import free_port, poll_until, sse_lines
 from tests.support.processes import interrupt, up_argv
 from tests.support.requests import supervisor_record
@@ -80,8 +80,11 @@ class SecondGateway:
         def step():
             while self.sock.poll(50):
                 msg = self.ch.unpack(self.sock.recv())
-                if msg is not None and isinstance(msg.body, Tokens):
-                    self.got.setdefault(msg.body.request_id, []).append(msg.body)
+                body = None if msg is None else msg.body
+                chunks = body.chunks if isinstance(body, TokensBatch) else \
+                    [body] if isinstance(body, Tokens) else []
+                for c in chunks:
+                    self.got.setdefault(c.request_id, []).append(c)
             return pred()
         return poll_until(step, timeout, what, interval=0.01)
 
@@ -135,7 +138,7 @@ def test_both_bounds_from_the_environment_end_to_end(live):
         poll_until(lambda: streams[0].tokens >= 2, 30, "the first stream's tokens")
         # ... so rank 0 refuses the next one (in-band, typed) and the gateway answers 429.
         r = post(live)
-        assert r.status_code == 429, r.text
+        assert r.status_code == 429, (r.text, {k: [(c.finish_reason, len(c.tokens), c.error) for c in v][-2:] for k, v in g2.got.items()})
         assert r.headers["retry-after"] == "3"
         assert (r.json()["error"]["code"], r.json()["error"]["data"]["bound"]) == ("overloaded", "rank")
         extra = g2.generate(4)
@@ -150,7 +153,7 @@ def test_both_bounds_from_the_environment_end_to_end(live):
         streams[1].start()
         poll_until(lambda: streams[1].tokens >= 2, 30, "the second stream's tokens")
         r = post(live, stream=True)
-        assert r.status_code == 429, r.text
+        assert r.status_code == 429, (r.text, {k: [(c.finish_reason, len(c.tokens), c.error) for c in v][-2:] for k, v in g2.got.items()})
         assert (r.json()["error"]["data"], r.headers["retry-after"]) == (
             {"bound": "gateway", "limit": GATEWAY_BOUND}, "3")
         assert overloads(live) == {"gateway": 1.0, "rank": 1.0}
