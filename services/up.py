@@ -6,8 +6,9 @@
 
 Starts `lockstep supervisor`, `lockstep reaper` and `lockstep gateway` as separate
 processes (each in its own session, logs in $LOCKSTEP_HOME/runtime/logs/), writes the
-cluster key and the admin token (0600) on first run, builds the embedded model once
-(no --model), deploys it (TP=2 by default), waits for /ready and prints the URL with a
+cluster key and the admin token (0600) on first run, builds the default model once (no
+--model: SmolLM2-135M-Instruct, served PP=2; services/up_model.py), deploys it (TP=2 by
+default for any other model), waits for /ready and prints the URL with a
 curl to paste. If the deployment fails on its own (a rank died, a peer was lost) it is
 torn down with proof and redeployed, up to --restarts times (default 3).
 Ctrl-C / SIGTERM / SIGHUP (a closed terminal): abort_all, verified teardown of every
