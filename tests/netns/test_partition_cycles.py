@@ -36,7 +36,7 @@ from tests.support.processes import lockstep_env, process_gone, up_argv
 pytestmark = pytest.mark.netns
 
 A, B = 0, 1
-CYCLES = 3
+CYCLES = 2
 SOAK_CYCLES = 10
 CUT_S = 8.0  # the fault's length, as in the issue
 GRACE_S = 2.0  # peer_abort_grace: rank 0's verdict comes well inside the cut
