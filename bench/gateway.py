@@ -46,6 +46,7 @@ from pathlib import Path
 import httpx
 
 from bench import RESULTS, write_result
+from bench import cpu_breakdown as cb
 from bench import servers as sv
 from bench.chat_client import Reply, run_concurrent, summarize
 from bench.workload import chat_prompt_tokens, load_tokenizer, log_uniform_lengths, prose
@@ -145,9 +146,12 @@ def inproc_main(spec_path: str) -> dict:
 
     run(spec["warm"], 2, "warm")
     out = {}
+    me = os.getpid()
     for key, prompts in spec["measure"].items():
+        cpu0 = cb.snapshot(lambda: {"inproc": me})
         replies, secs = run(prompts, int(key.split("/c")[1]), key.replace("/", "-"))
-        out[key] = summarize(replies, secs)
+        cpu1 = cb.snapshot(lambda: {"inproc": me})
+        out[key] = with_cpu(summarize(replies, secs), cpu0, cpu1)
     out["env"] = {k: os.environ.get(k) for k in sv.ENV_KEYS}
     return out
 
@@ -166,32 +170,48 @@ def inproc(model: Path, work: Path, spec: dict) -> dict:
 # --- HTTP systems ------------------------------------------------------------------------
 
 
-def _lockstep_counters(srv: sv.Server) -> tuple[float, float, float]:
-    """(token latency sum, count) from rank 0's /metrics, gateway CPU seconds."""
-    import psutil
-
+def _rank_token_latency(srv: sv.Server) -> tuple[float, float]:
+    """(token latency sum, count) from rank 0's /metrics."""
     tot = cnt = 0.0
     for line in httpx.get(srv.url + "/metrics", timeout=10).text.splitlines():
         if line.startswith("lockstep_token_latency_seconds_sum"):
             tot += float(line.split()[-1])
         elif line.startswith("lockstep_token_latency_seconds_count"):
             cnt += float(line.split()[-1])
-    cpu = sum(psutil.Process(srv.gateway_pid).cpu_times()[:2]) if srv.gateway_pid else 0.0
-    return tot, cnt, cpu
+    return tot, cnt
+
+
+def with_cpu(row: dict, before: cb.Snapshot, after: cb.Snapshot) -> dict:
+    """`row` (a summarize() result) with its CPU and wall time per completion token."""
+    toks = row["completion_tokens"]
+    row["cpu_us_per_token"] = cb.breakdown(before, after, toks)
+    row["wall_ms_per_token"] = round(row["seconds"] / toks * 1000, 3) if toks else None
+    row["cpus"] = cb.cpus()
+    return row
 
 
 def measure(srv: sv.Server, convs: list[list[dict]], max_tokens: int, conc: int) -> dict:
+    """One measurement; the CPU snapshots sit inside the /metrics reads so that those
+    reads are not charged to the tokens."""
     lock = srv.name.startswith("lockstep")
-    before = _lockstep_counters(srv) if lock else None
+    me = os.getpid()
+
+    def find() -> dict[str, int]:
+        return {**srv.processes(), "bench_client": me}
+
+    before = _rank_token_latency(srv) if lock else None
+    cpu0 = cb.snapshot(find)
     replies, secs = asyncio.run(run_concurrent(srv.url, srv.model, convs, max_tokens, conc))
-    out = summarize(replies, secs)
+    cpu1 = cb.snapshot(find)
+    out = with_cpu(summarize(replies, secs), cpu0, cpu1)
     if lock:
-        s1, c1, cpu1 = _lockstep_counters(srv)
-        s0, c0, cpu0 = before
+        s1, c1 = _rank_token_latency(srv)
+        s0, c0 = before
         if c1 > c0:
             out["rank_token_interval_ms"] = round((s1 - s0) / (c1 - c0) * 1000, 3)
-        if srv.gateway_pid and out["completion_tokens"]:
-            out["gateway_cpu_us_per_token"] = round((cpu1 - cpu0) / out["completion_tokens"] * 1e6, 1)
+        gw = out["cpu_us_per_token"]["processes"].get("gateway")
+        if gw is not None:
+            out["gateway_cpu_us_per_token"] = gw["total"]
     return out
 
 
@@ -272,6 +292,32 @@ KEYS = ("tok_s", "ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p99_ms", "comp
         "lockstep_model_ttft_p50_ms", "rank_token_interval_ms", "gateway_cpu_us_per_token")
 
 
+def _median_tree(trees: list):
+    """Leaf-wise median of same-shaped dicts of numbers; null where any trial was null
+    (the raw trials say why)."""
+    if any(t is None for t in trees):
+        return None
+    if isinstance(trees[0], dict):
+        return {k: _median_tree([t.get(k) for t in trees]) for k in trees[0]}
+    return round(statistics.median(trees), 1)
+
+
+def breakdown_summary(rows: list[dict]) -> dict:
+    """Per system and concurrency: wall ms and per-process CPU µs per completion token,
+    medians over trials (bench/cpu_breakdown.compact)."""
+    rows = [r for r in rows if "cpu_us_per_token" in r]
+    if not rows:
+        return {}
+    wall = [r["wall_ms_per_token"] for r in rows if r.get("wall_ms_per_token") is not None]
+    cpu = [cb.compact(r["cpu_us_per_token"]) for r in rows]
+    # Same roles in every trial, or the median would mix processes: keep the common ones.
+    common = set.intersection(*(set(c) for c in cpu))
+    return {"wall_ms_per_token": round(statistics.median(wall), 3) if wall else None,
+            "cpus": rows[0]["cpus"],
+            "cpu_us_per_token": {k: _median_tree([c[k] for c in cpu])
+                                 for k in cpu[0] if k in common}}
+
+
 def summarize_rows(rows: dict[str, dict[int, list[dict]]], concs: tuple[int, ...]) -> dict:
     out = {}
     for c in concs:
@@ -287,6 +333,8 @@ def summarize_rows(rows: dict[str, dict[int, list[dict]]], concs: tuple[int, ...
                     s[f"tok_s_{name}_vs_inproc"] = _ratio(tok[name], tok.get("inproc"))
         if "lockstep_tp2" in s and "lockstep_tp1" in s:
             s["tok_s_tp2_vs_tp1"] = _ratio(tok["lockstep_tp2"], tok["lockstep_tp1"])
+        s["breakdown"] = {name: breakdown_summary(by_c.get(c, [])) for name, by_c in rows.items()
+                          if by_c.get(c)}
         out[f"concurrency_{c}"] = s
     return out
 

@@ -30,6 +30,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from bench.cpu_breakdown import tree_roles
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV_KEYS = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MLX_MAX_OPS_PER_BUFFER",
             "MLX_MAX_MB_PER_BUFFER", "LOCKSTEP_OPENBLAS", "LOCKSTEP_OPENBLAS_LIB")
@@ -82,8 +84,6 @@ def process_evidence(pid: int) -> dict:
     return out
 
 
-
-
 @dataclass
 class Server:
     name: str  # e.g. lockstep-tp1-cache-off, mlx_lm-cache-on
@@ -93,8 +93,12 @@ class Server:
     log: Path
     settings: dict = field(default_factory=dict)  # exactly how it was started
     evidence: list[dict] = field(default_factory=list)  # process_evidence of its model processes
-    gateway_pid: int | None = None
     exit_code: int | None = None
+
+    def processes(self) -> dict[str, int]:
+        """role -> pid of every process serving it now (roles: bench/cpu_breakdown.py)."""
+        root = None if self.name.startswith("lockstep") else "mlx_lm_server"
+        return tree_roles(self.proc.pid, root)
 
     def record(self) -> dict:
         return {"name": self.name, "settings": self.settings, "processes": self.evidence,
@@ -174,8 +178,6 @@ def lockstep(model: Path, work: Path, tp: int, cache: bool, timeout: float = 900
                               f"{[' '.join(p.cmdline()[:4]) for p in ranks]}")
         srv.evidence = [process_evidence(p.pid) for p in ranks]
         check_blas(srv)
-        gws = [p.pid for p in kids if "services.gateway" in " ".join(p.cmdline())]
-        srv.gateway_pid = gws[0] if gws else None
     except BaseException:
         stop(srv)
         raise
