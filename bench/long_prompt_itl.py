@@ -5,9 +5,7 @@ them, OpenBLAS preloaded the same way), bench preset, one rank: 4 streams decode
 a 3000-token prompt arrives and prefills while they run. ITL of the running streams
 from rank 0's own per-token wall clock (`Tokens.token_times`): their median before the
 long prompt arrives, and p99 / max / median while it prefills (from its arrival to its
-first token). Rows: `prefill_step_decoding` (the prompt chunk the plan sets while
-streams decode) 32 (the default), 128, and 512 (= prefill_step: one chunk size
-throughout, as before). Target: p99 during the prefill <= 3x the median before.
+first token). Rows: see ROWS. Target: p99 during the prefill <= 3x the median before.
 
     python -m bench.long_prompt_itl [--preset bench] [--out DIR]
 """
@@ -25,7 +23,12 @@ from bench import write_result
 STREAMS = 4
 LONG = 3000
 DECODE_TOKENS = 200
-CHUNKS = (32, 128, 512)
+# Rows: the default (rank 0 sizes the chunk so a step stays within 3x a decode-only
+# step), then fixed chunks while streams decode (prefill_stall_ratio 0): 128 (the old
+# default) and 512 (= prefill_step: one chunk size throughout, as mlx_lm.server runs).
+ROWS = ({"prefill_stall_ratio": 3.0},
+        {"prefill_stall_ratio": 0.0, "prefill_step_decoding": 128},
+        {"prefill_stall_ratio": 0.0, "prefill_step_decoding": 512})
 
 
 def _ids(seed: int, n: int) -> list[int]:
@@ -36,11 +39,10 @@ def _ids(seed: int, n: int) -> list[int]:
     return out
 
 
-def measure(preset: str, decoding_chunk: int) -> dict:
+def measure(preset: str, row: dict) -> dict:
     from tests.e2e.rank_harness import Deployment
 
-    settings = {"prefill_step": 512, "prefill_step_decoding": decoding_chunk,
-                "prompt_cache_entries": 0}
+    settings = {"prefill_step": 512, "prompt_cache_entries": 0, **row}
     with tempfile.TemporaryDirectory() as td, \
             Deployment(Path(td), preset=preset, settings=settings) as d:
         d.generate(_ids(99, 64), max_tokens=4, timeout=300)  # warm-up
@@ -64,7 +66,7 @@ def measure(preset: str, decoding_chunk: int) -> dict:
     median = statistics.median(gaps_before)
     p99 = gaps_during[min(len(gaps_during) - 1, int(0.99 * len(gaps_during)))] \
         if gaps_during else None
-    return {"prefill_step": 512, "prefill_step_decoding": decoding_chunk,
+    return {"prefill_step": 512, **row,
             "itl_median_before_ms": round(median, 2),
             "itl_median_during_prefill_ms": round(statistics.median(gaps_during), 2)
             if gaps_during else None,
@@ -75,7 +77,7 @@ def measure(preset: str, decoding_chunk: int) -> dict:
 
 
 def run(out_dir=None, preset: str = "bench") -> dict:
-    rows = [measure(preset, chunk) for chunk in CHUNKS]
+    rows = [measure(preset, row) for row in ROWS]
     result = {"bench": "long_prompt_itl", "preset": preset, "streams": STREAMS,
               "long_prompt_tokens": LONG, "rows": rows,
               "target": "itl p99 of running streams while a 3000-token prompt prefills "

@@ -17,6 +17,7 @@ from common.config import (
     Count,
     PositiveSeconds,
     Seconds,
+    StallRatio,
     check,
     env_name,
     load_settings,
@@ -57,9 +58,12 @@ class RankSettings:
     max_open_requests: Count = 0
     prefill_batch: AtLeastOne = 8
     prefill_step: AtLeastOne = 512  # prompt tokens per chunk while no stream is decoding
-    # ... and while streams are decoding: every step runs one chunk and one decode, so a
-    # long prompt arriving costs running streams at most this much per token.
-    prefill_step_decoding: AtLeastOne = 128
+    # While streams decode, every step runs one decode and one prompt chunk, sized by
+    # rank 0 so the step takes at most this many times a decode-only step (more while
+    # more prompts wait than streams run: services/rank/prefill_policy.py); 0 = off, a
+    # fixed chunk of prefill_step_decoding tokens.
+    prefill_stall_ratio: StallRatio = 3.0
+    prefill_step_decoding: AtLeastOne = 16  # the first such chunk (or the fixed one)
     default_max_tokens: AtLeastOne = 256
     # Prefix cache (services/rank/prefix_cache.py): stored entries at most; 0 = off.
     prompt_cache_entries: Count = 32

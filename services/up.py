@@ -2,7 +2,7 @@
 
     lockstep up [--port 8000] [--home ~/.lockstep] [--model PATH] [--tp 2] [--pp 1]
                 [--hosts FILE] [--backend auto|ring|jaccl|mpi] [--host 127.0.0.1]
-                [--prompt-cache-entries 32] [--prompt-cache-bytes 0]
+                [--prompt-cache-entries 32] [--prompt-cache-bytes 0] [--prefill-stall-ratio 3]
 
 Starts `lockstep supervisor`, `lockstep reaper` and `lockstep gateway` as separate
 processes (each in its own session, logs in $LOCKSTEP_HOME/runtime/logs/), writes the
@@ -46,6 +46,7 @@ from common.config import (
     Count,
     Port,
     PositiveSeconds,
+    StallRatio,
     default_home,
     load_settings,
 )
@@ -82,6 +83,7 @@ class UpSettings:
     # gets them through its spec): 0 entries = prefix cache off; 0 bytes = auto.
     prompt_cache_entries: Count = 32
     prompt_cache_bytes: Count = 0
+    prefill_stall_ratio: StallRatio = 3.0  # rank 0's prefill policy; 0 = fixed chunks
 
 
 def wait_http_ready(url: str, timeout: float, stop: threading.Event, progress) -> None:
@@ -196,7 +198,8 @@ class Up:
                                         str(s.events_port), "--control-port", str(s.control_port),
                                         "--report-port", str(s.report_port),
                                         "--prompt-cache-entries", str(s.prompt_cache_entries),
-                                        "--prompt-cache-bytes", str(s.prompt_cache_bytes)])
+                                        "--prompt-cache-bytes", str(s.prompt_cache_bytes),
+                                        "--prefill-stall-ratio", str(s.prefill_stall_ratio)])
         self.admin = AdminLink(self.paths, key, sup.pid)
         self.admin.interrupted = self.stop_flag.is_set
         admin_ep, events_ep = self.admin.wait_endpoints(60.0, self.stop_flag, self.check_children)
@@ -322,7 +325,7 @@ def _parser() -> argparse.ArgumentParser:
                      ("--report-port", int), ("--reaper-events-port", int),
                      ("--ready-timeout", float), ("--stop-timeout", float),
                      ("--restarts", int), ("--prompt-cache-entries", int),
-                     ("--prompt-cache-bytes", int)):
+                     ("--prompt-cache-bytes", int), ("--prefill-stall-ratio", float)):
         ap.add_argument(flag, type=tp, default=None)
     return ap
 

@@ -90,6 +90,7 @@ class Engine:
         self.by_uid: dict[int, Active] = {}
         self.next_uid = 0
         self.step = 0  # next() calls made so far
+        self.last_prompt_tokens = 0  # prompt tokens the last next() computed
         self.store: PromptStore | None = None
         self.trimmable = can_trim_prompt_cache(make_prompt_cache(model))
         if settings.prompt_cache_entries > 0:
@@ -115,6 +116,21 @@ class Engine:
     def decoding(self) -> bool:
         """Some request in the batch has emitted a token (is past its prefill)."""
         return any(a.tokens for a in self.by_rid.values())
+
+    def prefilling(self) -> list[int]:
+        """Prompt tokens still to compute, per prompt inserted and not yet decoding (> 0
+        only). Read off the generator's queues (mlx-lm 0.32 BatchGenerator): the last
+        prompt token is its own segment, fed by the first decode step, so it is not
+        counted."""
+        g = self.gen
+        left = [sum(len(s) for s in seq[1]) - 1 for seq in g._unprocessed_sequences]
+        left += [sum(len(s) for s in p[0]) - 1 for p in g._currently_processing]
+        return [n for n in left if n > 0]
+
+    def streaming(self) -> int:
+        """Streams the next step decodes for (past their prefill)."""
+        return len(self.gen._generation_batch) + sum(
+            1 for p in self.gen._currently_processing if sum(len(s) for s in p[0]) <= 1)
 
     def holds_finished(self) -> bool:
         """KV of finished requests waits for a plan to store or drop it."""
@@ -215,7 +231,9 @@ class Engine:
     def next(self) -> tuple[list[Emitted], list[Finished]]:
         """One `BatchGenerator.next()`: what each request emitted, and who finished."""
         step = self.step
+        before = self.gen._counters.prompt_tokens
         _, responses = self.gen.next()
+        self.last_prompt_tokens = self.gen._counters.prompt_tokens - before
         self.step += 1
         emitted: list[Emitted] = []
         finished: list[Finished] = []

@@ -24,6 +24,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from common.messages import ErrorCode, Generate, Plan, PlanInsert, PlanRemove
 from common.records import Phase
 from services.rank import events as ev
@@ -33,12 +35,14 @@ from services.rank.logprobs import chunk_fields, step_logprobs
 from services.rank.loop import RankLoop
 from services.rank.outbox import Command, PublishPlan, StreamChunk
 from services.rank.planwire import MAX_BATCH_BYTES, plan_size
+from services.rank.prefill_policy import PrefillGate, StallBudget, share
 from services.rank.prefix_cache import WAIT, CachePlanner
 from services.rank.prefix_store import cache_bytes
 from services.rank.sampling import plan_fields, sampling_problem
 
 log = logging.getLogger("lockstep.rank.leader")
 MAX_SEED = (1 << 63) - 1
+LOOKAHEAD = 16  # waiting prompts a plan looks past the head for (grouping by length)
 
 
 @dataclass
@@ -63,6 +67,10 @@ class Leader(RankLoop):
         store = self.engine.store  # None: the prefix cache is off
         self.cache = None if store is None else \
             CachePlanner(store.max_entries, store.max_bytes, self.engine.trimmable)
+        s = self.settings
+        self.stall = StallBudget(s.prefill_stall_ratio, s.prefill_step_decoding,
+                                 s.prefill_step)
+        self.share = 1.0  # the last plan's waiting/streams factor (prefill_policy.share)
         self.rt.on_exit(self._end_all_streams)
 
     # -- the loop ---------------------------------------------------------------------
@@ -189,11 +197,16 @@ class Leader(RankLoop):
         ops = self.cache.take_ops() if self.cache is not None else []
         inserts: list[PlanInsert] = []
         budget = MAX_BATCH_BYTES
-        waiting: list[str] = []  # for a running prefill that will serve them (kept in order)
-        while self.pending:
+        waiting: list[str] = []  # kept pending, in order: for a running prefill, or later
+        gate = self.prefill_gate()
+        while self.pending and len(waiting) < LOOKAHEAD and gate.more():
             rid = self.pending[0]
             req = self.scheduled[rid]
             ins = req.insert
+            left = self.remaining(ins.prompt)
+            if not gate.admits(left):
+                waiting.append(self.pending.popleft())  # a later one may group here
+                continue
             budget -= plan_size(Plan(0, 0, True, [ins]))
             if inserts and budget < 0:
                 break
@@ -201,6 +214,7 @@ class Leader(RankLoop):
             if self.cache is not None:
                 entry, n = self.cache.plan_insert(rid, ins.prompt)
                 if entry == WAIT:
+                    gate.withdraw(left)
                     waiting.append(rid)
                     continue
                 if entry:
@@ -209,7 +223,7 @@ class Leader(RankLoop):
             inserts.append(ins)
         self.pending.extendleft(reversed(waiting))
         plan_removes = [PlanRemove(request_id=rid, reason=why) for rid, why in removes.items()]
-        chunk = self.prefill_chunk()
+        chunk = gate.chunk()
         try:
             removed = self.engine.apply(plan_removes, inserts, ops, chunk)
         except Exception as exc:  # noqa: BLE001 - never publish a plan rank 0 can't apply
@@ -237,19 +251,29 @@ class Leader(RankLoop):
             self.flush()
             self.step()
 
-    def prefill_chunk(self) -> int:
-        """The prompt chunk for the next step, in every plan (a plan alone says it):
-        short while streams decode, so a long prompt never stalls them; long otherwise."""
+    def prefill_gate(self) -> PrefillGate:
+        """This plan's prefill decisions (services/rank/prefill_policy.py)."""
         s = self.settings
-        if self.engine.decoding():
-            return min(s.prefill_step_decoding, s.prefill_step)
-        return s.prefill_step
+        prefilling = self.engine.prefilling()
+        streams = self.engine.streaming()
+        self.share = share(len(self.pending) + len(prefilling), streams)
+        return PrefillGate(prefilling, streams > 0, s.prefill_batch, s.prefill_step,
+                           self.stall.tokens(self.share))
+
+    def remaining(self, prompt: list[int]) -> int:
+        """Prompt tokens to compute before the first token (the cache's best hit off)."""
+        held = 0 if self.cache is None else self.cache.peek(np.asarray(prompt, np.int64))[1]
+        return len(prompt) - held - 1
 
     def step(self) -> list[Emitted]:
         delay = self.rt.seams.step_delay_s
         if delay:
             time.sleep(delay)
+        streams = self.engine.streaming()
+        t0 = time.perf_counter()
         emitted = super().step()  # removals recorded before the streams end
+        self.stall.observe(time.perf_counter() - t0, self.engine.last_prompt_tokens,
+                           streams, self.share)
         if self.cache is not None:
             self.plan_stores(emitted)
         self.emit(emitted)

@@ -1,0 +1,137 @@
+"""Which waiting prompts rank 0 starts prefilling, and the prompt chunk of the next step.
+
+mlx-lm's BatchGenerator runs, per `next()`, one decode step for the streams in its
+batch and then one chunk of `prefill_step_size` tokens for *every* prompt in its prompt
+batch, right-padded to the longest. Two costs follow (measured on a CPU rank, see
+docs/design.md "Throughput"):
+
+- padding: prompts of unequal length prefilled together each compute the longest one's
+  positions, so eight prompts of 250-780 tokens cost eight times the longest;
+- stalls: every prompt token of a step delays each running stream's next token by its
+  compute, so a long prompt prefilled in big chunks freezes the streams for seconds.
+
+So rank 0 decides both, per plan (the plan carries the chunk; every rank applies it):
+
+- while no stream decodes, the first waiting prompt starts, with the waiting prompts
+  whose remaining length is within an eighth of it (up to `prefill_batch`), in
+  chunks of `prefill_step`: full speed, little padding;
+- while streams decode, one prompt at a time, and the step's prompt tokens in all are
+  the stall budget's (`StallBudget`: a step within `prefill_stall_ratio` x a
+  decode-only step), split over the prompts in prefill. A prompt served from the
+  prefix cache but for its last token costs no prefill and starts at once.
+
+Pure decisions on numbers the caller reads off the engine and the cache planner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PAD_TOLERANCE = 1 / 8  # prompts prefilled together differ in length by at most this share
+PAD_SLACK = 16  # ... or by this many tokens (short prompts)
+EMA = 0.3  # weight of the newest step time in the running estimates
+DAMPING = 0.5  # chunk update exponent: moves half way (in log) towards the target
+
+
+def similar(a: int, b: int) -> bool:
+    """Prompts with `a` and `b` tokens left pad each other little."""
+    return abs(a - b) <= max(PAD_SLACK, PAD_TOLERANCE * max(a, b))
+
+
+class StallBudget:
+    """The prompt chunk while streams decode, from rank 0's own step times: a step that
+    also prefills may take at most `ratio` x a decode-only step (issue 16: running
+    streams' inter-token latency p99 within 3x their median while a long prompt
+    prefills). The more prompts wait for their first token per running stream, the
+    more of a step they get (`waiting / streams`, never less than 1), so a burst of
+    new prompts is not starved by one stream. `ratio` 0: the fixed chunk `first`.
+
+    A prompt token's cost is not linear (each forward pass re-reads the weights), so
+    the chunk is steered multiplicatively towards the target from each measured step,
+    not computed from a per-token price. Decisions only; the caller times steps."""
+
+    def __init__(self, ratio: float, first: int, prefill_step: int) -> None:
+        self.ratio = ratio
+        self.prefill_step = prefill_step
+        self.chunk = float(min(first, prefill_step))
+        self.decode_s: float | None = None  # a decode-only step, running estimate
+
+    def observe(self, seconds: float, prompt_tokens: int, streams: int, share: float) -> None:
+        """One step took `seconds`, computed `prompt_tokens` prompt tokens and decoded
+        `streams` streams; `share` is the waiting/streams factor it was planned with."""
+        if self.ratio <= 0 or streams == 0 or seconds <= 0:
+            return
+        if prompt_tokens == 0:
+            self.decode_s = seconds if self.decode_s is None \
+                else (1 - EMA) * self.decode_s + EMA * seconds
+            return
+        if self.decode_s is None:
+            return
+        allowed = max(self.ratio - 1.0, 0.0) * share * self.decode_s
+        extra = max(seconds - self.decode_s, 1e-4)
+        want = self.chunk * (max(allowed, 1e-4) / extra) ** DAMPING
+        self.chunk = min(float(self.prefill_step), max(1.0, want))
+
+    def tokens(self, share: float) -> int:
+        """Prompt tokens, in all, for the next step while streams decode."""
+        if self.ratio <= 0:
+            return max(1, int(self.chunk))
+        return max(1, min(self.prefill_step, int(self.chunk * share)))
+
+
+def share(waiting: int, streams: int) -> float:
+    return max(1.0, waiting / max(1, streams))
+
+
+@dataclass
+class PrefillGate:
+    """One plan's admission decisions: while `more()`, ask `admits(remaining)` for each
+    waiting prompt in queue order, then `chunk()`.
+
+    `prefilling`: prompt tokens still to compute of each prompt already in the batch
+    (> 0 only); `remaining` of a waiting prompt: its tokens to compute before its first
+    token (prompt - cached - 1, the last one is fed by the first decode step)."""
+
+    prefilling: list[int]
+    decoding: bool
+    prefill_batch: int
+    prefill_step: int
+    budget: int
+    admitted: list[int] = field(default_factory=list)
+
+    def in_prefill(self) -> list[int]:
+        return self.prefilling + self.admitted
+
+    def more(self) -> bool:
+        """Could any later waiting prompt still be admitted by this plan?"""
+        n = len(self.in_prefill())
+        if self.decoding:
+            return n == 0
+        return n < self.prefill_batch
+
+    def admits(self, remaining: int) -> bool:
+        if remaining <= 0:
+            return True  # nothing to prefill: it only takes the next decode step
+        current = self.in_prefill()
+        if not current:
+            ok = True
+        elif self.decoding or len(current) >= self.prefill_batch:
+            ok = False
+        else:
+            ok = similar(remaining, current[0] if not self.prefilling
+                         else max(self.prefilling))
+        if ok:
+            self.admitted.append(remaining)
+        return ok
+
+    def withdraw(self, remaining: int) -> None:
+        """An admitted prompt stays waiting after all (it waits for a running prefill)."""
+        if remaining > 0:
+            self.admitted.remove(remaining)
+
+    def chunk(self) -> int:
+        """Prompt tokens per prompt for the next step."""
+        if not self.decoding:
+            return self.prefill_step
+        n = min(len(self.in_prefill()), self.prefill_batch)
+        return max(1, min(self.prefill_step, self.budget // max(1, n)))

@@ -1,0 +1,94 @@
+"""Rank 0's prefill decisions (services/rank/prefill_policy.py): pure, numbers in."""
+
+from __future__ import annotations
+
+from services.rank.prefill_policy import PrefillGate, StallBudget, share, similar
+
+
+def gate(prefilling=(), decoding=False, batch=8, step=512, budget=16) -> PrefillGate:
+    return PrefillGate(list(prefilling), decoding, batch, step, budget)
+
+
+def admitted(g: PrefillGate, waiting: list[int]) -> list[int]:
+    out = []
+    for rem in waiting:
+        if not g.more():
+            break
+        if g.admits(rem):
+            out.append(rem)
+    return out
+
+
+def test_idle_groups_prompts_of_similar_length_and_skips_the_rest():
+    g = gate()
+    assert admitted(g, [400, 780, 420, 253, 390, 1200]) == [400, 420, 390]
+    assert g.chunk() == 512  # nothing decodes: full speed
+
+
+def test_idle_group_is_capped_by_prefill_batch():
+    g = gate(batch=2)
+    assert admitted(g, [300, 300, 300]) == [300, 300]
+
+
+def test_while_streams_decode_one_prompt_at_a_time():
+    g = gate(decoding=True, budget=12)
+    assert admitted(g, [400, 400, 10]) == [400]
+    assert g.chunk() == 12
+    busy = gate(prefilling=[100], decoding=True)
+    assert not busy.more()  # the next one waits for the running prefill
+
+
+def test_a_prompt_served_by_the_cache_but_its_last_token_starts_at_once():
+    g = gate(prefilling=[50], decoding=False, batch=1)
+    assert g.admits(0)
+    assert g.in_prefill() == [50]
+
+
+def test_chunk_splits_the_budget_over_the_prompts_in_prefill():
+    g = gate(prefilling=[300, 310], decoding=True, budget=20)
+    assert g.chunk() == 10
+    assert gate(prefilling=[300] * 5, decoding=True, budget=3).chunk() == 1
+
+
+def test_withdraw_undoes_an_admission():
+    g = gate()
+    assert g.admits(100)
+    g.withdraw(100)
+    assert g.in_prefill() == []
+    g.withdraw(0)  # a zero-cost admission was never counted
+
+
+def test_similar():
+    assert similar(400, 440) and not similar(400, 470)
+    assert similar(10, 25)  # short prompts: an absolute slack
+
+
+def test_stall_budget_steers_the_chunk_to_the_target_ratio():
+    """A cost model with a fixed part per forward pass (the weight read) and a linear
+    part: the chunk settles where a step is ~3x a decode-only step."""
+    decode, fixed, per_token = 0.09, 0.06, 0.006
+    b = StallBudget(3.0, first=16, prefill_step=512)
+    b.observe(decode, 0, streams=4, share=1.0)
+    for _ in range(40):
+        n = b.tokens(1.0)
+        b.observe(decode + fixed + per_token * n, n, streams=4, share=1.0)
+    n = b.tokens(1.0)
+    step = decode + fixed + per_token * n
+    assert 2.7 <= step / decode <= 3.3, (n, step / decode)
+
+
+def test_stall_budget_gives_waiting_prompts_more_when_they_outnumber_streams():
+    b = StallBudget(3.0, first=16, prefill_step=512)
+    assert b.tokens(share(waiting=7, streams=1)) == 16 * 7
+    assert b.tokens(share(waiting=1, streams=4)) == 16
+    assert b.tokens(share(waiting=100, streams=1)) == 512  # never above prefill_step
+
+
+def test_stall_budget_needs_a_decode_only_step_and_off_is_fixed():
+    b = StallBudget(3.0, first=16, prefill_step=512)
+    b.observe(5.0, 16, streams=4, share=1.0)  # no decode-only step seen yet: no basis
+    assert b.tokens(1.0) == 16
+    off = StallBudget(0.0, first=128, prefill_step=512)
+    off.observe(0.1, 0, streams=4, share=1.0)
+    off.observe(9.0, 128, streams=4, share=1.0)
+    assert off.tokens(5.0) == 128
