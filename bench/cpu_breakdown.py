@@ -11,17 +11,29 @@ Roles of a `lockstep up` deployment come from each descendant's command line (`r
 (`-m services.rank --spec .../rank-N.spec.json`); anything else is `other_<pid>`.
 
 Threads: Python threads are not named at the OS level (their OS name is the process's,
-`python`), so which thread is which is inferred from CPU share, not known: the busiest
-thread over the window is reported as `main` (meant: for a rank, its step loop, mostly
-inside MLX; for mlx_lm.server, its generation loop) and the sum of the other live threads
-as `other_threads` (I/O threads, HTTP, ZeroMQ, watchdogs, and any worker threads MLX or
-BLAS run compute on). The inference can be wrong, so the evidence is recorded with it:
-the `busiest` few threads one by one, each with its OS name (/proc/<pid>/task/<tid>/comm,
-e.g. ZeroMQ's `ZMQbg/IO/0`) and whether it is the process's initial thread (tid == pid,
-which is where CPython's main thread runs). `ended_or_rounding` is the process total minus
-every live thread: CPU of threads that ended inside the window, plus the rounding between
-per-thread and per-process times (a tick or two either way). Times come in clock ticks:
-`clock_tick_us_per_token` is the resolution of every number here.
+`python`), so which thread is which is inferred from CPU share, not known. Per process:
+- `busiest_thread`: the thread with the most CPU over the window. Measured on the tiny
+  preset, for a rank and for mlx_lm.server this is usually NOT Python's step/generation
+  loop but a thread Python did not start, most likely MLX's CPU stream worker, where the
+  model's kernels run: the in-process baseline, which starts no threads of its own,
+  shows the same heavy non-initial thread; at TP=2 it is the thread with the most
+  system CPU, i.e. the distributed backend's communication.
+- `python_main_thread`: the process's initial thread (tid == pid), which is where
+  CPython's main thread runs — a fact, not an inference: a rank's step loop (plan, engine
+  bookkeeping, graph building, sampling); for mlx_lm.server its HTTP server (generation
+  is on a thread of its own).
+- `other_threads`: every live thread but the busiest (the Python main thread included
+  when it is not the busiest).
+- `busiest`: the few busiest threads one by one, each with its OS name
+  (/proc/<pid>/task/<tid>/comm, e.g. ZeroMQ's `ZMQbg/IO/0`) and `is_initial_thread`, the
+  evidence for the inferences above.
+- `ended_or_rounding`: the process total minus every live thread: CPU of threads that
+  ended inside the window, plus the rounding between per-thread and per-process times (a
+  tick or two either way, so it can be slightly negative).
+Times come in clock ticks: `clock_tick_us_per_token` is the resolution of every number.
+`machine_busy` is every CPU of the machine, other work on it included, and
+`machine_busy_fraction` its share of window x cpus: on a shared machine it says how much
+of the run others took.
 """
 
 from __future__ import annotations
@@ -158,7 +170,8 @@ def _threads(b: ProcTimes, a: ProcTimes, total: float, tokens: int) -> dict | No
         other_by_name[d[3].name or "?"] = other_by_name.get(d[3].name or "?", 0.0) + d[0]
     return {
         "count_at_end": len(a.threads),
-        "main": _us(deltas[0][0], tokens),
+        "busiest_thread": _us(deltas[0][0], tokens),
+        "python_main_thread": _us(sum(d[0] for d in deltas if d[3].tid == a.pid), tokens),
         "other_threads": _us(live - deltas[0][0], tokens),
         # Threads that ended inside the window, plus per-thread vs per-process tick
         # rounding (so within a tick or two of 0 it is rounding, and may be negative).
@@ -175,7 +188,7 @@ def breakdown(before: Snapshot, after: Snapshot, tokens: int,
               outside: tuple[str, ...] = ("bench_client",)) -> dict:
     """µs of CPU per completion token, per role; `deployment_total` sums every role but
     `outside` (null if any of those is null); `machine_busy` is the whole machine's (other
-    work on it included), comparable with wall time x cpus."""
+    work on it included), comparable with `window_s` x cpus."""
     procs: dict[str, dict | None] = {}
     missing: dict[str, str] = {}
     if tokens <= 0:
@@ -186,7 +199,7 @@ def breakdown(before: Snapshot, after: Snapshot, tokens: int,
         if b is None:
             why = "appeared during the measurement"
         elif a is None:
-            why = "gone when the measurement ended"
+            why = "no longer among the server's processes when the measurement ended"
         elif isinstance(b, str) or isinstance(a, str):
             why = b if isinstance(b, str) else a
         elif (a.pid, a.create_time) != (b.pid, b.create_time):
@@ -201,9 +214,12 @@ def breakdown(before: Snapshot, after: Snapshot, tokens: int,
     inside = [v for k, v in procs.items() if k not in outside]
     total = (None if any(v is None for v in inside) or not inside
              else round(sum(v["total"] for v in inside), 1))
+    busy, window = after.machine_busy - before.machine_busy, after.at - before.at
+    n = os.cpu_count() or 1
     return {"processes": procs, "deployment_total": total,
-            "machine_busy": _us(after.machine_busy - before.machine_busy, tokens),
-            "window_s": round(after.at - before.at, 3),
+            "machine_busy": _us(busy, tokens),
+            "machine_busy_fraction": round(busy / (window * n), 3) if window > 0 else None,
+            "window_s": round(window, 3),
             "clock_tick_us_per_token": _us(CLOCK_TICK_S, tokens), "missing": missing}
 
 
@@ -222,12 +238,10 @@ def compact(bd: dict) -> dict:
             continue
         row = {k: p[k] for k in ("total", "user", "system")}
         if p.get("threads"):
-            row["main"] = p["threads"]["main"]
-            row["other_threads"] = p["threads"]["other_threads"]
-            top = p["threads"]["busiest"]
-            row["second_thread"] = top[1]["total"] if len(top) > 1 else 0.0
+            for k in ("busiest_thread", "python_main_thread", "other_threads"):
+                row[k] = p["threads"][k]
         out[role] = row
-    for k in ("deployment_total", "machine_busy"):
+    for k in ("deployment_total", "machine_busy", "machine_busy_fraction"):
         if k in bd:
             out[k] = bd[k]
     return out

@@ -5,6 +5,7 @@ finds the busy thread of a real process."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -61,7 +62,8 @@ def test_breakdown_per_token_with_threads_and_missing_processes():
     r0 = bd["processes"]["rank_0"]
     assert (r0["user"], r0["system"], r0["total"]) == (1800.0, 200.0, 2000.0)
     th = r0["threads"]
-    assert th["main"] == 1500.0 and th["other_threads"] == 400.0
+    assert th["busiest_thread"] == 1500.0 and th["other_threads"] == 400.0
+    assert th["python_main_thread"] == 1500.0
     assert th["ended_or_rounding"] == 100.0
     assert th["busiest"][0] == {"tid": 100, "os_name": "python", "is_initial_thread": True,
                                 "user": 1400.0, "system": 100.0, "total": 1500.0}
@@ -73,9 +75,11 @@ def test_breakdown_per_token_with_threads_and_missing_processes():
     assert "replaced by pid 401" in bd["missing"]["supervisor"]
     assert bd["deployment_total"] is None  # a process is unmeasured: no total pretends
     assert bd["machine_busy"] == 4000.0 and bd["window_s"] == 2.0
+    assert bd["machine_busy_fraction"] == round(4.0 / (2.0 * os.cpu_count()), 3)
     c = cb.compact(bd)
-    assert c["rank_0"] == {"total": 2000.0, "user": 1800.0, "system": 200.0, "main": 1500.0,
-                           "other_threads": 400.0, "second_thread": 200.0}
+    assert c["rank_0"] == {"total": 2000.0, "user": 1800.0, "system": 200.0,
+                           "busiest_thread": 1500.0, "python_main_thread": 1500.0,
+                           "other_threads": 400.0}
     assert c["reaper"] is None
 
     del before.procs["reaper"], before.procs["supervisor"]
@@ -102,7 +106,8 @@ def test_the_busy_thread_of_a_real_process_is_found():
         after = cb.snapshot(lambda: cb.tree_roles(child.pid, "spinner"))
         th = cb.breakdown(before, after, tokens=1)["processes"]["spinner"]["threads"]
         assert th["busiest"][0]["is_initial_thread"] is False  # the spinner, not main
-        assert th["main"] >= 0.25e6 and th["other_threads"] < th["main"] / 4
+        assert th["busiest_thread"] >= 0.25e6 and th["other_threads"] < th["busiest_thread"] / 4
+        assert th["python_main_thread"] < th["busiest_thread"] / 4
     finally:
         child.kill()
         child.wait(10)
