@@ -31,6 +31,9 @@ PAD_TOLERANCE = 1 / 8  # prompts prefilled together differ in length by at most 
 PAD_SLACK = 16  # ... or by this many tokens (short prompts)
 EMA = 0.3  # weight of the newest step time in the running estimates
 DAMPING = 0.5  # chunk update exponent: moves half way (in log) towards the target
+# The ratio bounds the p99 of running streams' token gaps, so the chunk aims at half the
+# stall it allows: step times vary (other processes, the growing context) around it.
+AIM = 0.5
 
 
 def similar(a: int, b: int) -> bool:
@@ -67,7 +70,7 @@ class StallBudget:
             return
         if self.decode_s is None:
             return
-        allowed = max(self.ratio - 1.0, 0.0) * share * self.decode_s
+        allowed = max(self.ratio - 1.0, 0.0) * AIM * share * self.decode_s
         extra = max(seconds - self.decode_s, 1e-4)
         want = self.chunk * (max(allowed, 1e-4) / extra) ** DAMPING
         self.chunk = min(float(self.prefill_step), max(1.0, want))

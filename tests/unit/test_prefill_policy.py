@@ -65,7 +65,8 @@ def test_similar():
 
 def test_stall_budget_steers_the_chunk_to_the_target_ratio():
     """A cost model with a fixed part per forward pass (the weight read) and a linear
-    part: the chunk settles where a step is ~3x a decode-only step."""
+    part: the chunk settles where a step is ~2x a decode-only step (half the stall a
+    ratio of 3 allows: the ratio bounds the p99, noise comes on top)."""
     decode, fixed, per_token = 0.09, 0.06, 0.006
     b = StallBudget(3.0, first=16, prefill_step=512)
     b.observe(decode, 0, streams=4, share=1.0)
@@ -74,7 +75,7 @@ def test_stall_budget_steers_the_chunk_to_the_target_ratio():
         b.observe(decode + fixed + per_token * n, n, streams=4, share=1.0)
     n = b.tokens(1.0)
     step = decode + fixed + per_token * n
-    assert 2.7 <= step / decode <= 3.3, (n, step / decode)
+    assert 1.8 <= step / decode <= 2.2, (n, step / decode)
 
 
 def test_stall_budget_gives_waiting_prompts_more_when_they_outnumber_streams():
