@@ -7,7 +7,8 @@ in-process, on distinct chat prompts of realistic length, like with like.
   rank gets (same OpenBLAS preload, OPENBLAS_NUM_THREADS, MLX buffer limits — checked on
   the running processes, the run fails otherwise) and --decode-concurrency /
   --prompt-concurrency / --prefill-step-size = RankSettings max_batch / prefill_batch /
-  prefill_step.
+  prefill_step; started through bench/mlx_lm_serve.py, which only gives it the
+  gateway's listen backlog (with socketserver's 5, 32 connections at once get resets).
 - inproc: `services.rank.engine.Engine` fed the same chat-templated token ids in a
   subprocess with the rank environment — the ceiling the serving stack is held to.
 
@@ -17,8 +18,12 @@ concurrency C, N(C) distinct prompts (bench/workload.py: lengths log-uniform in 
 preset's token range, counted with the model's tokenizer, distinct text per trial and
 concurrency, the same for every system), C requests in flight at all times, greedy,
 fixed max_tokens. Reported per measurement: generated tokens/s, TTFT p50/p90, ITL
-p50/p99 (client-side, bench/chat_client.py); medians over trials in `summary`; ratios
-in the same run; the issue-16 targets computed, never asserted.
+p50/p99 (client-side, bench/chat_client.py); `wall_ms_per_token` and `cpu_us_per_token`,
+the CPU of every process of the system (Lockstep: up, supervisor, reaper, gateway, each
+rank; mlx_lm.server; the in-process loop; the bench client apart), user/system and per
+OS thread, read with psutil before and after (bench/cpu_breakdown.py); medians over
+trials in `summary`, where `breakdown` has the per-process view per system; ratios in
+the same run; the issue-16 targets computed, never asserted.
 
     python -m bench.gateway [--quick] [--presets bench,tiny] [--concurrency 1,8,32]
         [--tp 1,2] [--caches off,on] [--on-concurrency 8] [--requests 1:4,8:16,32:32]

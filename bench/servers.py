@@ -8,6 +8,9 @@
   (max_batch → --decode-concurrency, prefill_batch → --prompt-concurrency,
   prefill_step → --prefill-step-size); its prompt cache off (`--prompt-cache-size 0`:
   LRUPromptCache evicts each entry as soon as it is inserted) or at its default size.
+  Started through bench/mlx_lm_serve.py, which only raises its listen backlog from
+  socketserver's 5 to the gateway's (uvicorn's 2048): with 5, a burst of 32 connections
+  gets some reset.
 
 Each started server records what it really ran with, read from the serving processes
 themselves (psutil): the BLAS-related environment and whether an OpenBLAS library is
@@ -194,7 +197,8 @@ def mlx_lm(model: Path, work: Path, cache: bool, timeout: float = 600) -> Server
              str(b["prefill_batch"]), "--prefill-step-size", str(b["prefill_step"]),
              "--prompt-cache-size", str(MLX_LM_DEFAULT_CACHE_SIZE if cache else 0)]
     b = {k: v for k, v in b.items() if not k.startswith("lockstep_only")}
-    cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model), "--port", str(port),
+    # bench.mlx_lm_serve: `python -m mlx_lm server`, with the gateway's listen backlog.
+    cmd = [sys.executable, "-m", "bench.mlx_lm_serve", "--model", str(model), "--port", str(port),
            "--log-level", "WARNING", *flags]
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=rank_env(), stdout=out,
@@ -202,8 +206,11 @@ def mlx_lm(model: Path, work: Path, cache: bool, timeout: float = 600) -> Server
     url = f"http://127.0.0.1:{port}"
     import mlx_lm as _m
 
+    from bench.mlx_lm_serve import listen_backlog
+
     settings = {"cmd": ["python", *cmd[1:]], "prefix_cache": cache,
-                "mlx_lm_version": getattr(_m, "__version__", "?"), **b}
+                "mlx_lm_version": getattr(_m, "__version__", "?"),
+                "listen_backlog": listen_backlog(), **b}
     srv = Server(name, url, str(model), proc, log, settings)
     try:
         _wait_ready(url + "/v1/models", proc, f"mlx_lm server ({name})", log, timeout)
