@@ -304,7 +304,7 @@ def _median_tree(trees: list):
         return None
     if isinstance(trees[0], dict):
         return {k: _median_tree([t.get(k) for t in trees]) for k in trees[0]}
-    return round(statistics.median(trees), 1)
+    return round(statistics.median(trees), 3)
 
 
 def breakdown_summary(rows: list[dict]) -> dict:
