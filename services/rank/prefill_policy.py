@@ -15,8 +15,9 @@ So rank 0 decides both, per plan (the plan carries the chunk; every rank applies
 - while no stream decodes, the first waiting prompt starts, with the waiting prompts
   whose remaining length is within an eighth of it (up to `prefill_batch`), in
   chunks of `prefill_step`: full speed, little padding;
-- while streams decode, one prompt at a time, and the step's prompt tokens in all are
-  the stall budget's (`StallBudget`: a step within `prefill_stall_ratio` x a
+- while streams decode, one prompt at a time (more, of similar length, only while each
+  keeps MIN_SPLIT tokens a step), and the step's prompt tokens in all are the stall
+  budget's (`StallBudget`: a step within `prefill_stall_ratio` x a
   decode-only step), split over the prompts in prefill. A prompt served from the
   prefix cache but for its last token costs no prefill and starts at once.
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 
 PAD_TOLERANCE = 1 / 8  # prompts prefilled together differ in length by at most this share
 PAD_SLACK = 16  # ... or by this many tokens (short prompts)
+MIN_SPLIT = 32  # while streams decode, prompts in prefill each get at least this a step
 EMA = 0.3  # weight of the newest step time in the running estimates
 DAMPING = 0.5  # chunk update exponent: moves half way (in log) towards the target
 # The ratio bounds the p99 of running streams' token gaps, so the chunk aims at half the
@@ -57,7 +59,16 @@ class StallBudget:
         self.ratio = ratio
         self.prefill_step = prefill_step
         self.chunk = float(min(first, prefill_step))
-        self.decode_s: float | None = None  # a decode-only step, running estimate
+        self.decode_s: dict[int, float] = {}  # streams → a decode-only step, running estimate
+
+    def decode_time(self, streams: int) -> float | None:
+        """A decode-only step of `streams` streams (or one more or fewer), if one has
+        been seen: a step's cost grows with its batch, so an estimate from another batch
+        size would misjudge the stall."""
+        for n in (streams, streams - 1, streams + 1):
+            if n in self.decode_s:
+                return self.decode_s[n]
+        return None
 
     def observe(self, seconds: float, prompt_tokens: int, streams: int, share: float) -> None:
         """One step took `seconds`, computed `prompt_tokens` prompt tokens and decoded
@@ -65,13 +76,14 @@ class StallBudget:
         if self.ratio <= 0 or streams == 0 or seconds <= 0:
             return
         if prompt_tokens == 0:
-            self.decode_s = seconds if self.decode_s is None \
-                else (1 - EMA) * self.decode_s + EMA * seconds
+            old = self.decode_s.get(streams)
+            self.decode_s[streams] = seconds if old is None else (1 - EMA) * old + EMA * seconds
             return
-        if self.decode_s is None:
-            return
-        allowed = max(self.ratio - 1.0, 0.0) * AIM * share * self.decode_s
-        extra = max(seconds - self.decode_s, 1e-4)
+        decode = self.decode_time(streams)
+        if decode is None:
+            return  # no basis at this batch size: keep the chunk until there is one
+        allowed = max(self.ratio - 1.0, 0.0) * AIM * share * decode
+        extra = max(seconds - decode, 1e-4)
         want = self.chunk * (max(allowed, 1e-4) / extra) ** DAMPING
         self.chunk = min(float(self.prefill_step), max(1.0, want))
 
@@ -106,23 +118,23 @@ class PrefillGate:
         return self.prefilling + self.admitted
 
     def more(self) -> bool:
-        """Could any later waiting prompt still be admitted by this plan?"""
+        """Is there room for another prompt in prefill at this plan?"""
         n = len(self.in_prefill())
-        if self.decoding:
-            return n == 0
-        return n < self.prefill_batch
+        if n >= self.prefill_batch:
+            return False
+        if not self.decoding or n == 0:
+            return True
+        # While streams decode, a budget split into crumbs buys nothing: another prompt
+        # joins only if each keeps MIN_SPLIT tokens a step (a small model's cheap steps).
+        return self.budget // (n + 1) >= MIN_SPLIT
 
     def admits(self, remaining: int) -> bool:
         if remaining <= 0:
             return True  # nothing to prefill: it only takes the next decode step
+        if not self.more():
+            return False
         current = self.in_prefill()
-        if not current:
-            ok = True
-        elif self.decoding or len(current) >= self.prefill_batch:
-            ok = False
-        else:
-            ok = similar(remaining, current[0] if not self.prefilling
-                         else max(self.prefilling))
+        ok = not current or similar(remaining, max(current))
         if ok:
             self.admitted.append(remaining)
         return ok

@@ -38,6 +38,12 @@ def test_while_streams_decode_one_prompt_at_a_time():
     assert not busy.more()  # the next one waits for the running prefill
 
 
+def test_while_streams_decode_a_big_budget_is_shared_by_similar_prompts():
+    g = gate(decoding=True, budget=90)  # 90 // 3 < 32: three do not fit
+    assert admitted(g, [300, 900, 310, 305]) == [300, 310]
+    assert g.chunk() == 45
+
+
 def test_a_prompt_served_by_the_cache_but_its_last_token_starts_at_once():
     g = gate(prefilling=[50], decoding=False, batch=1)
     assert g.admits(0)
@@ -93,3 +99,16 @@ def test_stall_budget_needs_a_decode_only_step_and_off_is_fixed():
     off.observe(0.1, 0, streams=4, share=1.0)
     off.observe(9.0, 128, streams=4, share=1.0)
     assert off.tokens(5.0) == 128
+
+
+def test_stall_budget_judges_a_step_only_against_a_decode_step_of_its_batch_size():
+    """A decode-only step seen at 1 stream says nothing of one at 7: the chunk holds
+    (it once collapsed to 1 token against a stale 1-stream estimate)."""
+    b = StallBudget(3.0, first=16, prefill_step=512)
+    b.observe(0.004, 0, streams=1, share=1.0)
+    for _ in range(20):
+        b.observe(0.014, 20, streams=7, share=1.0)
+    assert b.tokens(1.0) == 16
+    b.observe(0.008, 0, streams=7, share=1.0)  # now it has a basis at 7
+    b.observe(0.030, 16, streams=7, share=1.0)
+    assert b.tokens(1.0) < 16
