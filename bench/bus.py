@@ -22,14 +22,23 @@ all share any drift in machine load; medians are reported, with CPU µs per mess
 each side (process time: less sensitive to other load than the rates) and the in-process
 codec cost (signed, plain, and the envelope alone = signed − plain).
 
-Target: signing and checking cost under 10% of throughput. `target_met` compares signed
-with plain (`signing_overhead_pct`): serialization is needed by any bus. The overhead vs
-raw bytes (`overhead_vs_raw_pct`) is reported alongside.
-`python -m bench.bus [--trials N] [--seconds S] [--out DIR]`.
+Step rate (`step_rate`, bench.bus_steprate): the serving path does not run the bus at
+saturation. Rank 0 sends one PLAN and one TOKENS_BATCH per requester per step (2-5 ms
+tiny preset, 90-200 ms bench preset), so signed vs plain is also measured paced at 250
+and 500 steps/s between two processes: latency per message and CPU per step.
+
+Target (issue 16): the signed bus within 10% of the plain typed baseline at step rate,
+judged on `step_rate.judged`: (signed − plain CPU per step, sender + receiver) / step
+time < 10% at every measured rate (see `target` in the JSON). The saturation sections
+(`rpc`, `rpc_async`, `broadcast`: signed vs plain throughput, `signing_overhead_pct`, and
+vs raw bytes) are reported, not judged; `over_10pct` lists every figure, judged or not,
+where signing costs more than 10%.
+`python -m bench.bus [--trials N] [--seconds S] [--step-trials N] [--step-seconds S]
+[--out DIR]`.
 
 Layout: `bench.bus_children` (modes, payloads, the plain codec, the server and
-subscriber processes), `bench.bus_rpc` and `bench.bus_broadcast` (the trials), this
-module (the comparison, the in-process codec cost, the JSON, `run` and `main`).
+subscriber processes), `bench.bus_rpc`, `bench.bus_broadcast` and `bench.bus_steprate`
+(the trials), this module (the comparison, the in-process codec cost, the JSON, `run` and `main`).
 """
 
 from __future__ import annotations
@@ -62,6 +71,7 @@ from bench.bus_children import (
     reply,
 )
 from bench.bus_rpc import bench_rpc
+from bench.bus_steprate import TARGET_TEXT, bench_steprate
 from common.bus import Channel
 from common.envelope import Key
 from common.messages import CONTROL, REQUESTS_IN, REQUESTS_OUT, Kind
@@ -100,7 +110,8 @@ def _compare(rates: dict[str, list[float]], *, unit: str) -> dict[str, Any]:
         "overhead_vs_raw_pct": round((1 - ratio(signed, raw)) * 100, 2),
         "added_us_per_message_vs_plain": added_us(signed, plain),
         "added_us_per_message_vs_raw": added_us(signed, raw),
-        "target_met": signing_pct < TARGET_OVERHEAD_PCT,
+        "judged": False,  # saturation: reported beside the step-rate target
+        "under_10pct": signing_pct < TARGET_OVERHEAD_PCT,
     }
 
 
@@ -132,17 +143,57 @@ def codec_costs(key: Key) -> dict[str, float]:
     return out
 
 
-def _summary(rpc: dict[str, Any], rpc_async: dict[str, Any], broadcast: dict[str, Any]) -> str:
-    parts = []
-    for name, r in (("rpc", rpc), ("rpc asyncio", rpc_async), ("broadcast", broadcast)):
+SATURATION = (("rpc", "rpc"), ("rpc_async", "rpc asyncio"), ("broadcast", "broadcast"))
+
+
+def over_10pct(result: dict[str, Any]) -> list[str]:
+    """Every figure, judged or not, where signing costs more than 10% of something."""
+    limit = TARGET_OVERHEAD_PCT
+    out = []
+    for key, name in SATURATION:
+        if (pct := result[key]["signing_overhead_pct"]) > limit:
+            out.append(f"saturation {name}: signed throughput {pct}% below plain (not judged)")
+    sr = result["step_rate"]
+    for rate in sr["rates_steps_per_s"]:
+        r = sr[f"{rate:g}_per_s"]
+        tag = f"at {rate:g} steps/s"
+        if r["signing_overhead_pct_of_step"] > limit:
+            out.append(f"{tag}: added CPU {r['signing_overhead_pct_of_step']}% of the step "
+                       "time (JUDGED: target not met)")
+        if (x := r["signed_over_plain_cpu_per_step"]) > 1 + limit / 100:
+            out.append(f"{tag}: signed CPU per step {x}x plain's (relative to the bus's own "
+                       "CPU, not to the step: not judged)")
+        for ch, lat in r["latency_us"].items():
+            if (x := lat["signed_over_plain_p50"]) > 1 + limit / 100:
+                out.append(f"{tag}: {ch} latency p50 {x}x plain's (+{lat['added_p50_us']} µs, "
+                           f"{lat['added_p50_pct_of_step']}% of the step: not judged)")
+    return out
+
+
+def _summary(result: dict[str, Any]) -> str:
+    sr = result["step_rate"]
+    j = sr["judged"]
+    parts = [f"step rate: signing adds {j['signing_overhead_pct_of_step']}% of the step time "
+             f"at worst ({j['at_steps_per_s']:g} steps/s; target < {j['target_pct']:g}%: "
+             f"{'met' if j['target_met'] else 'NOT met'})"]
+    for rate in sr["rates_steps_per_s"]:
+        r = sr[f"{rate:g}_per_s"]
+        lat = r["latency_us"]
+        parts.append(f"{rate:g}/s: +{r['added_cpu_us_per_step']['total']} µs CPU/step "
+                     f"({r['signing_overhead_pct_of_step']}%), latency p50 plan "
+                     f"{lat['plan']['signed']['p50']} vs {lat['plan']['plain']['p50']} µs, "
+                     f"batch {lat['batch']['signed']['p50']} vs {lat['batch']['plain']['p50']} µs")
+    for key, name in SATURATION:
+        r = result[key]
         parts.append(
-            f"{name} {r['signed_median']}/s signed vs {r['plain_median']}/s plain vs "
-            f"{r['raw_median']}/s raw (signing -{r['signing_overhead_pct']}%: "
-            f"{'met' if r['target_met'] else 'NOT met'}; vs raw -{r['overhead_vs_raw_pct']}%)")
-    return "; ".join(parts) + f" [target: signing < {TARGET_OVERHEAD_PCT:g}% vs plain]"
+            f"saturation {name} (not judged) {r['signed_median']}/s signed vs "
+            f"{r['plain_median']}/s plain vs {r['raw_median']}/s raw (signing "
+            f"-{r['signing_overhead_pct']}%; vs raw -{r['overhead_vs_raw_pct']}%)")
+    return "; ".join(parts)
 
 
-def run(out_dir: Path | str | None = None, *, trials: int = 5, seconds: float = 2.0) -> dict[str, Any]:
+def run(out_dir: Path | str | None = None, *, trials: int = 5, seconds: float = 2.0,
+        step_trials: int = 4, step_seconds: float = 5.0) -> dict[str, Any]:
     key = Key.from_secret(secrets.token_bytes(32))
     load_before = os.getloadavg()
     started = time.time()
@@ -156,6 +207,7 @@ def run(out_dir: Path | str | None = None, *, trials: int = 5, seconds: float = 
     broadcast = _result(detail, "messages_per_s", ("publisher", "subscriber"), "cpu_us_per_message",
                         "PUB -> SUB, tcp loopback, subscriber in its own process", info)
     codec = codec_costs(key)
+    step_rate = bench_steprate(key, trials=step_trials, seconds=step_seconds)
     result = {
         "bench": NAME,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
@@ -167,18 +219,23 @@ def run(out_dir: Path | str | None = None, *, trials: int = 5, seconds: float = 
         "trials": trials,
         "trial_s": seconds,
         "order": " ".join(order(trials)),
-        "target": (f"signing and checking cost under {TARGET_OVERHEAD_PCT:g}% of throughput: "
-                   "target_met compares signed with plain (typed msgpack bodies serialized "
-                   "and decoded per message, no envelope), signing_overhead_pct = "
-                   "(1 - signed/plain) * 100. overhead_vs_raw_pct compares signed with raw "
-                   "(pre-built bytes, no serialization, no checks) and is reported, not judged."),
+        "target": TARGET_TEXT,
         "target_overhead_pct": TARGET_OVERHEAD_PCT,
+        "target_met": step_rate["judged"]["target_met"],
+        "saturation_note": ("rpc, rpc_async, broadcast: as fast as possible, not judged. "
+                            "signing_overhead_pct = (1 - signed/plain) * 100 (plain: typed "
+                            "msgpack bodies serialized and decoded per message, no envelope); "
+                            "overhead_vs_raw_pct compares signed with raw (pre-built bytes, no "
+                            "serialization, no checks); under_10pct says whether the first is "
+                            "under 10."),
+        "step_rate": step_rate,
         "rpc": rpc,
         "rpc_async": rpc_async,
         "broadcast": broadcast,
         "codec_us": codec,
     }
-    result["summary"] = _summary(rpc, rpc_async, broadcast)
+    result["over_10pct"] = over_10pct(result)
+    result["summary"] = _summary(result)
     write_result(out_dir if out_dir is not None else RESULTS, NAME, result)
     return result
 
@@ -193,11 +250,17 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=5, help="trials per mode (default 5)")
     ap.add_argument("--seconds", type=float, default=2.0, help="seconds per trial (default 2)")
+    ap.add_argument("--step-trials", type=int, default=4,
+                    help="step-rate trials per mode and rate (default 4: even, so both orders count alike)")
+    ap.add_argument("--step-seconds", type=float, default=5.0,
+                    help="seconds per step-rate trial (default 5)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     args = ap.parse_args(argv)
-    result = run(args.out, trials=args.trials, seconds=args.seconds)
-    print(json.dumps({k: result[k] for k in ("rpc", "rpc_async", "broadcast", "codec_us")},
-                     indent=2))
+    result = run(args.out, trials=args.trials, seconds=args.seconds,
+                 step_trials=args.step_trials, step_seconds=args.step_seconds)
+    print(json.dumps({k: result[k] for k in ("step_rate", "rpc", "rpc_async", "broadcast",
+                                             "codec_us")}, indent=2))
+    print(*result["over_10pct"], sep="\n")
     print(result["summary"])
     return 0
 

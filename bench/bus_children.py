@@ -203,10 +203,11 @@ def main(argv: list[str] | None = None) -> int:
 # --- in the parent ---------------------------------------------------------------------
 
 
-def spawn(key: Key, *args: str) -> subprocess.Popen:
-    """Start a child (`rpc` or `sub ...`) in its own process, handing it the key."""
+def spawn(key: Key, *args: str, module: str = "bench.bus_children") -> subprocess.Popen:
+    """Start a child (`python -m <module> <args>`: `rpc` or `sub ...` here) in its own
+    process, handing it the key."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen([sys.executable, "-m", "bench.bus_children", *args], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO,
                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     proc.stdin.write(key.secret.hex() + "\n")
     proc.stdin.flush()
