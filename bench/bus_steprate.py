@@ -18,8 +18,11 @@ a fixed step rate, for a fixed duration; modes alternate per trial:
 Per message: latency from the sender's clock read just before packing to the receiver's
 clock read just after decode (and verify) returned (CLOCK_MONOTONIC, shared by all
 processes on the host); CPU per step (process time: every thread, libzmq's I/O thread
-too) on each side. Judged: added CPU per step (signed − plain, sender + receiver) as a
-fraction of the step time.
+too) on each side, and the thread CPU inside the pack / check+decode calls alone.
+Judged: added CPU per step (signed − plain, sender + receiver, median over back-to-back
+trial pairs) as a fraction of the step time. The in-process codec cost (best of 5, hot
+caches) is reported beside it: at step rate the caches are cold and the same calls cost
+about twice as much, which is why the paced measurement is the judged one.
 """
 
 from __future__ import annotations
@@ -80,7 +83,9 @@ def latencies_us(sent_ns: list[int], got_ns: list[int]) -> list[float]:
 def serve_recv(key: Key, plan_ep: str, req_ep: str, ctl_ep: str) -> None:
     """Two DEALERs (follower's plan socket, gateway's requests socket) read on one
     poller. Per trial `start:<mode>:<n>` → `ready`, then it decodes until n of each
-    arrived (or 2 s of silence) and answers {plan_ns, batch_ns, cpu_s, rejected}."""
+    arrived (or 2 s of silence) and answers {plan_ns, batch_ns (per message index: when
+    decoded, 0 if never), cpu_s (process), codec_s (thread CPU in check + decode),
+    rejected}."""
     ctx = zmq.Context()
     socks = {}
     for name, ep, ident in (("plan", plan_ep, PLAN_ID), ("req", req_ep, REQ_ID)):
@@ -218,7 +223,7 @@ class StepRate:
             "missing": {ch: n - len(v) for ch, v in lat.items()},
             "sender_cpu_us_per_step": cpu / n * 1e6,
             "receiver_cpu_us_per_step": got["cpu_s"] / n * 1e6,
-            # Only the pack (sender) and receive-check-decode (receiver) calls, this thread.
+            # Only the pack (sender) and the check + decode (receiver) calls, thread CPU.
             "sender_codec_us_per_step": codec_ns / n / 1000,
             "receiver_codec_us_per_step": got["codec_s"] / n * 1e6,
             **{f"{ch}_latency_us": {"p50": round(percentile(v, 50), 1),
