@@ -23,12 +23,13 @@ from bench import write_result
 STREAMS = 4
 LONG = 3000
 DECODE_TOKENS = 200
-# Rows: the default (rank 0 sizes the chunk so a step stays within 3x a decode-only
-# step), then fixed chunks while streams decode (prefill_stall_ratio 0): 128 (the old
-# default) and 512 (= prefill_step: one chunk size throughout, as mlx_lm.server runs).
+# Rows: `prefill_stall_ratio` 3 (rank 0 sizes the chunk so a step stays within ~3x a
+# decode-only step: the smooth-streams setting), then the default (ratio 0: chunks of
+# prefill_step_decoding = 512 while streams decode, as mlx_lm.server runs), then ratio 0
+# with 128-token chunks (the old default).
 ROWS = ({"prefill_stall_ratio": 3.0},
-        {"prefill_stall_ratio": 0.0, "prefill_step_decoding": 128},
-        {"prefill_stall_ratio": 0.0, "prefill_step_decoding": 512})
+        {},
+        {"prefill_stall_ratio": 0.0, "prefill_step_decoding": 128})
 
 
 def _ids(seed: int, n: int) -> list[int]:
@@ -66,7 +67,7 @@ def measure(preset: str, row: dict) -> dict:
     median = statistics.median(gaps_before)
     p99 = gaps_during[min(len(gaps_during) - 1, int(0.99 * len(gaps_during)))] \
         if gaps_during else None
-    return {"prefill_step": 512, **row,
+    return {"prefill_step": 512, "row": row or "default", **row,
             "itl_median_before_ms": round(median, 2),
             "itl_median_during_prefill_ms": round(statistics.median(gaps_during), 2)
             if gaps_during else None,
@@ -82,6 +83,8 @@ def run(out_dir=None, preset: str = "bench") -> dict:
               "long_prompt_tokens": LONG, "rows": rows,
               "target": "itl p99 of running streams while a 3000-token prompt prefills "
                         "<= 3x their median (issue 16)",
+              "met_with": "prefill_stall_ratio 3 (rows[0]); the default (rows[1]) favours "
+                          "throughput and is not held to it",
               "met": rows[0]["p99_over_median"] is not None
               and rows[0]["p99_over_median"] <= 3.0}
     write_result(out_dir, "long_prompt_itl", result)

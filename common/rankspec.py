@@ -58,12 +58,12 @@ class RankSettings:
     max_open_requests: Count = 0
     prefill_batch: AtLeastOne = 8
     prefill_step: AtLeastOne = 512  # prompt tokens per chunk while no stream is decoding
-    # While streams decode, every step runs one decode and one prompt chunk, sized by
-    # rank 0 so the step takes at most this many times a decode-only step (more while
-    # more prompts wait than streams run: services/rank/prefill_policy.py); 0 = off, a
-    # fixed chunk of prefill_step_decoding tokens.
-    prefill_stall_ratio: StallRatio = 3.0
-    prefill_step_decoding: AtLeastOne = 16  # the first such chunk (or the fixed one)
+    # While streams decode, every step runs one decode and one prompt chunk: of
+    # prefill_step_decoding tokens (0 ratio, the default: throughput), or sized by rank 0
+    # so the step takes at most prefill_stall_ratio times a decode-only step (more while
+    # more prompts wait than streams run: services/rank/prefill_policy.py).
+    prefill_stall_ratio: StallRatio = 0.0
+    prefill_step_decoding: AtLeastOne = 512
     default_max_tokens: AtLeastOne = 256
     # Prefix cache (services/rank/prefix_cache.py): stored entries at most; 0 = off.
     prompt_cache_entries: Count = 32

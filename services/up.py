@@ -2,7 +2,7 @@
 
     lockstep up [--port 8000] [--home ~/.lockstep] [--model PATH] [--tp 2] [--pp 1]
                 [--hosts FILE] [--backend auto|ring|jaccl|mpi] [--host 127.0.0.1]
-                [--prompt-cache-entries 32] [--prompt-cache-bytes 0] [--prefill-stall-ratio 3]
+                [--prompt-cache-entries 32] [--prompt-cache-bytes 0] [--prefill-stall-ratio 0]
 
 Starts `lockstep supervisor`, `lockstep reaper` and `lockstep gateway` as separate
 processes (each in its own session, logs in $LOCKSTEP_HOME/runtime/logs/), writes the
@@ -83,7 +83,7 @@ class UpSettings:
     # gets them through its spec): 0 entries = prefix cache off; 0 bytes = auto.
     prompt_cache_entries: Count = 32
     prompt_cache_bytes: Count = 0
-    prefill_stall_ratio: StallRatio = 3.0  # rank 0's prefill policy; 0 = fixed chunks
+    prefill_stall_ratio: StallRatio = 0.0  # rank 0's prefill policy; 0 = fixed chunks
 
 
 def wait_http_ready(url: str, timeout: float, stop: threading.Event, progress) -> None:

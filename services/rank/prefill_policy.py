@@ -15,9 +15,10 @@ So rank 0 decides both, per plan (the plan carries the chunk; every rank applies
 - while no stream decodes, the first waiting prompt starts, with the waiting prompts
   whose remaining length is within an eighth of it (up to `prefill_batch`), in
   chunks of `prefill_step`: full speed, little padding;
-- while streams decode, one prompt at a time (more, of similar length, only while each
-  keeps MIN_SPLIT tokens a step), and the step's prompt tokens in all are the stall
-  budget's (`StallBudget`: a step within `prefill_stall_ratio` x a
+- while streams decode, `prefill_step_decoding` tokens a prompt (the default: the
+  streams pause meanwhile, for throughput); or, with `prefill_stall_ratio` set, one
+  prompt at a time (more, of similar length, only while each keeps MIN_SPLIT tokens a
+  step), and the step's prompt tokens in all are the stall budget's (`StallBudget`: a step within `prefill_stall_ratio` x a
   decode-only step), split over the prompts in prefill. A prompt served from the
   prefix cache but for its last token costs no prefill and starts at once.
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 PAD_TOLERANCE = 1 / 8  # prompts prefilled together differ in length by at most this share
 PAD_SLACK = 16  # ... or by this many tokens (short prompts)
+START_CHUNK = 16  # the steered chunk before any step was measured
 MIN_SPLIT = 32  # while streams decode, prompts in prefill each get at least this a step
 EMA = 0.3  # weight of the newest step time in the running estimates
 DAMPING = 0.5  # chunk update exponent: moves half way (in log) towards the target
@@ -49,16 +51,16 @@ class StallBudget:
     streams' inter-token latency p99 within 3x their median while a long prompt
     prefills). The more prompts wait for their first token per running stream, the
     more of a step they get (`waiting / streams`, never less than 1), so a burst of
-    new prompts is not starved by one stream. `ratio` 0: the fixed chunk `first`.
+    new prompts is not starved by one stream. `ratio` 0: the fixed chunk `fixed`.
 
     A prompt token's cost is not linear (each forward pass re-reads the weights), so
     the chunk is steered multiplicatively towards the target from each measured step,
     not computed from a per-token price. Decisions only; the caller times steps."""
 
-    def __init__(self, ratio: float, first: int, prefill_step: int) -> None:
+    def __init__(self, ratio: float, fixed: int, prefill_step: int) -> None:
         self.ratio = ratio
         self.prefill_step = prefill_step
-        self.chunk = float(min(first, prefill_step))
+        self.chunk = float(min(fixed if ratio <= 0 else START_CHUNK, prefill_step))
         self.decode_s: dict[int, float] = {}  # streams → a decode-only step, running estimate
 
     def decode_time(self, streams: int) -> float | None:

@@ -74,7 +74,7 @@ def test_stall_budget_steers_the_chunk_to_the_target_ratio():
     part: the chunk settles where a step is ~2x a decode-only step (half the stall a
     ratio of 3 allows: the ratio bounds the p99, noise comes on top)."""
     decode, fixed, per_token = 0.09, 0.06, 0.006
-    b = StallBudget(3.0, first=16, prefill_step=512)
+    b = StallBudget(3.0, fixed=16, prefill_step=512)
     b.observe(decode, 0, streams=4, share=1.0)
     for _ in range(40):
         n = b.tokens(1.0)
@@ -85,17 +85,17 @@ def test_stall_budget_steers_the_chunk_to_the_target_ratio():
 
 
 def test_stall_budget_gives_waiting_prompts_more_when_they_outnumber_streams():
-    b = StallBudget(3.0, first=16, prefill_step=512)
+    b = StallBudget(3.0, fixed=16, prefill_step=512)
     assert b.tokens(share(waiting=7, streams=1)) == 16 * 7
     assert b.tokens(share(waiting=1, streams=4)) == 16
     assert b.tokens(share(waiting=100, streams=1)) == 512  # never above prefill_step
 
 
 def test_stall_budget_needs_a_decode_only_step_and_off_is_fixed():
-    b = StallBudget(3.0, first=16, prefill_step=512)
+    b = StallBudget(3.0, fixed=16, prefill_step=512)
     b.observe(5.0, 16, streams=4, share=1.0)  # no decode-only step seen yet: no basis
     assert b.tokens(1.0) == 16
-    off = StallBudget(0.0, first=128, prefill_step=512)
+    off = StallBudget(0.0, fixed=128, prefill_step=512)
     off.observe(0.1, 0, streams=4, share=1.0)
     off.observe(9.0, 128, streams=4, share=1.0)
     assert off.tokens(5.0) == 128
@@ -104,7 +104,7 @@ def test_stall_budget_needs_a_decode_only_step_and_off_is_fixed():
 def test_stall_budget_judges_a_step_only_against_a_decode_step_of_its_batch_size():
     """A decode-only step seen at 1 stream says nothing of one at 7: the chunk holds
     (it once collapsed to 1 token against a stale 1-stream estimate)."""
-    b = StallBudget(3.0, first=16, prefill_step=512)
+    b = StallBudget(3.0, fixed=16, prefill_step=512)
     b.observe(0.004, 0, streams=1, share=1.0)
     for _ in range(20):
         b.observe(0.014, 20, streams=7, share=1.0)
