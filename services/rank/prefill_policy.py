@@ -115,6 +115,8 @@ class PrefillGate:
     prefill_step: int
     budget: int
     admitted: list[int] = field(default_factory=list)
+    asked: int = 0  # waiting prompts asked about so far
+    head_refused: bool = False  # the first one was: nothing may overtake it
 
     def in_prefill(self) -> list[int]:
         return self.prefilling + self.admitted
@@ -122,7 +124,7 @@ class PrefillGate:
     def more(self) -> bool:
         """Is there room for another prompt in prefill at this plan?"""
         n = len(self.in_prefill())
-        if n >= self.prefill_batch:
+        if n >= self.prefill_batch or self.head_refused:
             return False
         if not self.decoding or n == 0:
             return True
@@ -131,14 +133,19 @@ class PrefillGate:
         return self.budget // (n + 1) >= MIN_SPLIT
 
     def admits(self, remaining: int) -> bool:
+        """Start this waiting prompt now? Ask in queue order. Later prompts of similar
+        length may join the queue's head, never overtake it: once the head is refused
+        (it does not fit what is in prefill), nothing more starts at this plan."""
+        first = self.asked == 0
+        self.asked += 1
         if remaining <= 0:
             return True  # nothing to prefill: it only takes the next decode step
-        if not self.more():
-            return False
         current = self.in_prefill()
-        ok = not current or similar(remaining, max(current))
+        ok = self.more() and (not current or similar(remaining, max(current)))
         if ok:
             self.admitted.append(remaining)
+        elif first:
+            self.head_refused = True
         return ok
 
     def withdraw(self, remaining: int) -> None:

@@ -112,3 +112,18 @@ def test_stall_budget_judges_a_step_only_against_a_decode_step_of_its_batch_size
     b.observe(0.008, 0, streams=7, share=1.0)  # now it has a basis at 7
     b.observe(0.030, 16, streams=7, share=1.0)
     assert b.tokens(1.0) < 16
+
+
+def test_the_head_of_the_queue_is_never_overtaken():
+    """A 1000-token prompt that does not fit the prompts in prefill waits for them to
+    finish; shorter ones arriving behind it do not keep joining them (starvation)."""
+    g = gate(prefilling=[300])
+    assert not g.admits(1000)
+    assert not g.more()
+    assert not g.admits(305)  # similar to what runs, but behind the refused head
+    assert g.in_prefill() == [300]
+    # A WAIT-ed head (withdrawn after admission) does not block the ones behind it.
+    g = gate()
+    assert g.admits(400)
+    g.withdraw(400)
+    assert g.more() and g.admits(410)
