@@ -66,6 +66,8 @@ def batch_settings() -> dict[str, int]:
     if hasattr(rs, "prefill_step_decoding"):
         # Lockstep only: mlx_lm.server has no such knob (it prefills prefill_step always).
         out["lockstep_only_prefill_step_decoding"] = rs.prefill_step_decoding
+    if hasattr(rs, "prefill_stall_ratio"):  # 0: fixed chunks (services/rank/prefill_policy.py)
+        out["lockstep_only_prefill_stall_ratio"] = rs.prefill_stall_ratio
     return out
 
 
