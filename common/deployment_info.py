@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.messages import CacheStats, LoadProgress
+from common.messages import CacheStats, LoadProgress, PhaseTimes
 from common.schema import SchemaError, decode_into
 
 # A rank's or deployment's error may carry a stderr tail: larger than the default cap.
@@ -43,6 +43,7 @@ class RankInfo:
     rejects: dict[str, int] = field(default_factory=dict)
     cache: CacheStats | None = None  # its prefix cache, from telemetry (None: off/not yet)
     load: LoadProgress | None = None  # while loading, from telemetry
+    phases: PhaseTimes | None = None  # cumulative time per loop phase, from telemetry
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -286,6 +286,16 @@ class CacheStats:
 
 
 @dataclass
+class PhaseTimes:
+    """Where one rank's threads spent their time since it started, in telemetry
+    (services/rank/phase_clock.py): wall seconds and runs per phase of its loop, by the
+    phase's name, for the phases that ran."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class Plan:
     """Everything every rank applies before step `step` (advance=False: apply only):
     removes, then cache ops, then inserts."""
@@ -413,6 +423,7 @@ class Telemetry:
     rejects: dict[str, int] = field(default_factory=dict)  # "socket.reason" -> count
     cache: CacheStats | None = None  # the prompt-cache store (None: caching off)
     load: LoadProgress | None = None  # while loading: bytes read of the weights' total
+    phases: PhaseTimes | None = None  # cumulative time per loop phase (None: an older rank)
 
 
 @dataclass

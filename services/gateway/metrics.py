@@ -6,7 +6,8 @@ latency, prefix-cache hits / misses / cached tokens counted per request from ran
 flight, their bound and the 429s it caused (`lockstep_gateway_overloaded_total`, by
 bound: this gateway's, or rank 0's) are read from the backends at scrape time. What the supervisor,
 reaper and ranks report (rank telemetry, each rank's prefix cache: entries, tokens,
-bytes, stored and evicted entries; cancel epochs, deployment states, bus
+bytes, stored and evicted entries; each rank's wall seconds and runs per loop phase,
+services/rank/phase_clock.py; cancel epochs, deployment states, bus
 rejections by service and reason, teardown and reap outcomes) is collected at scrape
 time from the gateway's last cluster refresh, so a scrape never waits on the bus.
 """
@@ -101,6 +102,10 @@ class _ClusterCollector:
                                           labels=["deployment", "rank"])
                    for n, h in (("stored", "Prefix-cache entries stored"),
                                 ("evicted", "Prefix-cache entries evicted"))}
+        phase_c = {n: CounterMetricFamily(f"lockstep_rank_phase_{n}", h,
+                                          labels=["deployment", "rank", "phase"])
+                   for n, h in (("seconds", "Wall seconds a rank's threads spent per loop phase"),
+                                ("runs", "Runs of each loop phase on a rank"))}
         rejects = CounterMetricFamily("lockstep_bus_rejected", "Bus messages rejected",
                                       labels=["service", "socket", "reason"])
         up = GaugeMetricFamily("lockstep_supervisor_up", "1 if the supervisor answered lately")
@@ -137,6 +142,12 @@ class _ClusterCollector:
                         for name, fam in (*cache_g.items(), *cache_c.items()):
                             if isinstance(cache.get(name), int):
                                 fam.add_metric(labels, cache[name])
+                    phases = rk.get("phases")  # None: a rank older than the phase clock
+                    if isinstance(phases, dict):
+                        for name, key in (("seconds", "seconds"), ("runs", "counts")):
+                            for phase, v in (phases.get(key) or {}).items():
+                                if isinstance(v, int | float):
+                                    phase_c[name].add_metric([*labels, str(phase)], v)
                     if isinstance(rk.get("last_seen"), int | float):
                         rank_g["telemetry_age_seconds"].add_metric(labels, max(0.0, now - rk["last_seen"]))
             st = c.status or {}
@@ -154,7 +165,7 @@ class _ClusterCollector:
             extra += _numbers("lockstep_supervisor", st.get("supervisor"), "Supervisor counters")
         active.add_metric(["all"], total)
         yield from (active, limit, overloaded, dep_state, *rank_g.values(), *cache_g.values(),
-                    *cache_c.values(), rejects, up, epoch, *extra)
+                    *cache_c.values(), *phase_c.values(), rejects, up, epoch, *extra)
 
 
 def _numbers(prefix: str, obj: Any, doc: str) -> list:

@@ -16,6 +16,7 @@ from common.messages import Plan
 from common.records import Phase
 from services.rank import events as ev
 from services.rank.loop import RankLoop
+from services.rank.phase_clock import LoopPhase
 
 log = logging.getLogger("lockstep.rank.follower")
 SHUTDOWN_GRACE_S = 2.0
@@ -65,6 +66,7 @@ class Follower(RankLoop):
             self.leaving_at = time.monotonic() + SHUTDOWN_GRACE_S
 
     def apply(self, plan: Plan) -> None:
+        t0 = self.clock.now()
         if plan.seq != self.expected:
             self.fail(f"plan seq {plan.seq} out of order (expected {self.expected})")
         if plan.step != self.engine.step:
@@ -90,6 +92,7 @@ class Follower(RankLoop):
         if self.engine.has_work() != plan.advance:
             self.fail(f"plan {plan.seq}: advance={plan.advance} but this rank's batch "
                       f"{'has' if self.engine.has_work() else 'has no'} work")
+        self.clock.add(LoopPhase.PLAN, t0)
         if plan.advance:
             self.step()
             self.publish_counts()

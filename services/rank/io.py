@@ -45,6 +45,7 @@ from services.rank import outbox as out
 from services.rank.auth import InitiatorLink, ReportSession, leader_gate, new_identity
 from services.rank.cache_clears import ClearLedger
 from services.rank.intake import Intake
+from services.rank.phase_clock import LoopPhase
 from services.rank.plan_channel import RESEND_S, FollowerSession, LeaderSession, Wire
 from services.rank.runtime import RankRuntime
 from services.rank.streams import StreamLedger
@@ -63,6 +64,7 @@ class RankIO:
         self.wire = Wire(self.drops)
         self._out: collections.deque = collections.deque()
         self._chunks: dict[bytes, list[m.Tokens]] = {}  # this drain's chunks by requester
+        self.clock = rt.phases.tally()  # this (I/O) thread's time per phase
         self.ctx = zmq.Context()
         sender = f"{spec.deployment_id}/rank-{spec.rank}"
 
@@ -212,7 +214,9 @@ class RankIO:
         while self._out:
             cmd = self._out.popleft()
             if isinstance(cmd, out.PublishPlan):
+                t0 = self.clock.now()
                 self.session.publish(cmd.plan)
+                self.clock.add(LoopPhase.SIGN_SEND_PLAN, t0)
             elif isinstance(cmd, out.StreamChunk):
                 got = self.streams.on_chunk(cmd) if self.streams is not None else None
                 if got is not None:  # sent together per requester once the outbox is drained
@@ -327,11 +331,15 @@ class RankIO:
         """One signed message per requester for every chunk the drain produced: a
         TOKENS alone, several as one TOKENS_BATCH (a step of a full batch: one message,
         not one per request)."""
+        if not self._chunks:
+            return
+        t0 = self.clock.now()
         chunks, self._chunks = self._chunks, {}
         for ident, bodies in chunks.items():
             for i in range(0, len(bodies), BATCH_CHUNKS):
                 part = bodies[i:i + BATCH_CHUNKS]
                 self._send_req(ident, part[0] if len(part) == 1 else m.TokensBatch(part), part)
+        self.clock.add(LoopPhase.SIGN_SEND_TOKENS, t0)
 
     def _send_req(self, ident: bytes, body, chunks: list[m.Tokens]) -> None:
         errno = self.wire.send_to(self.requests, self.req, ident, body)

@@ -17,6 +17,7 @@ from services.rank.engine import Divergence, Emitted, Engine, Finished
 from services.rank.errors import StepCause, step_cause
 from services.rank.io import RankIO
 from services.rank.outbox import Report
+from services.rank.phase_clock import LoopPhase
 from services.rank.prefix_store import CacheIndexLog, cache_index_path
 from services.rank.process_exit import EXIT_FAILED
 from services.rank.removals import RemovalLog
@@ -35,6 +36,7 @@ class RankLoop:
         self.removals = removals
         self.stash = stash
         self.settings: RankSettings = rt.spec.settings
+        self.clock = rt.phases.tally()  # this (main) thread's time per phase
         self.acks: dict[int, CancelAck] = {}
         self.watermark_step = 0
         self.cache_log: CacheIndexLog | None = None
@@ -142,11 +144,13 @@ class RankLoop:
         """`engine.next()`, with `rt.inside` set while inside it (a peer that stops makes
         the collective spin forever: the watchdogs then leave from their own thread)."""
         self.rt.inside = Where(Inside.STEP, self.engine.step)
+        t0 = self.clock.now()
         try:
             self.rt.seams.before_step(self.engine.step)
             return self.engine.next()
         finally:
             self.rt.inside = None
+            self.clock.add(LoopPhase.STEP, t0)
 
     def step(self) -> list[Emitted]:
         """One step on every rank: a divergence fails closed, a failed collective leaves

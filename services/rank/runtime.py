@@ -34,6 +34,7 @@ from common.rankspec import RankSpec
 from common.records import Phase, RankMarker
 from services.rank import load_progress
 from services.rank.outbox import AbortAll, Command
+from services.rank.phase_clock import PhaseClock
 from services.rank.process_exit import (
     EXIT_FAILED,
     EXIT_SIGNAL_HATCH,
@@ -92,6 +93,7 @@ class RankRuntime:
         self.active_ids: tuple[str, ...] = ()
         self.pending = 0  # leader: accepted but not yet in a plan
         self.cache: CacheStats | None = None  # the prompt-cache store, after the last plan
+        self.phases = PhaseClock()  # time per loop phase, one tally per thread (telemetry)
         self.cancel_floor = spec.cancel_epoch_floor  # start-up watermark: never applied
         self.cancel_epoch = spec.cancel_epoch_floor  # last consumed (or the watermark)
         self.parent_pid: int | None = os.getppid() if spec.watch_parent else None
@@ -186,6 +188,7 @@ class RankRuntime:
             cancel_epoch=self.cancel_epoch, mem_active=mem_active, mem_peak=mem_peak,
             at=self.clock(), error=self.error, rejects=self.rejects(), cache=self.cache,
             load=load_progress.sample(self.phase.value, self.spec.model_path),
+            phases=self.phases.snapshot(),
         )
 
     # -- hooks for the watchdogs (services.rank.watchdog_thread) -------------------------------------

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from common.bus import Channel
 from common.envelope import Key
 from common.keys import LaunchKeys, seal_key
-from common.messages import CacheStats, LoadProgress
+from common.messages import CacheStats, LoadProgress, PhaseTimes
 from common.model_ref import model_id
 from common.procs import ProcessIdentity, is_alive
 from common.records import LaunchManifest
@@ -50,6 +50,7 @@ class RankState:
     rejects: dict[str, int] = field(default_factory=dict)  # rank's "socket.reason" -> count
     cache: CacheStats | None = None  # its prefix cache, from telemetry (None: off/not yet)
     load: LoadProgress | None = None  # while loading, from telemetry
+    phases: PhaseTimes | None = None  # time per loop phase, from telemetry
     error: str | None = None
     log_path: Path | None = None  # on the rank's host
     remote: RemoteHost | None = None  # for a rank on another host
@@ -78,7 +79,8 @@ class RankState:
                 "acked_epoch": self.acked_epoch, "mem_active": self.mem_active,
                 "last_seen": self.last_seen, "rejects": dict(self.rejects),
                 "cache": None if self.cache is None else to_wire(self.cache),
-                "load": None if self.load is None else to_wire(self.load)}
+                "load": None if self.load is None else to_wire(self.load),
+                "phases": None if self.phases is None else to_wire(self.phases)}
 
 
 @dataclass

@@ -257,6 +257,7 @@ class Supervisor:
             rs.rejects = dict(body.rejects)  # "socket.reason" -> count, for status/metrics
             rs.cache = body.cache  # the prefix cache's figures (None: off), for status/metrics
             rs.load = body.load  # while loading: weights bytes read / total
+            rs.phases = body.phases  # time per loop phase (None: an older rank), for metrics
             if body.error:
                 rs.error = body.error
         elif isinstance(body, CancelAck):
