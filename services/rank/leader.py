@@ -34,6 +34,7 @@ from services.rank.engine import Divergence, Emitted
 from services.rank.logprobs import chunk_fields, step_logprobs
 from services.rank.loop import RankLoop
 from services.rank.outbox import Command, PublishPlan, StreamChunk
+from services.rank.phase_clock import LoopPhase
 from services.rank.planwire import MAX_BATCH_BYTES, plan_size
 from services.rank.prefill_policy import PrefillGate, StallBudget, share
 from services.rank.prefix_cache import WAIT, CachePlanner
@@ -96,6 +97,7 @@ class Leader(RankLoop):
                     or (self.cache is not None and self.cache.has_ops()))
 
     def handle(self, e: object) -> None:
+        t0 = self.clock.now()  # LoopPhase.DRAIN: the handling, never the wait for it
         if isinstance(e, ev.GenerateEv):
             self.on_generate(e)
         elif isinstance(e, ev.AbortEv):  # from the requester, or its disappearance (io)
@@ -108,6 +110,7 @@ class Leader(RankLoop):
             self.cache.request_clear(e.body.clear_id)
         else:
             self.handle_common(e)
+        self.clock.add(LoopPhase.DRAIN, t0)
 
     def on_generate(self, e: ev.GenerateEv) -> None:
         g = e.body
@@ -179,6 +182,7 @@ class Leader(RankLoop):
     # -- plans and steps -----------------------------------------------------------------
 
     def plan_and_step(self) -> None:
+        t0 = self.clock.now()  # LoopPhase.PLAN: build, apply, publish, book-keep
         removes = {rid: why for rid, why in self.removes.items() if self.engine.has(rid)}
         self.removes.clear()
         epoch = 0
@@ -245,6 +249,7 @@ class Leader(RankLoop):
         if epoch:
             self.consume_cancel(plan)
         self.publish_counts()
+        self.clock.add(LoopPhase.PLAN, t0)
         if plan.advance:
             # One hand-over per step, just before next(): the I/O thread then signs and
             # sends while this thread is inside MLX (GIL released), not in its way.
@@ -299,6 +304,7 @@ class Leader(RankLoop):
         self.rt.cache = stats if self.cache is None else self.cache.stats(stats)
 
     def emit(self, emitted: list[Emitted]) -> None:
+        t0 = self.clock.now()  # LoopPhase.EMIT
         now = time.time()
         step = self.engine.step - 1
         # One batched extraction per step, for the requests that asked (top_logprobs >= 0).
@@ -317,6 +323,7 @@ class Leader(RankLoop):
                                         else 0, **chunk_fields(lps.get(rid))))
             if e.finish_reason is not None:
                 del self.scheduled[rid]
+        self.clock.add(LoopPhase.EMIT, t0)
 
     def finish(self, rid: str, reason: str, *, error: str | None, step: int | None = None,
                code: ErrorCode | None = None) -> None:
