@@ -18,7 +18,9 @@ concurrency C, N(C) distinct prompts (bench/workload.py: lengths log-uniform in 
 preset's token range, counted with the model's tokenizer, distinct text per trial and
 concurrency, the same for every system), C requests in flight at all times, greedy,
 fixed max_tokens. Reported per measurement: generated tokens/s, TTFT p50/p90, ITL
-p50/p99 (client-side, bench/chat_client.py); `wall_ms_per_token` and `cpu_us_per_token`,
+p50/p99 (client-side, bench/chat_client.py); Lockstep's `rank_phase_us_per_token`, each
+rank's wall time per loop phase (services/rank/phase_clock.py, from the gateway's
+`lockstep_rank_phase_seconds_total`) per completion token; `wall_ms_per_token` and `cpu_us_per_token`,
 the CPU of every process of the system (Lockstep: up, supervisor, reaper, gateway, each
 rank; mlx_lm.server; the in-process loop; the bench client apart), user/system and per
 OS thread, read with psutil before and after (bench/cpu_breakdown.py); medians over
@@ -40,6 +42,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -186,6 +189,55 @@ def _rank_token_latency(srv: sv.Server) -> tuple[float, float]:
     return tot, cnt
 
 
+# Rank phase counters reach /metrics by rank telemetry (every rank_telemetry_interval_s,
+# 1 s) and the gateway's deployments refresh (on events, else every refresh_s, 2 s): a
+# read taken right after a trial can be ~3 s stale. Each read therefore waits until every
+# rank's sample was received after the read began (telemetry age, bounded by
+# PHASE_FRESH_S; the age counts from any report, and a run sends no cancels whose acks
+# could pass for one): the ranks are idle before and after a trial, so the difference of
+# two such reads is exactly the trial's work, whatever the telemetry interval.
+PHASE_FRESH_S = 15.0
+PHASE_MARGIN_S = 0.25  # a sample is taken this long before the supervisor has it, at most
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def _series(text: str, name: str) -> dict[str, dict[str, float]]:
+    """{rank: {phase or "": value}} of metric `name` in a /metrics text."""
+    out: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            head, value = line.rsplit(" ", 1)
+            labels = dict(_LABEL.findall(head))
+            out.setdefault(labels.get("rank", ""), {})[labels.get("phase", "")] = float(value)
+    return out
+
+
+def _rank_phases(srv: sv.Server) -> dict[str, dict[str, float]] | None:
+    """{rank: {phase: seconds}} from /metrics, from telemetry newer than this call (see
+    PHASE_FRESH_S); None if no fresh sample came in time."""
+    since = time.time() + PHASE_MARGIN_S
+    deadline = time.monotonic() + PHASE_FRESH_S
+    while time.monotonic() < deadline:
+        asked = time.time()
+        text = httpx.get(srv.url + "/metrics", timeout=10).text
+        ages = _series(text, "lockstep_rank_telemetry_age_seconds")
+        phases = _series(text, "lockstep_rank_phase_seconds_total")
+        # asked - age <= when the supervisor got the sample: never judged fresher than it is
+        if ages and phases and all(asked - a[""] >= since for a in ages.values()):
+            return phases
+        time.sleep(0.2)
+    return None
+
+
+def _phase_us_per_token(before: dict | None, after: dict | None, toks: int) -> dict | None:
+    """{"rank_R": {phase: µs of wall time per completion token}} between two reads."""
+    if before is None or after is None or not toks:
+        return None
+    return {f"rank_{r}": {p: round((v - before.get(r, {}).get(p, 0.0)) / toks * 1e6, 3)
+                          for p, v in sorted(ph.items())}
+            for r, ph in sorted(after.items())}
+
+
 def with_cpu(row: dict, before: cb.Snapshot, after: cb.Snapshot) -> dict:
     """`row` (a summarize() result) with its CPU and wall time per completion token."""
     toks = row["completion_tokens"]
@@ -197,13 +249,14 @@ def with_cpu(row: dict, before: cb.Snapshot, after: cb.Snapshot) -> dict:
 
 def measure(srv: sv.Server, convs: list[list[dict]], max_tokens: int, conc: int) -> dict:
     """One measurement; the CPU snapshots sit inside the /metrics reads so that those
-    reads are not charged to the tokens."""
+    reads (and the waits for fresh rank telemetry) are not charged to the tokens."""
     lock = srv.name.startswith("lockstep")
     me = os.getpid()
 
     def find() -> dict[str, int]:
         return {**srv.processes(), "bench_client": me}
 
+    phases0 = _rank_phases(srv) if lock else None
     before = _rank_token_latency(srv) if lock else None
     cpu0 = cb.snapshot(find)
     replies, secs = asyncio.run(run_concurrent(srv.url, srv.model, convs, max_tokens, conc))
@@ -217,6 +270,8 @@ def measure(srv: sv.Server, convs: list[list[dict]], max_tokens: int, conc: int)
         gw = out["cpu_us_per_token"]["processes"].get("gateway")
         if gw is not None:
             out["gateway_cpu_us_per_token"] = gw["total"]
+        out["rank_phase_us_per_token"] = _phase_us_per_token(
+            phases0, _rank_phases(srv), out["completion_tokens"])
     return out
 
 
@@ -328,6 +383,11 @@ def summarize_rows(rows: dict[str, dict[int, list[dict]]], concs: tuple[int, ...
     for c in concs:
         s = {name: {k: v for k in KEYS if (v := _median(by_c.get(c, []), k)) is not None}
              for name, by_c in rows.items()}
+        for name, by_c in rows.items():  # nested: leaf-wise medians (null: a trial lacked it)
+            ph = [r["rank_phase_us_per_token"] for r in by_c.get(c, [])
+                  if r.get("rank_phase_us_per_token")]
+            if ph:
+                s[name]["rank_phase_us_per_token"] = _median_tree(ph)
         tok = {name: s[name].get("tok_s") for name in s}
         ttft = {name: s[name].get("ttft_p50_ms") for name in s}
         for name in list(s):
