@@ -138,6 +138,38 @@ def test_up_ready_and_completion(live):
     assert (live["home"] / "keys" / "cluster.key").stat().st_mode & 0o777 == 0o600
 
 
+def _phase_seconds(live) -> dict[tuple[str, str], float]:
+    """(rank, phase) → lockstep_rank_phase_seconds_total, from the gateway's /metrics."""
+    out = {}
+    for ln in httpx.get(live["url"] + "/metrics", timeout=10).text.splitlines():
+        if ln.startswith("lockstep_rank_phase_seconds_total{"):
+            head, value = ln.rsplit(" ", 1)
+            labels = dict(part.split("=", 1) for part in head[head.index("{") + 1:-1].split(","))
+            out[labels["rank"].strip('"'), labels["phase"].strip('"')] = float(value)
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_rank_phase_counters_move_end_to_end(live):
+    """Issue 16: each rank's time per loop phase rides its telemetry to the supervisor and
+    out of the gateway's /metrics; a few tokens move rank 0's step and token sending and
+    the follower's plan applying and step."""
+    before = _phase_seconds(live)
+    r = httpx.post(live["url"] + "/v1/completions", timeout=60,
+                   json={"model": live["model"], "prompt": "the phase clock", "max_tokens": 6})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
+    moved = [("0", "step"), ("0", "sign_send_tokens"), ("0", "sign_send_plan"), ("0", "plan"),
+             ("0", "emit"), ("0", "drain"), ("1", "step"), ("1", "plan")]
+
+    def grown():  # telemetry every second, the gateway's refresh every 2 s: poll
+        now = _phase_seconds(live)
+        return now if all(now.get(k, 0.0) > before.get(k, 0.0) for k in moved) else None
+
+    now = poll_until(grown, 20, "rank phase counters to grow on /metrics", interval=0.25)
+    assert now[("0", "step")] > 0 and now[("0", "sign_send_tokens")] > 0
+    assert not any(k[0] == "1" and k[1] in ("drain", "emit", "sign_send_tokens") for k in now)
+
+
 @pytest.mark.timeout(120)
 def test_openai_client_live(live):
     c, m = client(live), live["model"]
