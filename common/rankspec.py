@@ -59,11 +59,13 @@ class RankSettings:
     prefill_batch: AtLeastOne = 8
     prefill_step: AtLeastOne = 512  # prompt tokens per chunk while no stream is decoding
     # While streams decode, every step runs one decode and one prompt chunk: of
-    # prefill_step_decoding tokens (0 ratio, the default: throughput), or sized by rank 0
-    # so the step takes at most prefill_stall_ratio times a decode-only step (more while
-    # more prompts wait than streams run: services/rank/prefill_policy.py).
-    prefill_stall_ratio: StallRatio = 0.0
+    # prefill_step_decoding tokens (throughput), or, while a prompt of more than
+    # prefill_long_prompt tokens prefills (0: any prompt), sized by rank 0 so the step
+    # takes about prefill_stall_ratio times a decode-only step at most (more while more
+    # prompts wait than streams run; 0 ratio: never; services/rank/prefill_policy.py).
+    prefill_stall_ratio: StallRatio = 3.0
     prefill_step_decoding: AtLeastOne = 512
+    prefill_long_prompt: Count = 2048
     default_max_tokens: AtLeastOne = 256
     # Prefix cache (services/rank/prefix_cache.py): stored entries at most; 0 = off.
     prompt_cache_entries: Count = 32

@@ -2,7 +2,8 @@
 
     lockstep up [--port 8000] [--home ~/.lockstep] [--model PATH] [--tp 2] [--pp 1]
                 [--hosts FILE] [--backend auto|ring|jaccl|mpi] [--host 127.0.0.1]
-                [--prompt-cache-entries 32] [--prompt-cache-bytes 0] [--prefill-stall-ratio 0]
+                [--prompt-cache-entries 32] [--prompt-cache-bytes 0] [--prefill-stall-ratio 3]
+                [--prefill-long-prompt 2048]
 
 Starts `lockstep supervisor`, `lockstep reaper` and `lockstep gateway` as separate
 processes (each in its own session, logs in $LOCKSTEP_HOME/runtime/logs/), writes the
@@ -83,7 +84,8 @@ class UpSettings:
     # gets them through its spec): 0 entries = prefix cache off; 0 bytes = auto.
     prompt_cache_entries: Count = 32
     prompt_cache_bytes: Count = 0
-    prefill_stall_ratio: StallRatio = 0.0  # rank 0's prefill policy; 0 = fixed chunks
+    prefill_stall_ratio: StallRatio = 3.0  # rank 0's prefill policy; 0 = fixed chunks
+    prefill_long_prompt: Count = 2048  # ... steered while streams decode; 0 = every prompt
 
 
 def wait_http_ready(url: str, timeout: float, stop: threading.Event, progress) -> None:
@@ -199,7 +201,8 @@ class Up:
                                         "--report-port", str(s.report_port),
                                         "--prompt-cache-entries", str(s.prompt_cache_entries),
                                         "--prompt-cache-bytes", str(s.prompt_cache_bytes),
-                                        "--prefill-stall-ratio", str(s.prefill_stall_ratio)])
+                                        "--prefill-stall-ratio", str(s.prefill_stall_ratio),
+                                        "--prefill-long-prompt", str(s.prefill_long_prompt)])
         self.admin = AdminLink(self.paths, key, sup.pid)
         self.admin.interrupted = self.stop_flag.is_set
         admin_ep, events_ep = self.admin.wait_endpoints(60.0, self.stop_flag, self.check_children)
@@ -325,7 +328,8 @@ def _parser() -> argparse.ArgumentParser:
                      ("--report-port", int), ("--reaper-events-port", int),
                      ("--ready-timeout", float), ("--stop-timeout", float),
                      ("--restarts", int), ("--prompt-cache-entries", int),
-                     ("--prompt-cache-bytes", int), ("--prefill-stall-ratio", float)):
+                     ("--prompt-cache-bytes", int), ("--prefill-stall-ratio", float),
+                     ("--prefill-long-prompt", int)):
         ap.add_argument(flag, type=tp, default=None)
     return ap
 

@@ -127,6 +127,15 @@ class Engine:
         left += [sum(len(s) for s in p[0]) - 1 for p in g._currently_processing]
         return [n for n in left if n > 0]
 
+    def prefill_sizes(self) -> list[int]:
+        """Prompt tokens each prompt still in prefill had to compute when it started
+        (read as `prefilling()` is): whether it is a long one does not change as it
+        progresses."""
+        g = self.gen
+        sizes = [sum(len(s) for s in seq[1]) - 1 for seq in g._unprocessed_sequences]
+        sizes += [p[2] - 1 for p in g._currently_processing if sum(len(s) for s in p[0]) > 1]
+        return [n for n in sizes if n > 0]
+
     def streaming(self) -> int:
         """Streams the next step decodes for (past their prefill)."""
         return len(self.gen._generation_batch) + sum(

@@ -69,8 +69,8 @@ class Leader(RankLoop):
         self.cache = None if store is None else \
             CachePlanner(store.max_entries, store.max_bytes, self.engine.trimmable)
         s = self.settings
-        self.stall = StallBudget(s.prefill_stall_ratio, s.prefill_step_decoding,
-                                 s.prefill_step)
+        self.stall = StallBudget(s.prefill_stall_ratio, s.prefill_step)
+        self.steered = False  # the last plan's step was steered (prefill_policy.py)
         self.share = 1.0  # the last plan's waiting/streams factor (prefill_policy.share)
         self.rt.on_exit(self._end_all_streams)
 
@@ -228,6 +228,7 @@ class Leader(RankLoop):
         self.pending.extendleft(reversed(waiting))
         plan_removes = [PlanRemove(request_id=rid, reason=why) for rid, why in removes.items()]
         chunk = gate.chunk()
+        self.steered = gate.steering()
         try:
             removed = self.engine.apply(plan_removes, inserts, ops, chunk)
         except Exception as exc:  # noqa: BLE001 - never publish a plan rank 0 can't apply
@@ -262,8 +263,12 @@ class Leader(RankLoop):
         prefilling = self.engine.prefilling()
         streams = self.engine.streaming()
         self.share = share(len(self.pending) + len(prefilling), streams)
+        steered = self.stall.tokens(self.share) if self.stall.on else None
+        long_running = steered is not None and any(
+            n > s.prefill_long_prompt for n in self.engine.prefill_sizes())
         return PrefillGate(prefilling, streams > 0, s.prefill_batch, s.prefill_step,
-                           self.stall.tokens(self.share))
+                           s.prefill_step_decoding, steered, s.prefill_long_prompt,
+                           long_running)
 
     def remaining(self, prompt: list[int]) -> int:
         """Prompt tokens to compute before the first token (the cache's best hit off)."""
@@ -278,7 +283,7 @@ class Leader(RankLoop):
         t0 = time.perf_counter()
         emitted = super().step()  # removals recorded before the streams end
         self.stall.observe(time.perf_counter() - t0, self.engine.last_prompt_tokens,
-                           streams, self.share)
+                           streams, self.share, self.steered)
         if self.cache is not None:
             self.plan_stores(emitted)
         self.emit(emitted)

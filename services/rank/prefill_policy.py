@@ -3,26 +3,33 @@
 mlx-lm's BatchGenerator runs, per `next()`, one decode step for the streams in its
 batch and then one chunk of `prefill_step_size` tokens for *every* prompt in its prompt
 batch, right-padded to the longest. Two costs follow (measured on a CPU rank, see
-docs/design.md "Throughput"):
+docs/design.md "Prefill scheduling"):
 
-- padding: prompts of unequal length prefilled together each compute the longest one's
-  positions, so eight prompts of 250-780 tokens cost eight times the longest;
+- padding: prompts of unequal length prefilled together each compute the longest
+  chunk's positions, so eight prompts of 250-780 tokens in 512-token chunks cost eight
+  times the longest;
 - stalls: every prompt token of a step delays each running stream's next token by its
   compute, so a long prompt prefilled in big chunks freezes the streams for seconds.
 
 So rank 0 decides both, per plan (the plan carries the chunk; every rank applies it):
 
-- while no stream decodes, the first waiting prompt starts, with the waiting prompts
-  whose remaining length is within an eighth of it (up to `prefill_batch`), in
-  chunks of `prefill_step`: full speed, little padding;
-- while streams decode, `prefill_step_decoding` tokens a prompt (the default: the
-  streams pause meanwhile, for throughput); or, with `prefill_stall_ratio` set, one
-  prompt at a time (more, of similar length, only while each keeps MIN_SPLIT tokens a
-  step), and the step's prompt tokens in all are the stall budget's (`StallBudget`: a step within `prefill_stall_ratio` x a
-  decode-only step), split over the prompts in prefill. A prompt served from the
-  prefix cache but for its last token costs no prefill and starts at once.
+- idle (no stream decodes): the first waiting prompt starts, with the waiting prompts
+  whose remaining length is within an eighth of it (up to `prefill_batch`), in chunks
+  of `prefill_step`: full speed, little padding;
+- throughput (streams decode, no long prompt in prefill): the same grouping, in
+  chunks of `prefill_step_decoding` (512) a step: a short prompt joins at full speed
+  and the streams pause meanwhile, as under mlx_lm.server;
+- steered (streams decode and a *long* prompt, more than `prefill_long_prompt` tokens
+  to compute, is in prefill; `prefill_stall_ratio` > 0): the step's prompt tokens are
+  the stall budget's (`StallBudget`: a step within ~`prefill_stall_ratio` x a
+  decode-only step), shared by the prompts in prefill. One long prompt at a time (the
+  others keep their order); short prompts join it rather than wait behind it (in small
+  chunks, padding costs next to nothing). This is vLLM's long-prefill threshold idea:
+  the prompts that would freeze the streams for seconds are the long ones.
 
-Pure decisions on numbers the caller reads off the engine and the cache planner.
+A prompt served from the prefix cache but for its last token costs no prefill and
+starts at once. Pure decisions on numbers the caller reads off the engine and the cache
+planner.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from dataclasses import dataclass, field
 PAD_TOLERANCE = 1 / 8  # prompts prefilled together differ in length by at most this share
 PAD_SLACK = 16  # ... or by this many tokens (short prompts)
 START_CHUNK = 16  # the steered chunk before any step was measured
-MIN_SPLIT = 32  # while streams decode, prompts in prefill each get at least this a step
+MIN_SPLIT = 32  # throughput mode: prompts in prefill each get at least this a step
 EMA = 0.3  # weight of the newest step time in the running estimates
 DAMPING = 0.5  # chunk update exponent: moves half way (in log) towards the target
 # The ratio bounds the p99 of running streams' token gaps, so the chunk aims at half the
@@ -46,22 +53,26 @@ def similar(a: int, b: int) -> bool:
 
 
 class StallBudget:
-    """The prompt chunk while streams decode, from rank 0's own step times: a step that
-    also prefills may take at most `ratio` x a decode-only step (issue 16: running
-    streams' inter-token latency p99 within 3x their median while a long prompt
-    prefills). The more prompts wait for their first token per running stream, the
-    more of a step they get (`waiting / streams`, never less than 1), so a burst of
-    new prompts is not starved by one stream. `ratio` 0: the fixed chunk `fixed`.
+    """The steered prompt chunk, from rank 0's own step times: a step that also
+    prefills may take at most `ratio` x a decode-only step (issue 16: running streams'
+    inter-token latency p99 within 3x their median while a long prompt prefills). The
+    more prompts wait for their first token per running stream, the more of a step they
+    get (`waiting / streams`, never less than 1), so a burst of new prompts is not
+    starved by one stream. `ratio` 0: steering is off.
 
     A prompt token's cost is not linear (each forward pass re-reads the weights), so
-    the chunk is steered multiplicatively towards the target from each measured step,
-    not computed from a per-token price. Decisions only; the caller times steps."""
+    the chunk is steered multiplicatively towards the target from each measured steered
+    step, not computed from a per-token price. Decisions only; the caller times steps."""
 
-    def __init__(self, ratio: float, fixed: int, prefill_step: int) -> None:
+    def __init__(self, ratio: float, prefill_step: int) -> None:
         self.ratio = ratio
         self.prefill_step = prefill_step
-        self.chunk = float(min(fixed if ratio <= 0 else START_CHUNK, prefill_step))
+        self.chunk = float(min(START_CHUNK, prefill_step))
         self.decode_s: dict[int, float] = {}  # streams → a decode-only step, running estimate
+
+    @property
+    def on(self) -> bool:
+        return self.ratio > 0
 
     def decode_time(self, streams: int) -> float | None:
         """A decode-only step of `streams` streams (or one more or fewer), if one has
@@ -72,27 +83,31 @@ class StallBudget:
                 return self.decode_s[n]
         return None
 
-    def observe(self, seconds: float, prompt_tokens: int, streams: int, share: float) -> None:
+    def observe(self, seconds: float, prompt_tokens: int, streams: int, share: float,
+                steered: bool = True) -> None:
         """One step took `seconds`, computed `prompt_tokens` prompt tokens and decoded
-        `streams` streams; `share` is the waiting/streams factor it was planned with."""
-        if self.ratio <= 0 or streams == 0 or seconds <= 0:
+        `streams` streams; `share` is the waiting/streams factor it was planned with,
+        `steered` whether its chunk was this budget's (a throughput step's 512 tokens
+        say little of a small chunk's cost)."""
+        if not self.on or streams == 0 or seconds <= 0:
             return
         if prompt_tokens == 0:
             old = self.decode_s.get(streams)
             self.decode_s[streams] = seconds if old is None else (1 - EMA) * old + EMA * seconds
             return
         decode = self.decode_time(streams)
-        if decode is None:
+        if not steered or decode is None:
             return  # no basis at this batch size: keep the chunk until there is one
         allowed = max(self.ratio - 1.0, 0.0) * AIM * share * decode
         extra = max(seconds - decode, 1e-4)
-        want = self.chunk * (max(allowed, 1e-4) / extra) ** DAMPING
+        # From the tokens really computed (a step may have carried more than the budget,
+        # or fewer: a prompt's last chunk), per share, towards what fits the allowance.
+        target = prompt_tokens / share * max(allowed, 1e-4) / extra
+        want = self.chunk ** (1 - DAMPING) * max(target, 1e-4) ** DAMPING
         self.chunk = min(float(self.prefill_step), max(1.0, want))
 
     def tokens(self, share: float) -> int:
-        """Prompt tokens, in all, for the next step while streams decode."""
-        if self.ratio <= 0:
-            return max(1, int(self.chunk))
+        """Prompt tokens, in all, for the next steered step."""
         return max(1, min(self.prefill_step, int(self.chunk * share)))
 
 
@@ -107,45 +122,73 @@ class PrefillGate:
 
     `prefilling`: prompt tokens still to compute of each prompt already in the batch
     (> 0 only); `remaining` of a waiting prompt: its tokens to compute before its first
-    token (prompt - cached - 1, the last one is fed by the first decode step)."""
+    token (prompt - cached - 1, the last one is fed by the first decode step).
+    `budget`: prompt tokens a throughput step (streams decoding) computes in all;
+    `steered`: a steered step's (None: steering off); a prompt with more than
+    `long_prompt` tokens to compute is long (0: every prompt); `long_running`: a long
+    prompt is in prefill already (the caller knows their sizes at insert)."""
 
     prefilling: list[int]
     decoding: bool
     prefill_batch: int
     prefill_step: int
     budget: int
+    steered: int | None = None
+    long_prompt: int = 0
+    long_running: bool = False
     admitted: list[int] = field(default_factory=list)
     asked: int = 0  # waiting prompts asked about so far
     head_refused: bool = False  # the first one was: nothing may overtake it
+    long_refused: bool = False  # a long one waits: no later long one overtakes it
 
     def in_prefill(self) -> list[int]:
         return self.prefilling + self.admitted
+
+    def is_long(self, remaining: int) -> bool:
+        return self.steered is not None and remaining > self.long_prompt
+
+    def steering(self) -> bool:
+        """Is this plan's step steered (streams decode while a long prompt prefills)?"""
+        return self.decoding and self.steered is not None and (
+            self.long_running or any(self.is_long(n) for n in self.admitted))
 
     def more(self) -> bool:
         """Is there room for another prompt in prefill at this plan?"""
         n = len(self.in_prefill())
         if n >= self.prefill_batch or self.head_refused:
             return False
-        if not self.decoding or n == 0:
+        if not self.decoding or n == 0 or self.steering():
             return True
-        # While streams decode, a budget split into crumbs buys nothing: another prompt
-        # joins only if each keeps MIN_SPLIT tokens a step (a small model's cheap steps).
+        # Throughput: a budget split into crumbs buys nothing: another prompt joins
+        # only if each keeps MIN_SPLIT tokens a step (a small model's cheap steps).
         return self.budget // (n + 1) >= MIN_SPLIT
 
     def admits(self, remaining: int) -> bool:
         """Start this waiting prompt now? Ask in queue order. Later prompts of similar
         length may join the queue's head, never overtake it: once the head is refused
-        (it does not fit what is in prefill), nothing more starts at this plan."""
+        (it does not fit what is in prefill), nothing more starts at this plan. While
+        streams decode, long prompts start one at a time, in order; short ones join a
+        steered one (its small chunks pad little) and may pass a long one that waits."""
         first = self.asked == 0
         self.asked += 1
         if remaining <= 0:
             return True  # nothing to prefill: it only takes the next decode step
+        if not self.more():
+            if first:
+                self.head_refused = True
+            return False
         current = self.in_prefill()
-        ok = self.more() and (not current or similar(remaining, max(current)))
+        if self.decoding and self.is_long(remaining):
+            ok = not self.long_refused and not self.steering()
+            self.long_refused |= not ok
+        elif self.steering():
+            ok = True
+        else:
+            ok = not current or similar(remaining, max(current))
+            if not ok and first:
+                self.head_refused = True
         if ok:
             self.admitted.append(remaining)
-        elif first:
-            self.head_refused = True
         return ok
 
     def withdraw(self, remaining: int) -> None:
@@ -157,5 +200,6 @@ class PrefillGate:
         """Prompt tokens per prompt for the next step."""
         if not self.decoding:
             return self.prefill_step
+        total = self.steered if self.steering() else self.budget
         n = min(len(self.in_prefill()), self.prefill_batch)
-        return max(1, min(self.prefill_step, self.budget // max(1, n)))
+        return max(1, min(self.prefill_step, total // max(1, n)))

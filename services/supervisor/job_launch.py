@@ -73,7 +73,7 @@ def _write_private(path: Path, text: str) -> None:
 RANK_FIELDS = ("lease_ttl", "peer_abort_grace", "progress_stall_timeout",
                "signal_clear_timeout", "rank_telemetry_interval_s", "max_open_requests",
                "prompt_cache_entries", "prompt_cache_bytes", "prefill_stall_ratio",
-               "prefill_step_decoding", "rank_test_seams")
+               "prefill_step_decoding", "prefill_long_prompt", "rank_test_seams")
 
 
 @functools.cache

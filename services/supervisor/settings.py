@@ -27,8 +27,9 @@ A field's name is the setting's one name: flag `--peer-abort-grace`, variable
 | max_open_requests | 0 | rank 0 refuses a request (429 at the gateway) while this many are open; 0 = 8 x max_batch (128) |
 | prompt_cache_entries | 32 | prefix-cache entries every rank may hold (LRU, decided by rank 0); 0 = the prefix cache is off |
 | prompt_cache_bytes | 0 | prefix-cache bytes of KV per rank; 0 = auto: min(4 GiB, this host's physical memory / 8), resolved once here so every rank gets the same number |
-| prefill_stall_ratio | 0 | 0 = throughput: while streams decode, each step prefills prefill_step_decoding prompt tokens; X > 0 = smooth streams: rank 0 sizes each step's prompt chunk so the step takes at most X times a decode-only step (more while more prompts wait than streams run) |
-| prefill_step_decoding | 512 | the prompt chunk while streams decode when prefill_stall_ratio is 0 |
+| prefill_stall_ratio | 3 | while streams decode and a long prompt (see prefill_long_prompt) prefills, rank 0 sizes each step's prompt chunk so the step takes at most X times a decode-only step (more while more prompts wait than streams run); 0 = never: always prefill_step_decoding chunks |
+| prefill_step_decoding | 512 | the prompt chunk while streams decode and no long prompt prefills (or prefill_stall_ratio is 0) |
+| prefill_long_prompt | 2048 | a prompt with more tokens than this to compute is long: prefilled in steered chunks while streams decode; 0 = every prompt |
 | rank_test_seams | false | lets ranks honour LOCKSTEP_TEST_* fault switches (tests only) |
 | hosts | (none) | hosts file (mlx.launch format) for deploys that name no hosts (`--hosts FILE`) |
 | ssh_config | (empty) | ssh client config (`ssh -F`) for remote hosts that set none of their own |
@@ -84,8 +85,9 @@ class SupervisorSettings:
     max_open_requests: Count = 0  # rank 0's bound (common.rankspec.RankSettings)
     prompt_cache_entries: Count = 32  # 0: prefix cache off
     prompt_cache_bytes: Count = 0  # per rank; 0: auto (job_launch.rank_settings resolves it)
-    prefill_stall_ratio: StallRatio = 0.0  # rank 0's prefill policy (rank/prefill_policy.py)
+    prefill_stall_ratio: StallRatio = 3.0  # rank 0's prefill policy (rank/prefill_policy.py)
     prefill_step_decoding: AtLeastOne = 512
+    prefill_long_prompt: Count = 2048
     rank_test_seams: bool = False
     canary_runs: AtLeastOne = 3
     canary_window_s: Seconds = 1.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import time
 
 import psutil
 import pytest
@@ -177,6 +178,30 @@ def test_abort_mid_decode_removes_at_the_same_step_everywhere(deployment, refere
     d.abort(victim)
     d.abort("no-such-request")
     assert d.generate(*PROMPTS[0]).tokens == reference[0]
+
+
+# -- prefill scheduling ----------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_a_long_prompt_prefills_between_the_running_streams_tokens(tp, greedy):
+    """A prompt over `prefill_long_prompt` (2048) arriving while streams decode is
+    prefilled in the small chunks rank 0 sizes (services/rank/prefill_policy.py), which
+    every rank applies alike: the streams keep emitting meanwhile (at full 512-token
+    chunks they would get 4 tokens in), and its own tokens are mlx-lm's greedy ones."""
+    long_prompt = [5 + (7 * i * i + 3 * i) % 1000 for i in range(2300)]
+    want = greedy(long_prompt, 3)
+    runs = [tp.submit(p, LONG) for p, _ in PROMPTS[:2]]
+    for rid in runs:
+        tp.wait_tokens(rid, 2)
+    arrived = time.time()  # rank 0 stamps tokens with this host's wall clock
+    r = tp.result(tp.submit(long_prompt, 3), timeout=150)
+    assert (r.tokens, r.finish_reason) == (want, "length")
+    for rid in runs:
+        tp.abort(rid)
+        times = tp.result(rid).token_times
+        during = [t for t in times if arrived < t < r.token_times[0]]
+        assert len(during) >= 12, (len(during), len(times))
 
 
 # -- cancel broadcasts -----------------------------------------------------------------

@@ -5,8 +5,10 @@ from __future__ import annotations
 from services.rank.prefill_policy import PrefillGate, StallBudget, share, similar
 
 
-def gate(prefilling=(), decoding=False, batch=8, step=512, budget=16) -> PrefillGate:
-    return PrefillGate(list(prefilling), decoding, batch, step, budget)
+def gate(prefilling=(), decoding=False, batch=8, step=512, budget=16, steered=None,
+         long_prompt=0, long_running=False) -> PrefillGate:
+    return PrefillGate(list(prefilling), decoding, batch, step, budget, steered, long_prompt,
+                       long_running)
 
 
 def admitted(g: PrefillGate, waiting: list[int]) -> list[int]:
@@ -30,12 +32,41 @@ def test_idle_group_is_capped_by_prefill_batch():
     assert admitted(g, [300, 300, 300]) == [300, 300]
 
 
-def test_while_streams_decode_one_prompt_at_a_time():
+def test_while_streams_decode_a_small_budget_takes_one_prompt_at_a_time():
     g = gate(decoding=True, budget=12)
     assert admitted(g, [400, 400, 10]) == [400]
     assert g.chunk() == 12
     busy = gate(prefilling=[100], decoding=True)
     assert not busy.more()  # the next one waits for the running prefill
+
+
+def test_while_streams_decode_a_long_prompt_is_steered_and_short_ones_join_it():
+    """Prompts over `long_prompt` get the stall budget's chunk; shorter ones behind a
+    long one join it (small chunks pad little) instead of waiting out its prefill."""
+    g = gate(decoding=True, budget=512, steered=12, long_prompt=2048)
+    assert admitted(g, [3000, 300]) == [3000, 300]
+    assert g.steering() and g.chunk() == 6
+    # Long prompts go one at a time, in order; a short one may pass a waiting long one.
+    g = gate(prefilling=[2500], decoding=True, budget=512, steered=12, long_prompt=2048,
+             long_running=True)
+    assert admitted(g, [4000, 300, 3000, 200]) == [300, 200]
+    assert g.chunk() == 4
+    # A long prompt past its threshold stays long: the caller says so (long_running).
+    g = gate(prefilling=[900], decoding=True, budget=512, steered=12, long_prompt=2048,
+             long_running=True)
+    assert g.steering() and g.chunk() == 12
+
+
+def test_short_prompts_while_streams_decode_take_the_throughput_chunk():
+    g = gate(decoding=True, budget=512, steered=12, long_prompt=2048)
+    assert admitted(g, [300, 310, 1200]) == [300, 310]
+    assert not g.steering() and g.chunk() == 256
+    # Steering off (ratio 0): a long prompt is prefilled like a short one.
+    g = gate(decoding=True, budget=512, steered=None, long_prompt=2048)
+    assert admitted(g, [3000]) == [3000] and not g.steering() and g.chunk() == 512
+    # Nothing decodes: full speed, whatever the length.
+    g = gate(decoding=False, budget=512, steered=12, long_prompt=2048)
+    assert admitted(g, [3000]) == [3000] and g.chunk() == 512
 
 
 def test_while_streams_decode_a_big_budget_is_shared_by_similar_prompts():
@@ -74,7 +105,7 @@ def test_stall_budget_steers_the_chunk_to_the_target_ratio():
     part: the chunk settles where a step is ~2x a decode-only step (half the stall a
     ratio of 3 allows: the ratio bounds the p99, noise comes on top)."""
     decode, fixed, per_token = 0.09, 0.06, 0.006
-    b = StallBudget(3.0, fixed=16, prefill_step=512)
+    b = StallBudget(3.0, prefill_step=512)
     b.observe(decode, 0, streams=4, share=1.0)
     for _ in range(40):
         n = b.tokens(1.0)
@@ -85,26 +116,37 @@ def test_stall_budget_steers_the_chunk_to_the_target_ratio():
 
 
 def test_stall_budget_gives_waiting_prompts_more_when_they_outnumber_streams():
-    b = StallBudget(3.0, fixed=16, prefill_step=512)
+    b = StallBudget(3.0, prefill_step=512)
     assert b.tokens(share(waiting=7, streams=1)) == 16 * 7
     assert b.tokens(share(waiting=1, streams=4)) == 16
     assert b.tokens(share(waiting=100, streams=1)) == 512  # never above prefill_step
 
 
-def test_stall_budget_needs_a_decode_only_step_and_off_is_fixed():
-    b = StallBudget(3.0, fixed=16, prefill_step=512)
+def test_stall_budget_needs_a_decode_only_step_and_a_steered_step():
+    b = StallBudget(3.0, prefill_step=512)
     b.observe(5.0, 16, streams=4, share=1.0)  # no decode-only step seen yet: no basis
     assert b.tokens(1.0) == 16
-    off = StallBudget(0.0, fixed=128, prefill_step=512)
-    off.observe(0.1, 0, streams=4, share=1.0)
-    off.observe(9.0, 128, streams=4, share=1.0)
-    assert off.tokens(5.0) == 128
+    b.observe(0.1, 0, streams=4, share=1.0)
+    b.observe(9.0, 512, streams=4, share=1.0, steered=False)  # a throughput step
+    assert b.tokens(1.0) == 16
+    assert not StallBudget(0.0, prefill_step=512).on
+
+
+def test_stall_budget_steers_from_the_tokens_really_computed():
+    """A step that carried twice the budget (short prompts joined) and took twice the
+    allowance says the budget itself was right: the chunk holds."""
+    decode = 0.125  # exact in binary: the check is not about rounding
+    b = StallBudget(3.0, prefill_step=512)
+    b.observe(decode, 0, streams=4, share=1.0)
+    allowed = (3.0 - 1.0) * 0.5 * decode
+    b.observe(decode + 2 * allowed, 32, streams=4, share=1.0)
+    assert b.tokens(1.0) == 16
 
 
 def test_stall_budget_judges_a_step_only_against_a_decode_step_of_its_batch_size():
     """A decode-only step seen at 1 stream says nothing of one at 7: the chunk holds
     (it once collapsed to 1 token against a stale 1-stream estimate)."""
-    b = StallBudget(3.0, fixed=16, prefill_step=512)
+    b = StallBudget(3.0, prefill_step=512)
     b.observe(0.004, 0, streams=1, share=1.0)
     for _ in range(20):
         b.observe(0.014, 20, streams=7, share=1.0)
