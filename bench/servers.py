@@ -68,6 +68,8 @@ def batch_settings() -> dict[str, int]:
         out["lockstep_only_prefill_step_decoding"] = rs.prefill_step_decoding
     if hasattr(rs, "prefill_stall_ratio"):  # 0: fixed chunks (services/rank/prefill_policy.py)
         out["lockstep_only_prefill_stall_ratio"] = rs.prefill_stall_ratio
+    if hasattr(rs, "prefill_long_prompt"):  # longer prompts are steered while streams decode
+        out["lockstep_only_prefill_long_prompt"] = rs.prefill_long_prompt
     return out
 
 
