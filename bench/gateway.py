@@ -43,6 +43,7 @@ import json
 import os
 import platform
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -496,6 +497,10 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out
     if a.quick and out is None:  # a smoke never overwrites the committed result
         out = Path(tempfile.gettempdir()) / "lockstep-bench-quick"
+    # Killed (SIGTERM, a closed terminal): leave through the finally blocks, which stop
+    # the servers it started in their own sessions.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
     res = run(out, cfg)
     print(f"wrote {out or RESULTS}/gateway.json")
     print(json.dumps({p: r["summary"] for p, r in res["presets"].items()}, indent=1))

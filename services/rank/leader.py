@@ -228,7 +228,7 @@ class Leader(RankLoop):
         self.pending.extendleft(reversed(waiting))
         plan_removes = [PlanRemove(request_id=rid, reason=why) for rid, why in removes.items()]
         chunk = gate.chunk()
-        self.steered = gate.steering()
+        self.steered = gate.steering() and not gate.boosted()  # what StallBudget learns from
         try:
             removed = self.engine.apply(plan_removes, inserts, ops, chunk)
         except Exception as exc:  # noqa: BLE001 - never publish a plan rank 0 can't apply
@@ -264,8 +264,8 @@ class Leader(RankLoop):
         streams = self.engine.streaming()
         self.share = share(len(self.pending) + len(prefilling), streams)
         steered = self.stall.tokens(self.share) if self.stall.on else None
-        long_running = steered is not None and any(
-            n > s.prefill_long_prompt for n in self.engine.prefill_sizes())
+        long_running = 0 if steered is None else sum(
+            1 for n in self.engine.prefill_sizes() if n > s.prefill_long_prompt)
         return PrefillGate(prefilling, streams > 0, s.prefill_batch, s.prefill_step,
                            s.prefill_step_decoding, steered, s.prefill_long_prompt,
                            long_running)

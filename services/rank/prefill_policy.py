@@ -23,9 +23,11 @@ So rank 0 decides both, per plan (the plan carries the chunk; every rank applies
   to compute, is in prefill; `prefill_stall_ratio` > 0): the step's prompt tokens are
   the stall budget's (`StallBudget`: a step within ~`prefill_stall_ratio` x a
   decode-only step), shared by the prompts in prefill. One long prompt at a time (the
-  others keep their order); short prompts join it rather than wait behind it (in small
-  chunks, padding costs next to nothing). This is vLLM's long-prefill threshold idea:
-  the prompts that would freeze the streams for seconds are the long ones.
+  others keep their order); a short prompt joins it rather than wait out its prefill,
+  and is prefilled at the throughput chunk as it would be without it (the long one
+  advances as much in those steps: one chunk size for the whole prompt batch). This is
+  vLLM's long-prefill threshold idea: the prompts that would freeze the streams for
+  seconds are the long ones.
 
 A prompt served from the prefix cache but for its last token costs no prefill and
 starts at once. Pure decisions on numbers the caller reads off the engine and the cache
@@ -125,8 +127,8 @@ class PrefillGate:
     token (prompt - cached - 1, the last one is fed by the first decode step).
     `budget`: prompt tokens a throughput step (streams decoding) computes in all;
     `steered`: a steered step's (None: steering off); a prompt with more than
-    `long_prompt` tokens to compute is long (0: every prompt); `long_running`: a long
-    prompt is in prefill already (the caller knows their sizes at insert)."""
+    `long_prompt` tokens to compute is long (0: every prompt); `long_running`: how many
+    of `prefilling` are long (the caller knows their sizes at insert)."""
 
     prefilling: list[int]
     decoding: bool
@@ -135,7 +137,7 @@ class PrefillGate:
     budget: int
     steered: int | None = None
     long_prompt: int = 0
-    long_running: bool = False
+    long_running: int = 0
     admitted: list[int] = field(default_factory=list)
     asked: int = 0  # waiting prompts asked about so far
     head_refused: bool = False  # the first one was: nothing may overtake it
@@ -149,8 +151,14 @@ class PrefillGate:
 
     def steering(self) -> bool:
         """Is this plan's step steered (streams decode while a long prompt prefills)?"""
-        return self.decoding and self.steered is not None and (
-            self.long_running or any(self.is_long(n) for n in self.admitted))
+        return self.decoding and self.steered is not None and self.longs() > 0
+
+    def longs(self) -> int:
+        return self.long_running + sum(1 for n in self.admitted if self.is_long(n))
+
+    def boosted(self) -> bool:
+        """A steered step that also prefills short prompts: at the throughput chunk."""
+        return self.steering() and len(self.in_prefill()) > self.longs()
 
     def more(self) -> bool:
         """Is there room for another prompt in prefill at this plan?"""
@@ -200,6 +208,8 @@ class PrefillGate:
         """Prompt tokens per prompt for the next step."""
         if not self.decoding:
             return self.prefill_step
-        total = self.steered if self.steering() else self.budget
-        n = min(len(self.in_prefill()), self.prefill_batch)
-        return max(1, min(self.prefill_step, total // max(1, n)))
+        n = max(1, min(len(self.in_prefill()), self.prefill_batch))
+        per = self.budget // n
+        if self.steering() and not self.boosted():
+            per = self.steered // n
+        return max(1, min(self.prefill_step, per))

@@ -6,7 +6,7 @@ from services.rank.prefill_policy import PrefillGate, StallBudget, share, simila
 
 
 def gate(prefilling=(), decoding=False, batch=8, step=512, budget=16, steered=None,
-         long_prompt=0, long_running=False) -> PrefillGate:
+         long_prompt=0, long_running=0) -> PrefillGate:
     return PrefillGate(list(prefilling), decoding, batch, step, budget, steered, long_prompt,
                        long_running)
 
@@ -41,20 +41,24 @@ def test_while_streams_decode_a_small_budget_takes_one_prompt_at_a_time():
 
 
 def test_while_streams_decode_a_long_prompt_is_steered_and_short_ones_join_it():
-    """Prompts over `long_prompt` get the stall budget's chunk; shorter ones behind a
-    long one join it (small chunks pad little) instead of waiting out its prefill."""
+    """Prompts over `long_prompt` get the stall budget's chunk; a shorter one behind a
+    long one joins it instead of waiting out its prefill, at the throughput chunk it
+    would get without it."""
+    g = gate(decoding=True, budget=512, steered=12, long_prompt=2048)
+    assert admitted(g, [3000]) == [3000]
+    assert g.steering() and not g.boosted() and g.chunk() == 12
     g = gate(decoding=True, budget=512, steered=12, long_prompt=2048)
     assert admitted(g, [3000, 300]) == [3000, 300]
-    assert g.steering() and g.chunk() == 6
+    assert g.boosted() and g.chunk() == 256
     # Long prompts go one at a time, in order; a short one may pass a waiting long one.
     g = gate(prefilling=[2500], decoding=True, budget=512, steered=12, long_prompt=2048,
-             long_running=True)
+             long_running=1)
     assert admitted(g, [4000, 300, 3000, 200]) == [300, 200]
-    assert g.chunk() == 4
+    assert g.chunk() == 170
     # A long prompt past its threshold stays long: the caller says so (long_running).
     g = gate(prefilling=[900], decoding=True, budget=512, steered=12, long_prompt=2048,
-             long_running=True)
-    assert g.steering() and g.chunk() == 12
+             long_running=1)
+    assert g.steering() and not g.boosted() and g.chunk() == 12
 
 
 def test_short_prompts_while_streams_decode_take_the_throughput_chunk():
