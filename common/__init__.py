@@ -15,7 +15,7 @@ deployment, on another schema version, a missing field or an unknown key):
 Files: `atomic_json.py` writes and reads any state file (atomic, 0600, `schema_version`),
 `records.py` holds the on-disk record types, `home.py` the `$LOCKSTEP_HOME` layout
 (`Paths`) and each on-disk record's reader and writer. Other modules: `envelope.py`
-(signing, caps, replay), `schema.py` + `messages.py` (typed bodies), `bus.py` (sockets,
+(signing, caps, replay), `schema.py` + `messages/` (typed bodies), `bus.py` (sockets,
 RPC), `frame_budget.py` (what unauthenticated frames may cost a listener),
 `handshake.py` (session auth), `procs.py` (process identity, the teardown ladder),
 `launcher_watch.py` (services watching `lockstep up`), `config.py` (settings).

@@ -22,7 +22,7 @@ from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
 
 MAX_TOP_LOGPROBS = 20  # chat's bound (OpenAI); completions' `logprobs` is allowed as far
-MAX_LOGIT_BIAS = 1024  # entries (the wire's bound, common/messages.py BIAS_LIST)
+MAX_LOGIT_BIAS = 1024  # entries (the wire's bound, common/messages/base.py BIAS_LIST)
 BIAS_LIMIT = 100.0
 MAX_CONTEXT_SIZE = 1 << 20
 

@@ -4,7 +4,7 @@ registry maps names to modules. Each module has `Args` (a dataclass the request'
 `async run(sup, args) -> dict`.
 
 Wire: `AdminRequest(request_id, command, args)` → `AdminReply(request_id, ok, code,
-message, data)`; `code` is an AdminCode (common/messages.py): OK on success, else why not.
+message, data)`; `code` is an AdminCode (common/messages/admin.py): OK on success, else why not.
 """
 
 from __future__ import annotations

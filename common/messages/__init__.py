@@ -1,0 +1,173 @@
+"""The closed set of message kinds and one typed body per kind.
+
+Channels (DESIGN.md §2) and who may send what, one module each:
+  admin     ADMIN_REQUEST → ADMIN_REPLY                  (cluster key)        admin.py
+  events    EVENT                                         (cluster key)        admin.py
+  requests  GENERATE, ABORT, STATS_REQUEST → TOKENS, STATS (launch key "requests")
+                                                                               requests.py
+  plan      PLAN_HELLO → PLAN_WELCOME, PLAN, PLAN_FETCH → PLAN_BATCH, PING → PONG
+                                                          (launch key "plan")  plan.py
+  control   CANCEL, SERVE, SHUTDOWN, LEASE, CACHE_CLEAR  (launch key "control") control.py
+  report    RANK_READY, TELEMETRY, CANCEL_ACK, CACHE_CLEARED (launch key "report")
+                                                                               report.py
+  auth      AUTH_HELLO → AUTH_CHALLENGE → AUTH_PROOF → AUTH_OK (session handshake on the
+            plan and report sockets, signed with that socket's key; common/handshake.py)
+                                                                               auth.py
+`Kind`, the kinds each channel accepts and the shared size caps are in base.py. Every
+public name is re-exported here: `from common.messages import X` is the way in.
+`BODY` maps each kind to its one body class (common/envelope.py decodes by it).
+"""
+
+from __future__ import annotations
+
+from common.messages.admin import AdminCode, AdminReply, AdminRequest, Event
+from common.messages.auth import HANDSHAKE_BYTES, AuthChallenge, AuthHello, AuthOk, AuthProof
+from common.messages.base import (
+    ADMIN_IN,
+    ADMIN_OUT,
+    AUTH_TO_INITIATOR,
+    AUTH_TO_RESPONDER,
+    BIAS_LIST,
+    BIG_LIST,
+    CONTROL,
+    EVENTS,
+    GRAMMAR,
+    PLAN_TO_FOLLOWER,
+    PLAN_TO_LEADER,
+    REPORT,
+    REPORT_TO_RANK,
+    REQUESTS_IN,
+    REQUESTS_OUT,
+    TEXT,
+    Kind,
+)
+from common.messages.control import CacheClear, Cancel, Lease, Serve, Shutdown
+from common.messages.plan import (
+    CacheOp,
+    CacheOpKind,
+    Ping,
+    Plan,
+    PlanBatch,
+    PlanFetch,
+    PlanHello,
+    PlanInsert,
+    PlanRemove,
+    PlanWelcome,
+    Pong,
+)
+from common.messages.report import (
+    CacheCleared,
+    CacheStats,
+    CancelAck,
+    LoadProgress,
+    PhaseTimes,
+    RankReady,
+    Telemetry,
+)
+from common.messages.requests import (
+    Abort,
+    ErrorCode,
+    Generate,
+    Stats,
+    StatsRequest,
+    TokenBias,
+    Tokens,
+    TokensBatch,
+)
+
+__all__ = [
+    "ADMIN_IN",
+    "ADMIN_OUT",
+    "AUTH_TO_INITIATOR",
+    "AUTH_TO_RESPONDER",
+    "Abort",
+    "AdminCode",
+    "AdminReply",
+    "AdminRequest",
+    "AuthChallenge",
+    "AuthHello",
+    "AuthOk",
+    "AuthProof",
+    "BIAS_LIST",
+    "BIG_LIST",
+    "BODY",
+    "CONTROL",
+    "CacheClear",
+    "CacheCleared",
+    "CacheOp",
+    "CacheOpKind",
+    "CacheStats",
+    "Cancel",
+    "CancelAck",
+    "EVENTS",
+    "ErrorCode",
+    "Event",
+    "GRAMMAR",
+    "Generate",
+    "HANDSHAKE_BYTES",
+    "KIND_OF",
+    "Kind",
+    "Lease",
+    "LoadProgress",
+    "PLAN_TO_FOLLOWER",
+    "PLAN_TO_LEADER",
+    "PhaseTimes",
+    "Ping",
+    "Plan",
+    "PlanBatch",
+    "PlanFetch",
+    "PlanHello",
+    "PlanInsert",
+    "PlanRemove",
+    "PlanWelcome",
+    "Pong",
+    "REPORT",
+    "REPORT_TO_RANK",
+    "REQUESTS_IN",
+    "REQUESTS_OUT",
+    "RankReady",
+    "Serve",
+    "Shutdown",
+    "Stats",
+    "StatsRequest",
+    "TEXT",
+    "Telemetry",
+    "TokenBias",
+    "Tokens",
+    "TokensBatch",
+]
+
+BODY: dict[Kind, type] = {
+    Kind.ADMIN_REQUEST: AdminRequest,
+    Kind.ADMIN_REPLY: AdminReply,
+    Kind.EVENT: Event,
+    Kind.GENERATE: Generate,
+    Kind.ABORT: Abort,
+    Kind.TOKENS: Tokens,
+    Kind.TOKENS_BATCH: TokensBatch,
+    Kind.STATS_REQUEST: StatsRequest,
+    Kind.STATS: Stats,
+    Kind.PLAN_HELLO: PlanHello,
+    Kind.PLAN_WELCOME: PlanWelcome,
+    Kind.PLAN: Plan,
+    Kind.PLAN_FETCH: PlanFetch,
+    Kind.PLAN_BATCH: PlanBatch,
+    Kind.PING: Ping,
+    Kind.PONG: Pong,
+    Kind.CANCEL: Cancel,
+    Kind.SERVE: Serve,
+    Kind.SHUTDOWN: Shutdown,
+    Kind.LEASE: Lease,
+    Kind.RANK_READY: RankReady,
+    Kind.TELEMETRY: Telemetry,
+    Kind.CANCEL_ACK: CancelAck,
+    Kind.CACHE_CLEAR: CacheClear,
+    Kind.CACHE_CLEARED: CacheCleared,
+    Kind.AUTH_HELLO: AuthHello,
+    Kind.AUTH_CHALLENGE: AuthChallenge,
+    Kind.AUTH_PROOF: AuthProof,
+    Kind.AUTH_OK: AuthOk,
+}
+KIND_OF: dict[type, Kind] = {cls: kind for kind, cls in BODY.items()}
+assert set(BODY) == set(Kind), "every kind needs exactly one schema"
+assert len(KIND_OF) == len(BODY), "every schema serves exactly one kind"

@@ -1,0 +1,114 @@
+"""Plan channel (launch key "plan"), rank 0 ↔ followers: rank 0 publishes one PLAN per
+step (what every rank applies before it: removes, cache ops, inserts), followers say
+PLAN_HELLO (→ PLAN_WELCOME) on joining, PLAN_FETCH (→ PLAN_BATCH) to replay plans they
+missed, and answer rank 0's PING with PONG. The socket's session handshake is auth.py's.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from common.messages.base import BIAS_LIST, BIG_LIST, GRAMMAR
+from common.messages.requests import TokenBias
+
+
+@dataclass
+class PlanInsert:
+    request_id: str
+    prompt: list[int] = field(metadata=BIG_LIST)
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    stop_token_ids: list[int] = field(default_factory=list)
+    # Prefix cache (services/rank/prefix_cache.py): start from entry `cache_entry` (0:
+    # none) trimmed to its first `cached_tokens` tokens, which equal the prompt's.
+    cache_entry: int = 0
+    cached_tokens: int = 0
+    # Sampling, as in Generate (validated by rank 0; every rank applies the same).
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    repetition_context_size: int = 20
+    logit_bias: list[TokenBias] = field(default_factory=list, metadata=BIAS_LIST)
+    top_logprobs: int = -1  # rank 0 alone reads it (followers send no tokens)
+    grammar: str = field(default="", metadata=GRAMMAR)  # as in Generate; every rank masks alike
+
+
+@dataclass
+class PlanRemove:
+    request_id: str
+    reason: str
+
+
+class CacheOpKind(str, enum.Enum):
+    """What a plan does to every rank's prompt-cache store (applied in plan order)."""
+
+    STORE = "store"  # keep the KV of `request_id`, which finished at the previous step
+    EVICT = "evict"  # drop entry `entry_id`
+    CLEAR = "clear"  # drop every entry
+
+
+@dataclass
+class CacheOp:
+    kind: CacheOpKind
+    entry_id: int = 0
+    request_id: str = ""
+    n_tokens: int = 0  # STORE: the tokens the entry covers (prompt + generated, as fed)
+    nbytes: int = 0  # STORE: rank 0's bytes for it, the budget's unit; a rank holding more fails
+    live: bool = False  # STORE of a request still in the batch (its prompt, once prefilled)
+
+
+@dataclass
+class Plan:
+    """Everything every rank applies before step `step` (advance=False: apply only):
+    removes, then cache ops, then inserts."""
+
+    seq: int
+    step: int
+    advance: bool
+    inserts: list[PlanInsert] = field(default_factory=list)
+    removes: list[PlanRemove] = field(default_factory=list)
+    cancel_epoch: int = 0  # epoch folded into this plan, 0 if none
+    shutdown: bool = False
+    cache: list[CacheOp] = field(default_factory=list)
+    prefill_step: int = 0  # prompt tokens per chunk from this step on (0: the settings')
+
+
+@dataclass
+class PlanHello:
+    rank: int
+
+
+@dataclass
+class PlanWelcome:
+    rank: int
+    next_seq: int
+
+
+@dataclass
+class PlanFetch:
+    from_seq: int
+
+
+@dataclass
+class PlanBatch:
+    plans: list[Plan]
+    missing: bool = False  # the replay buffer no longer holds from_seq
+
+
+@dataclass
+class Ping:
+    nonce: int
+    sent_at: float
+
+
+@dataclass
+class Pong:
+    nonce: int
+    rank: int
+    step: int
+    phase: str

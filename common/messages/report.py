@@ -1,0 +1,96 @@
+"""Report channel (launch key "report"), ranks → supervisor: RANK_READY once loaded,
+TELEMETRY periodically (with the prompt-cache store, load progress and the phase
+clock's times), CANCEL_ACK and CACHE_CLEARED answering the control channel. The
+supervisor sends back only the session handshake (auth.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.messages.base import TEXT
+
+
+@dataclass
+class LoadProgress:
+    """A loading rank's progress (services/rank/load_progress.py): bytes this process
+    has read since loading began (capped at the total) of its model's *.safetensors."""
+
+    read_bytes: int = 0
+    total_bytes: int = 0
+
+
+@dataclass
+class CacheStats:
+    """One rank's prompt-cache store, in telemetry. The counters are cumulative; hits,
+    misses and hit tokens are rank 0's decisions (zero on followers)."""
+
+    entries: int = 0
+    tokens: int = 0
+    bytes: int = 0
+    stored: int = 0
+    evicted: int = 0
+    hits: int = 0
+    misses: int = 0
+    hit_tokens: int = 0
+
+
+@dataclass
+class PhaseTimes:
+    """Where one rank's threads spent their time since it started, in telemetry
+    (services/rank/phase_clock.py): wall seconds and runs per phase of its loop, by the
+    phase's name, for the phases that ran."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class RankReady:
+    deployment_id: str
+    job_id: str
+    rank: int
+    host: str
+    pid: int
+    start_time: float
+    boot_id: str
+    endpoints: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Telemetry:
+    deployment_id: str
+    job_id: str
+    rank: int
+    pid: int
+    phase: str
+    step: int
+    active: int
+    cancel_epoch: int
+    mem_active: int = 0
+    mem_peak: int = 0
+    at: float = 0.0
+    error: str | None = field(default=None, metadata=TEXT)
+    rejects: dict[str, int] = field(default_factory=dict)  # "socket.reason" -> count
+    cache: CacheStats | None = None  # the prompt-cache store (None: caching off)
+    load: LoadProgress | None = None  # while loading: bytes read of the weights' total
+    phases: PhaseTimes | None = None  # cumulative time per loop phase (None: an older rank)
+
+
+@dataclass
+class CancelAck:
+    deployment_id: str
+    epoch: int
+    rank: int
+    step_applied: int
+    cancelled: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CacheCleared:
+    """Rank 0: the plan carrying clear `clear_id`'s CLEAR was published for step `step`."""
+
+    deployment_id: str
+    clear_id: int
+    rank: int
+    step: int

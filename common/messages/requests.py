@@ -1,0 +1,111 @@
+"""Requests channel (launch key "requests"), gateway/supervisor ↔ rank 0:
+GENERATE, ABORT, STATS_REQUEST in; TOKENS (or TOKENS_BATCH, several streams' chunks
+for one requester) and STATS out. A stream that ends in error says why in a typed
+ErrorCode; its `error` text is for people.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from common.messages.base import BIAS_LIST, BIG_LIST, GRAMMAR, TEXT
+
+
+@dataclass
+class TokenBias:
+    """OpenAI's `logit_bias` entry: `bias` added to token `token`'s logit every step."""
+
+    token: int
+    bias: float
+
+
+@dataclass
+class Generate:
+    request_id: str
+    prompt: list[int] = field(metadata=BIG_LIST)
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    client: str = ""
+    # Sampling (services/rank/sampling.py); each default means "off", so an older sender
+    # still decodes and means what it meant.
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    repetition_context_size: int = 20
+    logit_bias: list[TokenBias] = field(default_factory=list, metadata=BIAS_LIST)
+    top_logprobs: int = -1  # per token: its logprob and this many alternatives; -1: none
+    # Constrained decoding: a serialized llguidance grammar ("" : none), built and
+    # checked by the gateway (services/gateway/structured.py), compiled on every rank.
+    grammar: str = field(default="", metadata=GRAMMAR)
+
+
+@dataclass
+class Abort:
+    request_id: str
+    reason: str = "client"
+
+
+class ErrorCode(str, enum.Enum):
+    """Why rank 0 ended a request with an error, typed (the `error` text is for people).
+    A closed set: a value outside it fails the schema. The gateway maps each member to
+    an HTTP status and an OpenAI error code in one table (services/gateway/generation.py)."""
+
+    INVALID_REQUEST = "invalid_request"  # a GENERATE rank 0 refused (ids, sampling params)
+    PROMPT_TOO_LONG = "prompt_too_long"  # beyond the context, or the plan's byte bound
+    DUPLICATE_REQUEST = "duplicate_request"  # that request_id is open, or still leaving
+    NOT_SERVING = "not_serving"  # rank 0 is not (yet, or any more) serving
+    OVERLOADED = "overloaded"  # rank 0 has max_open_requests open: retry later
+    RANK_STOPPED = "rank_stopped"  # rank 0 left (shutdown, failure) with the stream open
+    WATCHDOG_ABORT = "watchdog_abort"  # the abort stage ended the stream (finish abort)
+    RANK_LOST = "rank_lost"  # the gateway lost its link to rank 0 (never sent by a rank)
+
+
+@dataclass
+class Tokens:
+    """A chunk of one request's stream; the last one has finish_reason set."""
+
+    request_id: str
+    tokens: list[int]
+    index: int  # position of tokens[0] in the completion
+    finish_reason: str | None = None  # stop | length | abort | error
+    error: str | None = field(default=None, metadata=TEXT)
+    prompt_tokens: int = 0
+    model_ttft_ms: float | None = None
+    step: int = 0
+    token_times: list[float] = field(default_factory=list)  # wall clock per token
+    error_code: ErrorCode | None = None  # why, for the receiver to act on
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (first chunk)
+    # Asked for (Generate.top_logprobs >= 0): one entry per token, aligned with `tokens`:
+    # its logprob, and the top alternatives' ids and logprobs, best first.
+    logprobs: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+
+
+@dataclass
+class TokensBatch:
+    """Several streams' chunks for one requester, in one signed message: rank 0 sends
+    one per requester per step instead of one per request. Chunks keep their order."""
+
+    chunks: list[Tokens] = field(metadata={"max_len": 1024})
+
+
+@dataclass
+class StatsRequest:
+    request_id: str
+
+
+@dataclass
+class Stats:
+    request_id: str
+    phase: str
+    step: int
+    active: int
+    active_ids: list[str]
+    cancel_epoch: int
