@@ -42,7 +42,6 @@ import asyncio
 import json
 import os
 import platform
-import re
 import signal
 import statistics
 import subprocess
@@ -52,12 +51,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import httpx
-
 from bench import RESULTS, write_result
 from bench import cpu_breakdown as cb
 from bench import servers as sv
 from bench.chat_client import Reply, run_concurrent, summarize
+from bench.gateway_summary import summarize_rows, targets
+from bench.rank_metrics import phase_us_per_token, rank_phases, rank_token_latency
 from bench.workload import chat_prompt_tokens, load_tokenizer, log_uniform_lengths, prose
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,66 +178,6 @@ def inproc(model: Path, work: Path, spec: dict) -> dict:
 # --- HTTP systems ------------------------------------------------------------------------
 
 
-def _rank_token_latency(srv: sv.Server) -> tuple[float, float]:
-    """(token latency sum, count) from rank 0's /metrics."""
-    tot = cnt = 0.0
-    for line in httpx.get(srv.url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("lockstep_token_latency_seconds_sum"):
-            tot += float(line.split()[-1])
-        elif line.startswith("lockstep_token_latency_seconds_count"):
-            cnt += float(line.split()[-1])
-    return tot, cnt
-
-
-# Rank phase counters reach /metrics by rank telemetry (every rank_telemetry_interval_s,
-# 1 s) and the gateway's deployments refresh (on events, else every refresh_s, 2 s): a
-# read taken right after a trial can be ~3 s stale. Each read therefore waits until every
-# rank's sample was received after the read began (telemetry age, bounded by
-# PHASE_FRESH_S; the age counts from any report, and a run sends no cancels whose acks
-# could pass for one): the ranks are idle before and after a trial, so the difference of
-# two such reads is exactly the trial's work, whatever the telemetry interval.
-PHASE_FRESH_S = 15.0
-PHASE_MARGIN_S = 0.25  # a sample is taken this long before the supervisor has it, at most
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
-
-
-def _series(text: str, name: str) -> dict[str, dict[str, float]]:
-    """{rank: {phase or "": value}} of metric `name` in a /metrics text."""
-    out: dict[str, dict[str, float]] = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            head, value = line.rsplit(" ", 1)
-            labels = dict(_LABEL.findall(head))
-            out.setdefault(labels.get("rank", ""), {})[labels.get("phase", "")] = float(value)
-    return out
-
-
-def _rank_phases(srv: sv.Server) -> dict[str, dict[str, float]] | None:
-    """{rank: {phase: seconds}} from /metrics, from telemetry newer than this call (see
-    PHASE_FRESH_S); None if no fresh sample came in time."""
-    since = time.time() + PHASE_MARGIN_S
-    deadline = time.monotonic() + PHASE_FRESH_S
-    while time.monotonic() < deadline:
-        asked = time.time()
-        text = httpx.get(srv.url + "/metrics", timeout=10).text
-        ages = _series(text, "lockstep_rank_telemetry_age_seconds")
-        phases = _series(text, "lockstep_rank_phase_seconds_total")
-        # asked - age <= when the supervisor got the sample: never judged fresher than it is
-        if ages and phases and all(asked - a[""] >= since for a in ages.values()):
-            return phases
-        time.sleep(0.2)
-    return None
-
-
-def _phase_us_per_token(before: dict | None, after: dict | None, toks: int) -> dict | None:
-    """{"rank_R": {phase: µs of wall time per completion token}} between two reads."""
-    if before is None or after is None or not toks:
-        return None
-    return {f"rank_{r}": {p: round((v - before.get(r, {}).get(p, 0.0)) / toks * 1e6, 3)
-                          for p, v in sorted(ph.items())}
-            for r, ph in sorted(after.items())}
-
-
 def with_cpu(row: dict, before: cb.Snapshot, after: cb.Snapshot) -> dict:
     """`row` (a summarize() result) with its CPU and wall time per completion token."""
     toks = row["completion_tokens"]
@@ -257,32 +196,23 @@ def measure(srv: sv.Server, convs: list[list[dict]], max_tokens: int, conc: int)
     def find() -> dict[str, int]:
         return {**srv.processes(), "bench_client": me}
 
-    phases0 = _rank_phases(srv) if lock else None
-    before = _rank_token_latency(srv) if lock else None
+    phases0 = rank_phases(srv) if lock else None
+    before = rank_token_latency(srv) if lock else None
     cpu0 = cb.snapshot(find)
     replies, secs = asyncio.run(run_concurrent(srv.url, srv.model, convs, max_tokens, conc))
     cpu1 = cb.snapshot(find)
     out = with_cpu(summarize(replies, secs), cpu0, cpu1)
     if lock:
-        s1, c1 = _rank_token_latency(srv)
+        s1, c1 = rank_token_latency(srv)
         s0, c0 = before
         if c1 > c0:
             out["rank_token_interval_ms"] = round((s1 - s0) / (c1 - c0) * 1000, 3)
         gw = out["cpu_us_per_token"]["processes"].get("gateway")
         if gw is not None:
             out["gateway_cpu_us_per_token"] = gw["total"]
-        out["rank_phase_us_per_token"] = _phase_us_per_token(
-            phases0, _rank_phases(srv), out["completion_tokens"])
+        out["rank_phase_us_per_token"] = phase_us_per_token(
+            phases0, rank_phases(srv), out["completion_tokens"])
     return out
-
-
-def _median(rows: list[dict], key: str) -> float | None:
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return round(statistics.median(vals), 3) if vals else None
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a is not None and b else None
 
 
 def bench_preset(cfg: Config, preset: str, work: Path, checkpoint) -> dict:
@@ -346,90 +276,6 @@ def bench_preset(cfg: Config, preset: str, work: Path, checkpoint) -> dict:
     out["complete"] = True
     checkpoint(out)
     return out
-
-
-KEYS = ("tok_s", "ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p99_ms", "completion_tokens",
-        "prompt_tokens_mean", "chunks_per_token", "cached_tokens_total",
-        "lockstep_model_ttft_p50_ms", "rank_token_interval_ms", "gateway_cpu_us_per_token")
-
-
-def _median_tree(trees: list):
-    """Leaf-wise median of same-shaped dicts of numbers; null where any trial was null
-    (the raw trials say why)."""
-    if any(t is None for t in trees):
-        return None
-    if isinstance(trees[0], dict):
-        return {k: _median_tree([t.get(k) for t in trees]) for k in trees[0]}
-    return round(statistics.median(trees), 3)
-
-
-def breakdown_summary(rows: list[dict]) -> dict:
-    """Per system and concurrency: wall ms and per-process CPU µs per completion token,
-    medians over trials (bench/cpu_breakdown.compact)."""
-    rows = [r for r in rows if "cpu_us_per_token" in r]
-    if not rows:
-        return {}
-    wall = [r["wall_ms_per_token"] for r in rows if r.get("wall_ms_per_token") is not None]
-    cpu = [cb.compact(r["cpu_us_per_token"]) for r in rows]
-    # Same roles in every trial, or the median would mix processes: keep the common ones.
-    common = set.intersection(*(set(c) for c in cpu))
-    return {"wall_ms_per_token": round(statistics.median(wall), 3) if wall else None,
-            "cpus": rows[0]["cpus"],
-            "cpu_us_per_token": {k: _median_tree([c[k] for c in cpu])
-                                 for k in cpu[0] if k in common}}
-
-
-def summarize_rows(rows: dict[str, dict[int, list[dict]]], concs: tuple[int, ...]) -> dict:
-    out = {}
-    for c in concs:
-        s = {name: {k: v for k in KEYS if (v := _median(by_c.get(c, []), k)) is not None}
-             for name, by_c in rows.items()}
-        for name, by_c in rows.items():  # nested: leaf-wise medians (null: a trial lacked it)
-            ph = [r["rank_phase_us_per_token"] for r in by_c.get(c, [])
-                  if r.get("rank_phase_us_per_token")]
-            if ph:
-                s[name]["rank_phase_us_per_token"] = _median_tree(ph)
-        tok = {name: s[name].get("tok_s") for name in s}
-        ttft = {name: s[name].get("ttft_p50_ms") for name in s}
-        for name in list(s):
-            if name.startswith("lockstep"):
-                s[f"tok_s_{name}_vs_mlx_lm"] = _ratio(tok[name], tok.get("mlx_lm"))
-                s[f"ttft_p50_{name}_vs_mlx_lm"] = _ratio(ttft[name], ttft.get("mlx_lm"))
-                if "inproc" in s:
-                    s[f"tok_s_{name}_vs_inproc"] = _ratio(tok[name], tok.get("inproc"))
-        if "lockstep_tp2" in s and "lockstep_tp1" in s:
-            s["tok_s_tp2_vs_tp1"] = _ratio(tok["lockstep_tp2"], tok["lockstep_tp1"])
-        s["breakdown"] = {name: breakdown_summary(by_c.get(c, [])) for name, by_c in rows.items()
-                          if by_c.get(c)}
-        out[f"concurrency_{c}"] = s
-    return out
-
-
-def _target(desc: str, value: float | None, ok) -> dict:
-    return {"target": desc, "value": value,
-            "met": None if value is None else bool(ok(value))}
-
-
-def targets(presets: dict) -> dict:
-    """Issue 16 item 4, computed from this run's summary (None: not measured here)."""
-    def get(preset: str, c: int, key: str) -> float | None:
-        return (presets.get(preset, {}).get("summary", {}).get("cache_off", {})
-                .get(f"concurrency_{c}", {}).get(key))
-
-    return {
-        "bench_c8_tok_s_vs_mlx_lm": _target(">= 1.1 (bench preset, conc 8, caches off, TP=1)",
-                                            get("bench", 8, "tok_s_lockstep_tp1_vs_mlx_lm"),
-                                            lambda v: v >= 1.1),
-        "bench_c8_ttft_p50_vs_mlx_lm": _target("<= 1.0", get("bench", 8,
-                                               "ttft_p50_lockstep_tp1_vs_mlx_lm"),
-                                               lambda v: v <= 1.0),
-        "tiny_c1_vs_inproc": _target(">= 0.9", get("tiny", 1, "tok_s_lockstep_tp1_vs_inproc"),
-                                     lambda v: v >= 0.9),
-        "tiny_c8_vs_inproc": _target(">= 0.9", get("tiny", 8, "tok_s_lockstep_tp1_vs_inproc"),
-                                     lambda v: v >= 0.9),
-        "bench_c8_tp2_vs_tp1": _target(">= 1.3", get("bench", 8, "tok_s_tp2_vs_tp1"),
-                                       lambda v: v >= 1.3),
-    }
 
 
 def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:

@@ -90,7 +90,7 @@ def test_the_gateway_exports_each_ranks_phases_as_counters():
 
 
 def test_the_bench_turns_two_reads_into_microseconds_per_token():
-    from bench.gateway import _phase_us_per_token, _series
+    from bench.rank_metrics import phase_us_per_token, series
 
     text = "\n".join([
         '# TYPE lockstep_rank_phase_seconds_total counter',
@@ -98,10 +98,10 @@ def test_the_bench_turns_two_reads_into_microseconds_per_token():
         'lockstep_rank_phase_seconds_total{deployment="d",phase="emit",rank="0"} 0.5',
         'lockstep_rank_phase_seconds_total{deployment="d",phase="step",rank="1"} 2.0',
         'lockstep_rank_telemetry_age_seconds{deployment="d",rank="0"} 0.3'])
-    after = _series(text, "lockstep_rank_phase_seconds_total")
+    after = series(text, "lockstep_rank_phase_seconds_total")
     assert after == {"0": {"step": 2.5, "emit": 0.5}, "1": {"step": 2.0}}
-    assert _series(text, "lockstep_rank_telemetry_age_seconds") == {"0": {"": 0.3}}
+    assert series(text, "lockstep_rank_telemetry_age_seconds") == {"0": {"": 0.3}}
     # a phase absent from the first read had not run yet: it counts from 0
-    assert _phase_us_per_token({"0": {"step": 0.5}}, after, 1000) == {
+    assert phase_us_per_token({"0": {"step": 0.5}}, after, 1000) == {
         "rank_0": {"emit": 500.0, "step": 2000.0}, "rank_1": {"step": 2000.0}}
-    assert _phase_us_per_token(None, after, 1000) is None  # no fresh read: no figure
+    assert phase_us_per_token(None, after, 1000) is None  # no fresh read: no figure
