@@ -54,7 +54,7 @@ from pathlib import Path
 from bench import RESULTS, write_result
 from bench import cpu_breakdown as cb
 from bench import servers as sv
-from bench.chat_client import Reply, run_concurrent, summarize
+from bench.chat_client import CLIENT, Reply, run_concurrent, summarize
 from bench.gateway_summary import summarize_rows, targets
 from bench.rank_metrics import phase_us_per_token, rank_phases, rank_token_latency
 from bench.workload import chat_prompt_tokens, load_tokenizer, log_uniform_lengths, prose
@@ -281,7 +281,7 @@ def bench_preset(cfg: Config, preset: str, work: Path, checkpoint) -> dict:
 def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
     cfg = cfg or Config()
     result = {"benchmark": "gateway", "host": platform.node(), "python": platform.python_version(),
-              "started": time.time(), "config": asdict(cfg),
+              "started": time.time(), "config": asdict(cfg), "client": CLIENT,
               "environment": sv.environment_record(), "presets": {}}
     out = out_dir if out_dir is not None else RESULTS
 

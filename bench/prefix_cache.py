@@ -30,11 +30,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import httpx
-
 from bench import RESULTS, write_result
 from bench import servers as sv
-from bench.chat_client import chat, run_concurrent, summarize
+from bench.chat_client import CLIENT, chat, run_concurrent, summarize
 from bench.gateway import MODEL_CACHE
 from bench.workload import load_tokenizer, log_uniform_lengths, prose
 
@@ -62,16 +60,15 @@ QUICK = Config(preset="tiny", turns=4, runs=1, shared_requests=8, system_tokens=
 async def conversation(srv: sv.Server, tok, cfg: Config, run: int) -> list[dict]:
     messages: list[dict] = []
     turns = []
-    async with httpx.AsyncClient(timeout=httpx.Timeout(1800, connect=30)) as client:
-        for t in range(cfg.turns):
-            messages.append({"role": "user",
-                             "content": prose(tok, cfg.new_tokens, f"{cfg.seed}/conv/r{run}/t{t}")})
-            r = await chat(client, srv.url, srv.model, messages, cfg.max_tokens)
-            messages.append({"role": "assistant", "content": r.text})
-            rec = r.record()
-            if rec["ttft_ms"] is None:  # an empty reply (EOS first): prefill ends with it
-                rec["ttft_ms"], rec["no_content"] = rec["total_ms"], True
-            turns.append(rec)
+    for t in range(cfg.turns):
+        messages.append({"role": "user",
+                         "content": prose(tok, cfg.new_tokens, f"{cfg.seed}/conv/r{run}/t{t}")})
+        r = await chat(srv.url, srv.model, messages, cfg.max_tokens)
+        messages.append({"role": "assistant", "content": r.text})
+        rec = r.record()
+        if rec["ttft_ms"] is None:  # an empty reply (EOS first): prefill ends with it
+            rec["ttft_ms"], rec["no_content"] = rec["total_ms"], True
+        turns.append(rec)
     return turns
 
 
@@ -191,7 +188,7 @@ def run(out_dir: Path | str | None = None, cfg: Config | None = None,
     tok = load_tokenizer(model)
     result = {"benchmark": "prefix_cache", "host": platform.node(),
               "python": platform.python_version(), "started": time.time(),
-              "config": asdict(cfg), "model": str(model),
+              "config": asdict(cfg), "model": str(model), "client": CLIENT,
               "environment": sv.environment_record(), "servers": [], "tp": {}}
     out = out_dir if out_dir is not None else RESULTS
     if merge:

@@ -112,6 +112,8 @@ class Generation:
         self.model_ttft_ms: float | None = None
         self.visible_at: float | None = None
         self._last_token_time: float | None = None
+        # The labelled child once: `labels()` per chunk is a lock and a dict lookup.
+        self._token_latency = None if metrics is None else metrics.token_latency.labels(model=model)
 
     def mark_visible(self) -> None:
         """The consumer is about to send the first visible byte."""
@@ -141,9 +143,9 @@ class Generation:
         return kept
 
     def _observe_tokens(self, times: list[float]) -> None:
-        if self.metrics is None or not times:
+        h = self._token_latency
+        if h is None or not times:
             return
-        h = self.metrics.token_latency.labels(model=self.model)
         prev = self._last_token_time
         for t in times:
             if prev is not None and t >= prev:

@@ -63,16 +63,58 @@ class Overloaded(ApiError):
                                   "x-lockstep-deployment": backend.deployment_id}, data=data)
 
 
-class StreamQueue(asyncio.Queue):
-    """A stream's queue that notes when the backend's final chunk arrived."""
+class StreamQueue:
+    """A stream's chunks from rank 0, in order, and when the final one arrived.
 
-    final_at: float | None = None
+    Not an asyncio.Queue: its consumer waits with a deadline for every chunk, and
+    `asyncio.wait_for(queue.get(), t)` makes a Task, a timer and two loop turns per
+    token; here a wait is one future and one timer handle (the gateway's per-token CPU
+    is taken from the ranks on a small host)."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque = collections.deque()
+        self._waiter: asyncio.Future | None = None
+        self.final_at: float | None = None
 
     def put_nowait(self, item) -> None:
         body = getattr(item, "body", item)
         if getattr(body, "finish_reason", None) and self.final_at is None:
             self.final_at = time.monotonic()
-        super().put_nowait(item)
+        self._items.append(item)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def get_nowait(self):
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.popleft()
+
+    async def get_within(self, timeout: float):
+        """The next item, waiting at most `timeout` seconds; None if none came."""
+        if not self._items:
+            loop = asyncio.get_running_loop()
+            w = self._waiter = loop.create_future()
+            timer = loop.call_later(max(timeout, 0.0), _expire, w)
+            try:
+                await w
+            finally:
+                timer.cancel()
+                self._waiter = None
+            if not self._items:
+                return None
+        return self._items.popleft()
+
+
+def _expire(w: asyncio.Future) -> None:
+    if not w.done():
+        w.set_result(None)
 
 
 class RequestStream:
@@ -100,16 +142,11 @@ class RequestStream:
         """The next chunk from rank 0, or None if none arrived within `timeout`."""
         self.waiting = True
         try:
-            if self.queue.empty():
-                msg = await asyncio.wait_for(self.queue.get(), timeout)
-            else:  # fast path: no timer, no task
-                msg = self.queue.get_nowait()
-        except asyncio.TimeoutError:
-            return None
+            msg = await self.queue.get_within(timeout)
         finally:
             self.waiting = False
             self.consumer_seen = time.monotonic()
-        return self._take(msg)
+        return None if msg is None else self._take(msg)
 
     def ready(self) -> list[Tokens]:
         """Every chunk already queued (up to and including a final one), without waiting:
