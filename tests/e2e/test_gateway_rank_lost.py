@@ -3,7 +3,11 @@
 non-streamed request running, the supervisor frozen (SIGSTOP) so that it cannot tell the
 gateway anything, then rank 0 SIGKILLed. Both requests end with the typed error within a
 bound measured from the kill; new requests get 503 until the supervisor (SIGCONT) has
-redeployed; then they are served again."""
+redeployed; then they are served again.
+
+Every premise is proven before the kill, not assumed from timing: both requests are in
+flight at the gateway with tokens generated (a plain request admitted only after the
+loss would get 503, not the 502 under test), and the supervisor is stopped."""
 
 from __future__ import annotations
 
@@ -18,19 +22,48 @@ import httpx
 import psutil
 import pytest
 
+from services.gateway.rank_link import HEARTBEAT_TIMEOUT_MS
 from tests.gwutil import free_port, poll_until, sse_lines
 from tests.support.processes import interrupt, process_gone, up_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 FAIL_WITHIN_S = 5.0  # from the kill to the error at the client: the supervisor has no part
+# Only the link's close event is this fast: ZMTP heartbeats alone would take their timeout.
+assert FAIL_WITHIN_S < HEARTBEAT_TIMEOUT_MS / 1000, "the bound must tell the close from heartbeats"
 
 
 def _supervisor_pid(up: subprocess.Popen) -> int:
     for p in psutil.Process(up.pid).children(recursive=True):
-        cmd = p.cmdline()
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:  # a child that exited meanwhile is not the supervisor
+            continue
         if cmd[2:4] == ["services.cli", "supervisor"]:
             return p.pid
     raise AssertionError("no supervisor under lockstep up")
+
+
+def _generating(url: str, hdr: dict, dep_id: str) -> int:
+    """How many requests the gateway has in flight on `dep_id` with tokens generated."""
+    rows = httpx.get(url + "/admin/api/requests", headers=hdr, timeout=10).json()["requests"]
+    return sum(1 for r in rows if r["deployment_id"] == dep_id and r["generated_tokens"] > 0)
+
+
+class Gone:
+    """When `pid` was first seen gone (monotonic), polled in a thread: says, when the bound
+    fails, how much of it the kernel took to end rank 0 (its sockets close with it)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.at = pid, None
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if process_gone(self.pid):
+                self.at = time.monotonic()
+                return
+            time.sleep(0.01)
 
 
 class Running:
@@ -96,13 +129,18 @@ def test_rank0_killed_with_the_supervisor_frozen_fails_streams_at_once(tmp_path)
                 "temperature": 0}
         stream = Running(url + "/v1/completions", {**body, "stream": True})
         plain = Running(url + "/v1/completions", body)
-        poll_until(lambda: stream.chunks >= 3 or stream.ended_at, 60, "the stream to flow")
+        # Both running, proven at the gateway: rank 0 sent tokens for each.
+        poll_until(lambda: (stream.chunks >= 3 and _generating(url, hdr, first["deployment_id"]) == 2)
+                   or stream.ended_at or plain.ended_at, 60, "both requests to generate")
         assert stream.ended_at is None, (stream.status, stream.error, stream.failure)
-        assert plain.ended_at is None, (plain.status, plain.json)
+        assert plain.ended_at is None, (plain.status, plain.json, plain.failure)
 
         os.kill(sup, signal.SIGSTOP)  # from now on the supervisor can tell nobody anything
+        poll_until(lambda: psutil.Process(sup).status() == psutil.STATUS_STOPPED, 10,
+                   "the supervisor to stop")
         os.kill(rank0, signal.SIGKILL)
         killed_at = time.monotonic()
+        gone = Gone(rank0)
         poll_until(lambda: stream.ended_at and plain.ended_at, FAIL_WITHIN_S + 5,
                    "both requests to end")
         assert stream.failure is None and plain.failure is None, (stream.failure, plain.failure)
@@ -114,7 +152,9 @@ def test_rank0_killed_with_the_supervisor_frozen_fails_streams_at_once(tmp_path)
         assert plain.status == 502, (plain.status, plain.json)
         assert plain.json["error"]["code"] == "backend_error", plain.json
         for r in (stream, plain):
-            assert r.ended_at - killed_at < FAIL_WITHIN_S, r.ended_at - killed_at
+            assert r.ended_at - killed_at < FAIL_WITHIN_S, (
+                f"ended {r.ended_at - killed_at:.3f}s after the kill; rank 0 gone after "
+                f"{None if gone.at is None else round(gone.at - killed_at, 3)}s")
         # Not routed to any more: 503 at once, and not ready, the supervisor still frozen.
         r = httpx.post(url + "/v1/completions", timeout=10, json={**body, "max_tokens": 2})
         assert r.status_code == 503, r.text
