@@ -24,6 +24,12 @@ KEYS = ("tok_s", "ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p99_ms", "comp
         "lockstep_model_ttft_p50_ms", "rank_token_interval_ms", "gateway_cpu_us_per_token")
 
 
+def _per_trial(a: list[dict], b: list[dict]) -> list[float | None]:
+    """tok/s ratio per trial: trial i of both systems ran the same prompts, so the pairs
+    show how much of a median ratio is drift of the machine between the two runs."""
+    return [_ratio(x.get("tok_s"), y.get("tok_s")) for x, y in zip(a, b, strict=False)]
+
+
 def _median_tree(trees: list):
     """Leaf-wise median of same-shaped dicts of numbers; null where any trial was null
     (the raw trials say why)."""
@@ -66,6 +72,10 @@ def summarize_rows(rows: dict[str, dict[int, list[dict]]], concs: tuple[int, ...
             if name.startswith("lockstep"):
                 s[f"tok_s_{name}_vs_mlx_lm"] = _ratio(tok[name], tok.get("mlx_lm"))
                 s[f"ttft_p50_{name}_vs_mlx_lm"] = _ratio(ttft[name], ttft.get("mlx_lm"))
+                for base in ("mlx_lm", "inproc"):
+                    if base in s and base in rows:
+                        s[f"tok_s_{name}_vs_{base}_per_trial"] = _per_trial(
+                            rows[name].get(c, []), rows[base].get(c, []))
                 if "inproc" in s:
                     s[f"tok_s_{name}_vs_inproc"] = _ratio(tok[name], tok.get("inproc"))
         if "lockstep_tp2" in s and "lockstep_tp1" in s:
@@ -76,9 +86,11 @@ def summarize_rows(rows: dict[str, dict[int, list[dict]]], concs: tuple[int, ...
     return out
 
 
-def _target(desc: str, value: float | None, ok) -> dict:
-    return {"target": desc, "value": value,
-            "met": None if value is None else bool(ok(value))}
+def _target(desc: str, value: float | None, ok, trials: list | None = None) -> dict:
+    out = {"target": desc, "value": value, "met": None if value is None else bool(ok(value))}
+    if trials:  # the same ratio trial by trial (value is the ratio of the medians)
+        out["per_trial"] = trials
+    return out
 
 
 def targets(presets: dict) -> dict:
@@ -90,14 +102,17 @@ def targets(presets: dict) -> dict:
     return {
         "bench_c8_tok_s_vs_mlx_lm": _target(">= 1.1 (bench preset, conc 8, caches off, TP=1)",
                                             get("bench", 8, "tok_s_lockstep_tp1_vs_mlx_lm"),
-                                            lambda v: v >= 1.1),
+                                            lambda v: v >= 1.1,
+                                            get("bench", 8, "tok_s_lockstep_tp1_vs_mlx_lm_per_trial")),
         "bench_c8_ttft_p50_vs_mlx_lm": _target("<= 1.0", get("bench", 8,
                                                "ttft_p50_lockstep_tp1_vs_mlx_lm"),
                                                lambda v: v <= 1.0),
         "tiny_c1_vs_inproc": _target(">= 0.9", get("tiny", 1, "tok_s_lockstep_tp1_vs_inproc"),
-                                     lambda v: v >= 0.9),
+                                     lambda v: v >= 0.9,
+                                     get("tiny", 1, "tok_s_lockstep_tp1_vs_inproc_per_trial")),
         "tiny_c8_vs_inproc": _target(">= 0.9", get("tiny", 8, "tok_s_lockstep_tp1_vs_inproc"),
-                                     lambda v: v >= 0.9),
+                                     lambda v: v >= 0.9,
+                                     get("tiny", 8, "tok_s_lockstep_tp1_vs_inproc_per_trial")),
         "bench_c8_tp2_vs_tp1": _target(">= 1.3", get("bench", 8, "tok_s_tp2_vs_tp1"),
                                        lambda v: v >= 1.3),
     }
