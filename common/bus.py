@@ -189,7 +189,8 @@ class AsyncRpcClient:
 
     The socket is a plain one, read from an event-loop reader callback rather than
     pyzmq's futures: every reply then costs one callback (no future, no Task wake-up
-    per message), which is about half the CPU a streamed token took in the gateway.
+    per message): in the gateway that was ~200 of the ~870 µs of CPU a streamed token
+    cost at concurrency 1.
     libzmq's FD is edge-triggered and a send can consume its signal, so the callback
     drains until EAGAIN and every send schedules one more look."""
 
