@@ -169,3 +169,89 @@ async def test_async_client_skips_bad_replies(endpoints, actx, aclients):
         assert client.channel.rejects.snapshot() == {"bad_frames": 1, "unknown_key": 1}
     finally:
         router.close(0)
+
+
+# --- the reader callback: libzmq's FD is edge-triggered ------------------------------------
+
+
+@pytest.mark.timeout(30)
+async def test_async_stream_gets_replies_queued_before_it_started_and_across_sends(
+        endpoints, actx, aclients):
+    """Replies already queued when the client starts reading (their FD edge came before
+    the reader existed), more than one callback's burst of them, and replies that arrive
+    while the client keeps sending (a send can take the FD's edge): every one arrives,
+    in order."""
+    router = configure(actx.socket(zmq.ROUTER))
+    endpoint = bind(router, endpoints("stream"))
+    server_ch = Channel("stream", "admin", sender="server", send_key=KEY, accept=ADMIN_IN)
+    client = bus.AsyncRpcClient(actx, endpoint, client_channel(),
+                                options={zmq.ROUTING_ID: b"reader-test"})
+    burst = 3 * bus.AsyncRpcClient.BURST
+    try:
+        # Connected but not reading (no loop reader yet): queue replies for its stream.
+        await apoll_for(lambda: router.getsockopt(zmq.EVENTS) & zmq.POLLOUT, 5.0, "connected")
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sent = 0
+        deadline = time.monotonic() + 5
+        while sent < burst and time.monotonic() < deadline:
+            try:
+                await router.send_multipart([b"reader-test", server_ch.pack(
+                    AdminReply("s", True, "ok", f"early-{sent}"))])
+                sent += 1
+            except zmq.ZMQError:  # EHOSTUNREACH until the handshake completed
+                await asyncio.sleep(0.01)
+        assert sent == burst
+        await asyncio.sleep(0.2)  # all of them in the DEALER's queue, its FD edge gone
+        q = client.open_stream("s")  # starts the reader
+        got = [(await asyncio.wait_for(q.get(), 5)).body.message for _ in range(burst)]
+        assert got == [f"early-{i}" for i in range(burst)]
+
+        # Interleaved: the client sends while replies stream in.
+        async def serve() -> None:
+            for i in range(burst):
+                await router.send_multipart([b"reader-test", server_ch.pack(
+                    AdminReply("s", True, "ok", f"late-{i}"))])
+                if i % 7 == 0:
+                    await asyncio.sleep(0)
+
+        server = asyncio.ensure_future(serve())
+        for i in range(40):
+            await client.send(request(f"ping-{i}"))
+        late = [(await asyncio.wait_for(q.get(), 5)).body.message for _ in range(burst)]
+        await server
+        assert late == [f"late-{i}" for i in range(burst)]
+        pings = 0
+        while pings < 40:
+            frames = await asyncio.wait_for(router.recv_multipart(), 5)
+            pings += server_ch.unpack(frames[1]) is not None
+        assert client.channel.rejects.snapshot() == {}
+    finally:
+        client.close()
+        router.close(0)
+
+
+@pytest.mark.timeout(30)
+async def test_async_send_that_takes_the_fd_edge_still_delivers_the_queued_replies(
+        endpoints, actx):
+    """Replies reach the DEALER while the loop is busy; the next thing the client does is
+    a send, which processes libzmq's commands and resets the FD, so the loop never sees
+    it readable: the send's own look at the socket must find them."""
+    router = configure(actx.socket(zmq.ROUTER))
+    endpoint = bind(router, endpoints("edge"))
+    server_ch = Channel("edge", "admin", sender="server", send_key=KEY, accept=ADMIN_IN)
+    client = bus.AsyncRpcClient(actx, endpoint, client_channel(),
+                                options={zmq.ROUTING_ID: b"edge-test"})
+    try:
+        q = client.open_stream("s")
+        await client.send(request("hello"))  # the server has seen us: the route exists
+        await asyncio.wait_for(router.recv_multipart(), 5)
+        for i in range(5):
+            await router.send_multipart([b"edge-test", server_ch.pack(
+                AdminReply("s", True, "ok", f"r-{i}"))])
+        time.sleep(0.3)  # noqa: ASYNC251 - the loop must not run: replies arrive unseen
+        await client.send(request("takes-the-edge"))
+        got = [(await asyncio.wait_for(q.get(), 5)).body.message for _ in range(5)]
+        assert got == [f"r-{i}" for i in range(5)]
+    finally:
+        client.close()
+        router.close(0)
