@@ -117,10 +117,7 @@ async def _handle(request: Request, *, chat: bool) -> Response:
         stop_token_ids=list(tok.eos_ids), client="gateway", grammar=grammar,
         **generate_fields(req, tok, chat=chat))
     n = req.n or 1
-    try:
-        streams = await choices.open_streams(backend, gen_msg, n)
-    except ConnectionError as exc:
-        raise ApiError(503, str(exc), code="no_serving_deployment") from None
+    streams = await choices.open_streams(backend, gen_msg, n)  # 503 Unavailable: retry-after
     gens = [Generation(st, tok, model=backend.model, stops=req.stops(),
                        parser=output_parser(req, tok, prompt) if chat else None,
                        started_at=started, read_timeout=gw.settings.request_read_timeout,

@@ -44,6 +44,7 @@ from services.gateway.rank_link import DEALER_OPTIONS, LinkWatch
 
 log = logging.getLogger("lockstep.gateway.request_channel")
 SEND_TIMEOUT_S = 5.0
+UNAVAILABLE_RETRY_S = 5  # retry-after of a 503 from here (app.pick says the same)
 
 
 class Overloaded(ApiError):
@@ -61,6 +62,19 @@ class Overloaded(ApiError):
         super().__init__(429, f"overloaded: {who}; retry after {retry} s", code="overloaded",
                          headers={"retry-after": str(retry),
                                   "x-lockstep-deployment": backend.deployment_id}, data=data)
+
+
+class Unavailable(ApiError):
+    """Rank 0 cannot take the request now (its link was lost, the deployment is gone,
+    or it does not take the GENERATE within SEND_TIMEOUT_S): 503 `model_not_ready` with
+    `retry-after`, as routing answers once it knows (app.pick) — a request routed just
+    before the loss and sent just after it gets the same answer."""
+
+    def __init__(self, backend: Backend, why: str) -> None:
+        super().__init__(503, f"model {backend.model!r} is not serving: deployment "
+                         f"{backend.deployment_id}: {why}", code="model_not_ready",
+                         headers={"retry-after": str(UNAVAILABLE_RETRY_S),
+                                  "x-lockstep-deployment": backend.deployment_id})
 
 
 class StreamQueue:
@@ -223,9 +237,9 @@ class Backend:
 
     async def generate(self, gen: Generate) -> RequestStream:
         if self.closed:
-            raise ConnectionError(f"deployment {self.deployment_id} is gone")
+            raise Unavailable(self, "the deployment is gone")
         if self.lost:
-            raise ConnectionError(f"deployment {self.deployment_id}: {self.lost}")
+            raise Unavailable(self, self.lost)
         self.check_room()  # no await before the stream is registered: the bound holds
         s = RequestStream(self, gen.request_id, len(gen.prompt))
         self.client.open_stream(gen.request_id, s.queue)
@@ -235,8 +249,7 @@ class Backend:
             await asyncio.wait_for(self.client.send(gen), SEND_TIMEOUT_S)
         except asyncio.TimeoutError:
             self._unregister(s)
-            raise ConnectionError(f"rank 0 of {self.deployment_id} does not take requests "
-                                  f"({self.endpoint})") from None
+            raise Unavailable(self, f"rank 0 does not take requests ({self.endpoint})") from None
         except BaseException:
             self._unregister(s)
             raise

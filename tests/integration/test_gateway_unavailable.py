@@ -1,0 +1,46 @@
+"""A request routed to a deployment whose rank 0 is lost (or which is gone) by the time
+its GENERATE is sent: 503 `model_not_ready` with `retry-after`, the answer routing gives
+once it knows (app.pick), and nothing left registered. The Backend is real (a DEALER on
+a loopback endpoint nobody serves: the loss is the state the link watch sets)."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from bench.servers import free_port
+from common.messages import Generate
+from services.gateway.request_channel import Backend, Unavailable
+from tests.support.bus import KEY
+
+
+def _generate() -> Generate:
+    return Generate(request_id="r-1", prompt=[1, 2, 3], max_tokens=4, client="test")
+
+
+def _check(err: Unavailable, backend: Backend) -> None:
+    assert err.status == 503 and err.code == "model_not_ready"
+    assert err.headers == {"retry-after": "5", "x-lockstep-deployment": "d-1"}
+    assert "d-1" in err.message and backend.streams == {}
+    assert err.body()["error"]["code"] == "model_not_ready"
+
+
+async def test_lost_rank_0_and_a_gone_deployment_answer_503_model_not_ready_with_retry_after():
+    ctx = zmq.asyncio.Context()
+    info = {"deployment_id": "d-1", "model": "m",
+            "requests_endpoint": f"tcp://127.0.0.1:{free_port()}"}
+    b = Backend(ctx, info, key=KEY)
+    try:
+        b.fail_lost("the connection to rank 0 closed")  # what the link watch calls
+        with pytest.raises(Unavailable) as lost:
+            await b.generate(_generate())
+        _check(lost.value, b)
+        assert "the connection to rank 0 closed" in lost.value.message
+        b.close("deployment gone")
+        with pytest.raises(Unavailable) as gone:
+            await b.generate(_generate())
+        _check(gone.value, b)
+    finally:
+        b.close()
+        ctx.destroy(linger=0)
