@@ -230,29 +230,35 @@ class AsyncRpcClient:
         if self.closed:
             return
         try:
-            events = self.sock.get(zmq.EVENTS)
-        except zmq.ZMQError:
+            events = self.sock.get(zmq.EVENTS)  # a wake-up with nothing to read: no recv
+            if events & zmq.POLLIN:
+                self._drain()
+            if self._writable:
+                # Fresh: the reads may have processed the command that made room, and
+                # the FD does not signal what was processed already.
+                if self.sock.get(zmq.EVENTS) & zmq.POLLOUT:
+                    for fut in self._writable:
+                        if not fut.done():
+                            fut.set_result(None)
+                    self._writable.clear()
+        except zmq.ZMQError:  # closed under us (shutdown)
             return
-        if events & zmq.POLLOUT and self._writable:
-            for fut in self._writable:
-                if not fut.done():
-                    fut.set_result(None)
-            self._writable.clear()
-        if not events & zmq.POLLIN:
-            return
+
+    def _drain(self) -> None:
         for _ in range(self.BURST):
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            except zmq.ZMQError:
-                return
-            msg = self.channel.unpack_dealer(frames)
-            if msg is None:
-                continue
-            chunks = getattr(msg.body, "chunks", None)  # a batch: each to its own stream
-            for item in (msg,) if chunks is None else chunks:
-                self._route(item)
+            try:
+                msg = self.channel.unpack_dealer(frames)
+                if msg is None:
+                    continue
+                chunks = getattr(msg.body, "chunks", None)  # a batch: each to its stream
+                for item in (msg,) if chunks is None else chunks:
+                    self._route(item)
+            except Exception:  # noqa: BLE001 - a bug here must not strand the rest unread
+                log.exception("%s: handling a reply failed", self.endpoint)
         self._look()  # more may be queued: after the other ready callbacks
 
     def _route(self, item) -> None:

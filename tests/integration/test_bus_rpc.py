@@ -255,3 +255,22 @@ async def test_async_send_that_takes_the_fd_edge_still_delivers_the_queued_repli
     finally:
         client.close()
         router.close(0)
+
+
+@pytest.mark.timeout(30)
+async def test_async_send_waiting_for_room_goes_out_when_a_server_appears(
+        endpoints, servers, aclients, monkeypatch):
+    """A send queue of one, nobody listening: the second send waits for room (POLLOUT on
+    the reader callback, not a timer); once a server binds, the queue drains and the
+    waiting send goes out — both requests are answered."""
+    monkeypatch.setattr(bus, "configure", functools.partial(configure, hwm=1))
+    endpoint = endpoints("late-room")
+    client = aclients(endpoint)
+    first, second = request("first"), request("second")
+    await client.send(first)  # queued in the pipe
+    waiting = asyncio.ensure_future(client.send(second))
+    await asyncio.sleep(0.3)
+    assert not waiting.done() and client._writable  # no room: it waits
+    server = servers(endpoint)
+    await asyncio.wait_for(waiting, 10)
+    await apoll_for(lambda: server.served == 2, 10.0, "both requests served")
