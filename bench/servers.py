@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ import httpx
 import psutil
 
 from bench.cpu_breakdown import tree_roles
+from common import ports
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_KEYS = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MLX_MAX_OPS_PER_BUFFER",
@@ -47,9 +47,7 @@ class ServerError(RuntimeError):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_ports(1)[0]  # outside the ephemeral range (common/ports.py)
 
 
 def rank_settings():

@@ -8,10 +8,10 @@ import contextlib
 import os
 import secrets
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
+from common import ports
 from common.home import Paths, read_markers
 from services.hostagent.base import AgentError, read_stdin
 
@@ -107,18 +107,12 @@ def cmd_remove_files(args: argparse.Namespace) -> Any:
 
 
 def cmd_free_ports(args: argparse.Namespace) -> Any:
-    """N distinct TCP ports free on this host's address (bind to port 0, read, close:
-    another process may still take one first; the rank then fails to bind and says so)."""
+    """N distinct TCP ports free on this host's address, outside its ephemeral range
+    (common/ports.py: another process may still take one first; the rank then fails to
+    bind and says so)."""
     if not 1 <= args.count <= MAX_PORTS:
         raise AgentError(f"free-ports: count must be within 1..{MAX_PORTS}")
-    socks = [socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET,
-                           socket.SOCK_STREAM) for _ in range(args.count)]
     try:
-        for s in socks:
-            s.bind((args.host, 0))
-        return {"host": args.host, "ports": [s.getsockname()[1] for s in socks]}
+        return {"host": args.host, "ports": ports.free_ports(args.count, args.host)}
     except OSError as e:
         raise AgentError(f"free-ports: cannot bind {args.host}: {e.strerror or e}") from None
-    finally:
-        for s in socks:
-            s.close()

@@ -11,7 +11,6 @@ identity read right after it is the rank's own (pid, start time, command line).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from common import ports
 from common.procs import ProcessIdentity, identify
 from common.rankspec import RankSettings
 from services.rank.env import rank_environment
@@ -33,16 +33,10 @@ def rank_env(rank_settings: RankSettings, base: Mapping[str, str]) -> dict[str, 
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """n distinct free TCP ports (bind to 0, read, close: another process may still take
-    one before the rank binds it; the rank then fails to load and the launch says so)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """n distinct free TCP ports for a rank to bind, outside the ephemeral range
+    (common/ports.py: another process may still take one before the rank binds it, but
+    no outgoing connection will; if one is taken, the rank fails to load and says so)."""
+    return ports.free_ports(n, host)
 
 
 @dataclass

@@ -9,10 +9,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from bench.servers import free_port
 from common.messages import Generate
 from services.gateway.request_channel import Backend, Unavailable
 from tests.support.bus import KEY
+from tests.support.ports import free_port
 
 
 def _generate() -> Generate:

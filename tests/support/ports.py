@@ -1,20 +1,15 @@
-"""Free loopback TCP ports (bound, read, released: free at the time of asking)."""
+"""Free loopback TCP ports for tests that hand them to ranks (hostfiles, endpoints):
+common/ports.py, outside the ephemeral range, so no connection a test makes meanwhile
+can take one before the rank binds it."""
 
 from __future__ import annotations
 
-import socket
+from common import ports
 
 
 def free_ports(n: int) -> list[int]:
     """`n` distinct ports: all are held at once, so none is handed out twice."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    return ports.free_ports(n, "127.0.0.1")
 
 
 def free_port() -> int:

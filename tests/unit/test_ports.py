@@ -1,0 +1,68 @@
+"""Ports chosen ahead of a rank's bind come from outside the ephemeral range (where every
+outgoing connection's local port comes from), are distinct and bindable, and a taken one
+is skipped; real sockets on loopback."""
+
+from __future__ import annotations
+
+import errno
+import random
+import socket
+
+import pytest
+
+from common import ports
+
+
+def test_the_range_is_below_the_ephemeral_one_else_above_else_none():
+    assert ports.listen_range((32768, 60999)) == (ports.LOWEST, 32767)  # Linux default
+    assert ports.listen_range((1024, 60999)) == (61000, 65535)
+    assert ports.listen_range((1024, 65000)) is None
+
+
+def test_ports_are_distinct_bindable_and_outside_the_ephemeral_range():
+    eph = ports.ephemeral_range()
+    got = ports.free_ports(20, "127.0.0.1")
+    assert len(set(got)) == 20
+    assert all(not eph[0] <= p <= eph[1] for p in got), (eph, got)
+    socks = []
+    try:
+        for p in got:  # free now: a listener can bind every one
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", p))
+            s.listen()
+    finally:
+        for s in socks:
+            s.close()
+
+
+class _Sequence(random.Random):
+    """Draws the given ports in order (the first is the taken one)."""
+
+    def __init__(self, seq: list[int]) -> None:
+        super().__init__(0)
+        self.seq = list(seq)
+
+    def randint(self, a: int, b: int) -> int:
+        return self.seq.pop(0)
+
+
+def test_a_taken_port_is_skipped():
+    lo, hi = ports.listen_range((32768, 60999))
+    port = ports.free_ports(1, "127.0.0.1", ephemeral=(32768, 60999))[0]
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        other = ports.free_ports(1, "127.0.0.1", ephemeral=(32768, 60999))[0]
+        rng = _Sequence([port, other])
+        assert ports.free_ports(1, "127.0.0.1", ephemeral=(32768, 60999), rng=rng) == [other]
+        assert lo <= other <= hi
+    finally:
+        taken.close()
+
+
+def test_an_address_not_on_this_host_is_an_error_at_once():
+    with pytest.raises(OSError) as exc:
+        ports.free_ports(2, "192.0.2.1")  # TEST-NET-1: never a local address
+    assert exc.value.errno == errno.EADDRNOTAVAIL
