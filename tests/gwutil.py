@@ -13,16 +13,24 @@ import httpx
 
 from tests.support.ports import free_port
 
-__all__ = ["GatewayThread", "free_port", "poll_until", "sse_lines"]
+__all__ = ["GatewayThread", "GaveUp", "free_port", "poll_until", "sse_lines"]
+
+
+class GaveUp(AssertionError):
+    """Raised by a polled function when waiting longer cannot help (the process it waits
+    for exited): `poll_until` fails at once instead of at its deadline."""
 
 
 def poll_until(fn: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Call fn until it returns something truthy; fail naming `what` at the deadline."""
+    """Call fn until it returns something truthy; fail naming `what` at the deadline
+    (or at once if fn raises GaveUp)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while True:
         try:
             last = fn()
+        except GaveUp:
+            raise
         except Exception as exc:  # noqa: BLE001 - keep polling, report the last error
             last = exc
         else:

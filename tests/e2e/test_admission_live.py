@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.bus import Channel, configure
 from common.keys import load_cluster_key, requests_key_of
 from common.messages import REQUESTS_OUT, Abort, ErrorCode, Generate, Tokens, TokensBatch
-from tests.gwutil import free_port, poll_until, sse_lines
+from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
 from tests.support.processes import interrupt, up_argv
 from tests.support.requests import supervisor_record
 
@@ -48,7 +48,7 @@ def live(tmp_path_factory):
     try:
         def ready():
             if proc.poll() is not None:
-                raise AssertionError(f"lockstep up exited: {out.read_text()[-3000:]}")
+                raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
             return httpx.get(url + "/ready", timeout=5).status_code == 200
         poll_until(ready, 240, "lockstep up to be ready", interval=0.5)
         hdr = {"authorization": f"Bearer {(home / 'admin.token').read_text().strip()}"}

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gwutil import free_port, poll_until, sse_lines
+from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
 from tests.support.processes import interrupt, process_gone, up_argv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def live(tmp_path_factory):
     try:
         def ready():
             if proc.poll() is not None:
-                raise AssertionError(f"lockstep up exited: {st['out'].read_text()[-3000:]}")
+                raise GaveUp(f"lockstep up exited: {st['out'].read_text()[-3000:]}")
             return httpx.get(url + "/ready", timeout=5).status_code == 200
         poll_until(ready, READY_S, "lockstep up to be ready", interval=0.05)
         st["token"] = (home / "admin.token").read_text().strip()

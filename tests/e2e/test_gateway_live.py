@@ -22,7 +22,7 @@ from common.bus import Channel, SyncRpcClient, new_request_id
 from common.keys import load_cluster_key, requests_key_of
 from common.messages import REQUESTS_OUT, StatsRequest
 from common.procs import snapshot_children
-from tests.gwutil import free_port, poll_until, sse_lines
+from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
 from tests.support.processes import interrupt, up_argv
 from tests.support.requests import supervisor_record
 
@@ -42,7 +42,7 @@ def live(tmp_path_factory):
     try:
         def ready():
             if proc.poll() is not None:
-                raise AssertionError(f"lockstep up exited: {st['out'].read_text()[-3000:]}")
+                raise GaveUp(f"lockstep up exited: {st['out'].read_text()[-3000:]}")
             return httpx.get(url + "/ready", timeout=5).status_code == 200
         poll_until(ready, READY_S, "lockstep up to be ready", interval=0.05)
         st["ready_body"] = httpx.get(url + "/ready", timeout=5).json()

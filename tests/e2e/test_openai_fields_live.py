@@ -17,7 +17,7 @@ import pytest
 
 from common.tinymodel import build_model
 from services.gateway import request_fields as rf
-from tests.gwutil import free_port, poll_until
+from tests.gwutil import GaveUp, free_port, poll_until
 from tests.support.processes import interrupt, up_argv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,7 +104,7 @@ def live(tmp_path_factory):
     try:
         def ready():
             if proc.poll() is not None:
-                raise AssertionError(f"lockstep up exited: {(home / 'up.out').read_text()[-3000:]}")
+                raise GaveUp(f"lockstep up exited: {(home / 'up.out').read_text()[-3000:]}")
             return httpx.get(url + "/ready", timeout=5).status_code == 200
         poll_until(ready, 240, "lockstep up to be ready", interval=0.1)
         yield {"url": url, "snap": snap, "proc": proc}

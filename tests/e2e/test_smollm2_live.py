@@ -24,7 +24,7 @@ from common.gguf_model import WheelMissing, build_smollm2
 from common.gguf_model.convert import default_weights
 from common.gguf_model.wheel import FETCH_COMMAND, cache_dir
 from services.rank.env import find_openblas
-from tests.gwutil import free_port, poll_until
+from tests.gwutil import GaveUp, free_port, poll_until
 from tests.support.processes import interrupt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +87,7 @@ def live(tmp_path_factory, model_dir):
     try:
         def banner():
             if proc.poll() is not None:
-                raise AssertionError(f"lockstep up exited: {out.read_text()[-3000:]}")
+                raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
             return "Press Ctrl-C" in out.read_text()
         poll_until(banner, READY_S, "lockstep up's banner", interval=0.1)
         yield {"url": url, "out": out, "client": openai.OpenAI(base_url=url + "/v1",

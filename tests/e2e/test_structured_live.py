@@ -20,7 +20,7 @@ import pytest
 
 from common.home import Paths
 from services.rank.removals import read_removals, removals_path
-from tests.gwutil import free_port, poll_until
+from tests.gwutil import GaveUp, free_port, poll_until
 from tests.support.processes import interrupt, up_argv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ def live(tmp_path_factory):
     try:
         def serving(model: str) -> bool:
             if proc.poll() is not None:
-                raise AssertionError(f"lockstep up exited: {out.read_text()[-3000:]}")
+                raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
             r = httpx.post(url + "/v1/completions", timeout=30,
                            json={"model": model, "prompt": "hi", "max_tokens": 1})
             return r.status_code == 200
