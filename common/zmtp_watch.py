@@ -8,6 +8,16 @@ which libzmq then closes) is counted as `no_zmtp` on the listener's reject count
 like any other rejection, and logged (rate-limited). Nothing is charged to the socket's
 admission budget: the work was libzmq's, and legitimate frames must not wait for it.
 
+Some garbage never reaches a failure event: libzmq takes a first byte other than 0xFF
+(or a 10th byte with its low bit clear) for an unversioned ZMTP 1.0 peer, and when the
+bytes then fail its 1.0 framing it closes the connection with no handshake event at all
+(about 1 in 100 random 64-byte payloads). Those are counted by elimination: libzmq
+resolves every handshake within HANDSHAKE_IVL (success, failure, or such a close), so a
+connection accepted longer ago than that which neither succeeded nor failed was closed
+silently (`tick` settles it). So is a peer that closes before its greeting is done, even
+a real ZeroMQ one: it never became a ZeroMQ session either. The events carry no connection id, so the count is a lower
+bound that is exact once no connection is younger than the window, and never more.
+
 The monitor also tracks how many connections a listener has open, for status and logs.
 Capping that number is beyond libzmq's API (see docs/security.md). Each close is noted
 with the process's memory reclaimer (common/memtrim.py): the owner calls `tick(now)`
@@ -17,7 +27,9 @@ when it is due, and once a burst of closes settles, freed heap goes back to the 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections import deque
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -31,17 +43,20 @@ log = logging.getLogger("lockstep.zmtp")
 # libzmq's handshake events carry no connection id (a failure's value is an errno, a
 # success's is 0), so the failure events themselves are what is counted: garbage, a
 # protocol error, a handshake timeout (HANDSHAKE_IVL: the silent peer). A peer that
-# sends part of a valid greeting and then closes emits no failure event: not counted.
+# sends part of a valid greeting and then closes emits none: `tick` counts it.
 FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed or timed out",
           zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol error in the handshake",
           zmq.EVENT_HANDSHAKE_FAILED_AUTH: "handshake refused"}
-EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-          | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+          | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+          | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+SETTLE_SLACK_S = 1.0  # beyond HANDSHAKE_IVL: the monitor's own delivery, a busy owner
 
 
 class ZmtpWatch:
     """Feed it the monitor socket's frames (`on_frames`); it counts `no_zmtp` on `counter`
-    once per connection whose ZMTP handshake failed (then libzmq closes it)."""
+    once per connection whose ZMTP handshake failed (then libzmq closes it), or that
+    libzmq closed without a handshake outcome (counted by `tick`, see the module doc)."""
 
     def __init__(self, sock: zmq.Socket, counter: RejectCounter,
                  reclaimer: Reclaimer = RECLAIMER) -> None:
@@ -52,6 +67,12 @@ class ZmtpWatch:
         self._log = LogLimiter(log)
         self.open = 0
         self.failed = 0
+        self.accepted = 0
+        self.succeeded = 0
+        self.silent = 0  # closed with no handshake outcome, counted so far
+        ivl_ms = sock.getsockopt(zmq.HANDSHAKE_IVL)  # 0: no handshake deadline, no bound
+        self.window = ivl_ms / 1000 + SETTLE_SLACK_S if ivl_ms > 0 else math.inf
+        self._young: deque[float] = deque()  # when each accept within the window was seen
 
     def on_frames(self, frames: list[bytes]) -> None:
         try:
@@ -61,6 +82,10 @@ class ZmtpWatch:
         event, value = ev["event"], ev["value"]
         if event == zmq.EVENT_ACCEPTED:
             self.open += 1
+            self.accepted += 1
+            self._young.append(time.monotonic())
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.succeeded += 1
         elif event == zmq.EVENT_DISCONNECTED:
             self.open = max(0, self.open - 1)
             self.reclaimer.closed(time.monotonic())
@@ -80,9 +105,24 @@ class ZmtpWatch:
             self.on_frames(frames)
 
     def tick(self, now: float) -> float:
-        """Release memory freed by closed connections if that is due; when to tick next
-        (inf: nothing pending)."""
-        return self.reclaimer.tick(now)
+        """Count connections closed with no handshake outcome, and release memory freed by
+        closed connections, if either is due; when to tick next (inf: nothing pending).
+        Drain the monitor first: an outcome still queued would be taken for a silence."""
+        young = self._young
+        while young and young[0] <= now - self.window:
+            young.popleft()
+        # Every accept older than the window has its outcome; those without one were
+        # silent. Younger ones may still be handshaking: left out, so never an overcount.
+        silent = self.accepted - self.succeeded - self.failed - len(young)
+        if silent > self.silent:
+            for _ in range(silent - self.silent):
+                self.counter.add(Reason.NO_ZMTP)
+            self._log.warning("%s/%s: %d connection(s) closed by libzmq without a ZMTP "
+                              "handshake", self.counter.service, self.counter.socket,
+                              silent - self.silent)
+            self.silent = silent
+        settle = young[0] + self.window if young else math.inf
+        return min(settle, self.reclaimer.tick(now))
 
     def close(self) -> None:
         if not self.monitor.closed:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import signal
 import socket
 import sys
@@ -84,10 +85,14 @@ class _StopFlag:
         if watch is not None:
             poller.register(watch.monitor, zmq.POLLIN)
         deadline = time.monotonic() + seconds
+        due = math.inf  # the watch's next tick (silent closes, memory)
         while not self.stop and (left := deadline - time.monotonic()) > 0:
-            ready = dict(poller.poll(int(left * 1000) + 1))
-            if watch is not None and watch.monitor in ready:
-                watch.drain()
+            wait = min(left, max(0.0, due - time.monotonic()))
+            ready = dict(poller.poll(int(wait * 1000) + 1))
+            if watch is not None:
+                if watch.monitor in ready:
+                    watch.drain()
+                due = watch.tick(time.monotonic())
             if self._r.fileno() in ready:
                 break
         try:

@@ -158,7 +158,7 @@ class Rogue:
                 host, port = t["endpoint"].removeprefix("tcp://").rsplit(":", 1)
                 try:
                     with socket.create_connection((host, int(port)), timeout=0.5) as c:
-                        c.sendall(os.urandom(64))
+                        c.sendall(RNG.randbytes(64))
                     sent[t["name"]] = sent.get(t["name"], 0) + 1
                 except OSError:
                     pass

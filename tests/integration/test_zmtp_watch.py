@@ -1,12 +1,14 @@
 """ZmtpWatch: connections libzmq drops before any frame reaches the application (raw
 bytes, an HTTP probe, a peer that never speaks) are counted as `no_zmtp`; real ZeroMQ
-peers, including ones that connect and leave, are not; open connections are tracked,
+peers, including ones that connect and leave, are not; garbage that libzmq takes for a
+ZMTP 1.0 peer and closes without any handshake event is counted once the handshake window
+has passed, never before (as is a peer that leaves mid-handshake); open connections are tracked,
 and their closing schedules the release of freed memory. Listeners take nothing over
 their cap: libzmq drops such a connection unread."""
 
 from __future__ import annotations
 
-import os
+import random
 import socket
 import time
 
@@ -16,7 +18,13 @@ import zmq
 from common.bus import configure_listener
 from common.envelope import RejectCounter
 from common.memtrim import TRIM_AFTER_S, Reclaimer
-from common.zmtp_watch import ZmtpWatch
+from common.zmtp_watch import SETTLE_SLACK_S, ZmtpWatch
+
+# Fixed garbage: whether libzmq reports a failure depends on the bytes, so none is drawn
+# at random per run. SEEDED[57] is one libzmq closes without a handshake event.
+_RNG = random.Random(1)
+SEEDED = [_RNG.randbytes(64) for _ in range(60)]
+SILENT = b"\x01\x00" + bytes(62)  # a ZMTP 1.0 frame header, then a zero length: closed
 
 
 class Listener:
@@ -36,6 +44,7 @@ class Listener:
             assert time.monotonic() < deadline, (self.counter.snapshot(), self.watch.open)
             if self.watch.monitor.poll(50):
                 self.watch.drain()
+            self.watch.tick(time.monotonic())
 
     def raw(self, payload: bytes) -> None:
         with socket.create_connection(("127.0.0.1", self.port), timeout=2) as c:
@@ -60,7 +69,7 @@ def count(lis: Listener) -> int:
 
 @pytest.mark.timeout(30)
 def test_raw_bytes_and_http_probes_are_counted(router):
-    router.raw(os.urandom(256))
+    router.raw(random.Random(2).randbytes(256))
     router.raw(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     router.pump_until(lambda: count(router) == 2 and router.watch.open == 0)
     assert router.counter.snapshot() == {"no_zmtp": 2}
@@ -88,10 +97,48 @@ def test_real_zeromq_peers_are_not_counted(router):
             assert router.sock.poll(5000)
             router.sock.recv_multipart()
             d.close(linger=0)
-        router.pump_until(lambda: router.watch.open == 0)
-        assert count(router) == 0
-        router.raw(os.urandom(64))  # and the watch still works after them
+        router.pump_until(lambda: router.watch.accepted == 5 and router.watch.open == 0)
+        # Past the handshake window too: every one of them had its outcome.
+        time.sleep(router.watch.window)
+        router.pump_until(lambda: router.watch.tick(time.monotonic()) == float("inf"))
+        assert count(router) == 0 and router.watch.succeeded == 5
+        router.raw(SEEDED[0])  # and the watch still works after them
         router.pump_until(lambda: count(router) == 1)
+    finally:
+        ctx.term()
+
+
+@pytest.mark.timeout(30)
+def test_a_close_without_any_handshake_event_is_counted_after_the_window(router):
+    router.raw(SILENT)
+    router.pump_until(lambda: router.watch.accepted == 1 and router.watch.open == 0)
+    seen = time.monotonic()
+    assert router.watch.failed == 0  # libzmq reported nothing: only the close
+    # Within the window it might still be handshaking: not counted yet.
+    assert router.watch.tick(seen) <= seen + router.watch.window
+    assert count(router) == 0
+    router.pump_until(lambda: count(router) == 1)
+    assert time.monotonic() >= seen + router.watch.window - SETTLE_SLACK_S
+    assert not router.sock.poll(100)  # nothing reached the application
+
+
+@pytest.mark.timeout(60)
+def test_every_garbage_connection_is_counted_once(router):
+    ctx = zmq.Context()
+    try:
+        keep = ctx.socket(zmq.DEALER)  # a real peer held open throughout: never counted
+        keep.connect(f"tcp://127.0.0.1:{router.port}")
+        keep.send(b"hi")
+        assert router.sock.poll(5000)
+        router.sock.recv_multipart()
+        for payload in SEEDED:
+            router.raw(payload)
+        router.pump_until(lambda: router.watch.accepted == 1 + len(SEEDED)
+                          and router.watch.open == 1)
+        time.sleep(router.watch.window)
+        router.pump_until(lambda: router.watch.tick(time.monotonic()) == float("inf"))
+        assert count(router) == len(SEEDED) and router.watch.silent >= 1
+        keep.close(linger=0)
     finally:
         ctx.term()
 
@@ -100,7 +147,7 @@ def test_real_zeromq_peers_are_not_counted(router):
 def test_a_pub_socket_counts_garbage_too():
     lis = Listener(zmq.PUB)
     try:
-        lis.raw(os.urandom(128))
+        lis.raw(random.Random(3).randbytes(128))
         lis.pump_until(lambda: count(lis) == 1)
     finally:
         lis.close()
@@ -114,7 +161,7 @@ def test_closed_connections_schedule_a_memory_release(router):
         peers = [ctx.socket(zmq.DEALER) for _ in range(20)]
         for d in peers:
             d.connect(f"tcp://127.0.0.1:{router.port}")
-        router.pump_until(lambda: router.watch.open == 20)
+        router.pump_until(lambda: router.watch.open == 20 and router.watch.succeeded == 20)
         for d in peers:
             d.close(linger=0)
         router.pump_until(lambda: router.watch.open == 0)
