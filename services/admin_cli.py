@@ -30,13 +30,14 @@ from typing import Any
 import zmq
 
 from common.atomic_json import StateFileError
-from common.bus import BusTimeout, Channel, SyncRpcClient, new_request_id
+from common.bus import BusTimeout, Channel, new_request_id
 from common.config import default_home
 from common.deployment_info import DeploymentInfoError, read_deployment_info
 from common.envelope import Key
 from common.home import Paths, read_supervisor_record
 from common.keys import KeyFileError, load_cluster_key
 from common.messages import ADMIN_OUT, AdminReply, AdminRequest, CacheStats
+from common.rpc_client import SyncRpcClient
 from services import admin_status
 
 LONG_COMMANDS = {"deploy": 900.0, "stop": 120.0, "replan": 900.0, "abort_all": 120.0,

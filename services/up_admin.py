@@ -10,11 +10,12 @@ from collections.abc import Callable
 import zmq
 
 from common.atomic_json import StateFileError
-from common.bus import BusTimeout, Channel, SyncRpcClient, new_request_id
+from common.bus import BusTimeout, Channel, new_request_id
 from common.deployment_info import DeploymentInfo, DeploymentInfoError, read_deployment_info
 from common.envelope import Key
 from common.home import Paths, read_supervisor_record
 from common.messages import ADMIN_OUT, AdminRequest
+from common.rpc_client import SyncRpcClient
 
 
 class UpError(Exception):

@@ -19,12 +19,13 @@ import zmq
 import zmq.asyncio
 
 from common.atomic_json import StateFileError
-from common.bus import AsyncRpcClient, BusTimeout, Channel, GapTracker, configure, new_request_id
+from common.bus import BusTimeout, Channel, GapTracker, configure, new_request_id
 from common.deployment_info import DeploymentInfoError, read_deployment_info
 from common.envelope import Key
 from common.home import read_supervisor_record
 from common.keys import KeyFileError, requests_key_of
 from common.messages import ADMIN_OUT, EVENTS, AdminReply, AdminRequest
+from common.rpc_client import AsyncRpcClient
 from services.gateway.request_channel import Backend
 from services.gateway.settings import GatewaySettings
 from services.gateway.tokenizers import Tokenizers

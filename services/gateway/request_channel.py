@@ -28,7 +28,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from common.bus import AsyncRpcClient, BusTimeout, Channel, new_request_id
+from common.bus import BusTimeout, Channel, new_request_id
 from common.envelope import Key
 from common.messages import (
     REQUESTS_OUT,
@@ -39,6 +39,7 @@ from common.messages import (
     StatsRequest,
     Tokens,
 )
+from common.rpc_client import AsyncRpcClient
 from services.gateway.errors import ApiError
 from services.gateway.rank_link import DEALER_OPTIONS, LinkWatch
 

@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 import zmq.asyncio
 
-from common.bus import AsyncRpcClient, Channel, new_request_id
+from common.bus import Channel, new_request_id
 from common.messages import REQUESTS_OUT, Abort, Generate
+from common.rpc_client import AsyncRpcClient
 from services.supervisor.deployment import Deployment
 from services.supervisor.errors import LaunchError
 

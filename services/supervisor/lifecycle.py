@@ -17,9 +17,10 @@ import shutil
 import time
 from typing import TYPE_CHECKING, Any
 
-from common.bus import AsyncRpcClient, BusTimeout, Channel, new_request_id
+from common.bus import BusTimeout, Channel, new_request_id
 from common.home import manifest_path, remove_manifest, retire_markers, write_manifest
 from common.messages import REQUESTS_OUT, Shutdown, Stats, StatsRequest
+from common.rpc_client import AsyncRpcClient
 from services.supervisor import job_launch, readiness, remote_ops
 from services.supervisor.canary import run_canary
 from services.supervisor.deployment import LIVE, Deployment

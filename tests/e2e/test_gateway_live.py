@@ -18,10 +18,11 @@ import psutil
 import pytest
 import zmq
 
-from common.bus import Channel, SyncRpcClient, new_request_id
+from common.bus import Channel, new_request_id
 from common.keys import load_cluster_key, requests_key_of
 from common.messages import REQUESTS_OUT, StatsRequest
 from common.procs import snapshot_children
+from common.rpc_client import SyncRpcClient
 from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
 from tests.support.processes import interrupt, up_argv
 from tests.support.requests import supervisor_record

@@ -11,7 +11,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from common.bus import AsyncRpcClient, Channel
+from common.bus import Channel
+from common.rpc_client import AsyncRpcClient
 from tests.support.bus import RouterServer, client_channel
 from tests.support.ports import free_port
 

@@ -14,9 +14,10 @@ import pytest
 import zmq
 
 from common import bus
-from common.bus import BusTimeout, Channel, SyncRpcClient, configure
+from common.bus import BusTimeout, Channel, configure
 from common.envelope import Signer
 from common.messages import ADMIN_IN, AdminReply
+from common.rpc_client import AsyncRpcClient, SyncRpcClient
 from tests.support.bus import KEY, WRONG_KEY, bind, client_channel, request
 from tests.support.polling import apoll_for, poll_for
 
@@ -184,9 +185,9 @@ async def test_async_stream_gets_replies_queued_before_it_started_and_across_sen
     router = configure(actx.socket(zmq.ROUTER))
     endpoint = bind(router, endpoints("stream"))
     server_ch = Channel("stream", "admin", sender="server", send_key=KEY, accept=ADMIN_IN)
-    client = bus.AsyncRpcClient(actx, endpoint, client_channel(),
+    client = AsyncRpcClient(actx, endpoint, client_channel(),
                                 options={zmq.ROUTING_ID: b"reader-test"})
-    burst = 3 * bus.AsyncRpcClient.BURST
+    burst = 3 * AsyncRpcClient.BURST
     try:
         # Connected but not reading (no loop reader yet): queue replies for its stream.
         await apoll_for(lambda: router.getsockopt(zmq.EVENTS) & zmq.POLLOUT, 5.0, "connected")
@@ -239,7 +240,7 @@ async def test_async_send_that_takes_the_fd_edge_still_delivers_the_queued_repli
     router = configure(actx.socket(zmq.ROUTER))
     endpoint = bind(router, endpoints("edge"))
     server_ch = Channel("edge", "admin", sender="server", send_key=KEY, accept=ADMIN_IN)
-    client = bus.AsyncRpcClient(actx, endpoint, client_channel(),
+    client = AsyncRpcClient(actx, endpoint, client_channel(),
                                 options={zmq.ROUTING_ID: b"edge-test"})
     try:
         q = client.open_stream("s")
