@@ -18,7 +18,6 @@ Nothing a target sends back to an unauthenticated peer is expected: `received` c
 from __future__ import annotations
 
 import json
-import os
 import random
 import resource
 import secrets
@@ -56,9 +55,9 @@ def body_for(t: dict, *, rank: int | None = None, job: str | None = None):
 def frames_for(phase: str, t: dict, signers: dict) -> list[bytes]:
     """One message (list of frames) for `phase` against target `t`."""
     if phase == "garbage":
-        return [os.urandom(1 + RNG.randrange(300))]
+        return [RNG.randbytes(1 + RNG.randrange(300))]
     if phase == "multipart":
-        return [os.urandom(20), os.urandom(20), os.urandom(20)]
+        return [RNG.randbytes(20), RNG.randbytes(20), RNG.randbytes(20)]
     if phase == "wrong_key":
         return [signers["wrong"].encode(body_for(t))]
     if phase == "replay":
@@ -215,7 +214,7 @@ class Rogue:
         s = self.ctx.socket(zmq.XSUB)
         s.setsockopt(zmq.LINGER, 0)
         s.connect(endpoint)
-        s.send(b"\x01" + os.urandom(2000))  # an oversized "subscription"
+        s.send(b"\x01" + RNG.randbytes(2000))  # an oversized "subscription"
         return s
 
     def oversize(self) -> dict[str, int]:
@@ -226,13 +225,13 @@ class Rogue:
         for t in self.targets:
             s = self.dealer(t["endpoint"])
             for _ in range(3):
-                s.send(os.urandom(int(t["cap"]) + 1024))
+                s.send(RNG.randbytes(int(t["cap"]) + 1024))
             socks.append(s)
             sent[t["name"]] = 3
         time.sleep(1.0)  # delivered and counted before anything is dropped
         for t in self.targets:  # its own connection: libzmq drops it, nothing delivered
             s = self.dealer(t["endpoint"])
-            s.send(os.urandom(2 * int(t["cap"]) + 4096))
+            s.send(RNG.randbytes(2 * int(t["cap"]) + 4096))
             socks.append(s)
         time.sleep(0.5)
         self.drain(socks)

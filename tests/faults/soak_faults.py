@@ -106,9 +106,9 @@ class Faults:
             for _ in range(self.rng.randint(10, 40)):
                 roll = self.rng.random()
                 if roll < 0.4:
-                    frames = [os.urandom(self.rng.randint(1, 400))]
+                    frames = [self.rng.randbytes(self.rng.randint(1, 400))]
                 elif roll < 0.55:
-                    frames = [os.urandom(20) for _ in range(self.rng.randint(2, 5))]
+                    frames = [self.rng.randbytes(20) for _ in range(self.rng.randint(2, 5))]
                 else:
                     frames = [wrong.encode(self.rng.choice(bodies))]
                 with contextlib.suppress(zmq.Again):

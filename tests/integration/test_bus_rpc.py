@@ -13,7 +13,7 @@ import time
 import pytest
 import zmq
 
-from common import bus
+from common import bus, rpc_client
 from common.bus import BusTimeout, Channel, configure
 from common.envelope import Signer
 from common.messages import ADMIN_IN, AdminReply
@@ -123,7 +123,7 @@ def test_sync_call_times_out_then_recovers(endpoints, servers, sctx):
 @pytest.mark.timeout(30)
 async def test_async_call_deadline_covers_a_full_send_queue(endpoints, aclients, monkeypatch):
     """Nobody listening and the send queue full: `call` still ends at its deadline."""
-    monkeypatch.setattr(bus, "configure", functools.partial(configure, hwm=1))
+    monkeypatch.setattr(rpc_client, "configure", functools.partial(configure, hwm=1))
     client = aclients(endpoints("nobody"))
     for _ in range(4):
         t0 = time.monotonic()
@@ -134,7 +134,7 @@ async def test_async_call_deadline_covers_a_full_send_queue(endpoints, aclients,
 
 @pytest.mark.timeout(30)
 def test_sync_call_deadline_covers_a_full_send_queue(endpoints, sctx, monkeypatch):
-    monkeypatch.setattr(bus, "configure", functools.partial(configure, hwm=1))
+    monkeypatch.setattr(rpc_client, "configure", functools.partial(configure, hwm=1))
     client = SyncRpcClient(sctx, endpoints("nobody"), client_channel())
     try:
         for _ in range(4):
@@ -186,7 +186,7 @@ async def test_async_stream_gets_replies_queued_before_it_started_and_across_sen
     endpoint = bind(router, endpoints("stream"))
     server_ch = Channel("stream", "admin", sender="server", send_key=KEY, accept=ADMIN_IN)
     client = AsyncRpcClient(actx, endpoint, client_channel(),
-                                options={zmq.ROUTING_ID: b"reader-test"})
+                            options={zmq.ROUTING_ID: b"reader-test"})
     burst = 3 * AsyncRpcClient.BURST
     try:
         # Connected but not reading (no loop reader yet): queue replies for its stream.
@@ -241,7 +241,7 @@ async def test_async_send_that_takes_the_fd_edge_still_delivers_the_queued_repli
     endpoint = bind(router, endpoints("edge"))
     server_ch = Channel("edge", "admin", sender="server", send_key=KEY, accept=ADMIN_IN)
     client = AsyncRpcClient(actx, endpoint, client_channel(),
-                                options={zmq.ROUTING_ID: b"edge-test"})
+                            options={zmq.ROUTING_ID: b"edge-test"})
     try:
         q = client.open_stream("s")
         await client.send(request("hello"))  # the server has seen us: the route exists
@@ -264,7 +264,7 @@ async def test_async_send_waiting_for_room_goes_out_when_a_server_appears(
     """A send queue of one, nobody listening: the second send waits for room (POLLOUT on
     the reader callback, not a timer); once a server binds, the queue drains and the
     waiting send goes out — both requests are answered."""
-    monkeypatch.setattr(bus, "configure", functools.partial(configure, hwm=1))
+    monkeypatch.setattr(rpc_client, "configure", functools.partial(configure, hwm=1))
     endpoint = endpoints("late-room")
     client = aclients(endpoint)
     first, second = request("first"), request("second")
