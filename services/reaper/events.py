@@ -12,7 +12,7 @@ import time
 
 import zmq
 
-from common.bus import PUB_MAX_SIZE, Channel, configure
+from common.bus import PUB_MAX_SIZE, Channel, configure_listener
 from common.envelope import REGISTRY, Key
 from common.messages import EVENTS, Event
 from common.zmtp_watch import ZmtpWatch
@@ -27,7 +27,8 @@ class EventPublisher:
         self.channel = Channel("reaper", "events",
                                sender=f"reaper:{socket.gethostname()}:{os.getpid()}",
                                send_key=key, accept=EVENTS)
-        self.sock = configure(self.ctx.socket(zmq.PUB), max_size=PUB_MAX_SIZE)  # subscriptions
+        # A listener: the 5 s greeting deadline, the per-connection bounds (subscriptions).
+        self.sock = configure_listener(self.ctx.socket(zmq.PUB), max_size=PUB_MAX_SIZE)
         try:
             if port:
                 self.sock.bind(f"tcp://{host}:{port}")

@@ -33,7 +33,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from common.bus import PUB_MAX_SIZE, Channel, configure, configure_listener
+from common.bus import PUB_MAX_SIZE, Channel, configure_listener
 from common.envelope import Key, Message, RejectCounter
 from common.frame_budget import Budget
 from common.messages import ADMIN_IN, EVENTS, Event
@@ -93,8 +93,8 @@ class SupervisorSockets:
                                       send_key=cluster_key, accept=EVENTS)
         self.admin_channel.budget = Budget()
         self.admin = configure_listener(ctx.socket(zmq.ROUTER), max_size=ADMIN_MAX)
-        self.events = configure(ctx.socket(zmq.PUB), max_size=PUB_MAX_SIZE)
-        self.control = configure(ctx.socket(zmq.PUB), max_size=PUB_MAX_SIZE)
+        self.events = configure_listener(ctx.socket(zmq.PUB), max_size=PUB_MAX_SIZE)
+        self.control = configure_listener(ctx.socket(zmq.PUB), max_size=PUB_MAX_SIZE)
         self.report = configure_listener(ctx.socket(zmq.ROUTER), max_size=REPORT_MAX)
         # A sync view of the report socket, for non-blocking handshake replies from the
         # event loop's thread (the only thread that touches it).

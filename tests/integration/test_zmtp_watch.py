@@ -19,12 +19,12 @@ from common.bus import configure_listener
 from common.envelope import RejectCounter
 from common.memtrim import TRIM_AFTER_S, Reclaimer
 from common.zmtp_watch import SETTLE_SLACK_S, ZmtpWatch
+from tests.support.zmtp_garbage import SILENT
 
 # Fixed garbage: whether libzmq reports a failure depends on the bytes, so none is drawn
 # at random per run. SEEDED[57] is one libzmq closes without a handshake event.
 _RNG = random.Random(1)
 SEEDED = [_RNG.randbytes(64) for _ in range(60)]
-SILENT = b"\x01\x00" + bytes(62)  # a ZMTP 1.0 frame header, then a zero length: closed
 
 
 class Listener:
