@@ -15,8 +15,10 @@ bytes then fail its 1.0 framing it closes the connection with no handshake event
 resolves every handshake within HANDSHAKE_IVL (success, failure, or such a close), so a
 connection accepted longer ago than that which neither succeeded nor failed was closed
 silently (`tick` settles it). So is a peer that closes before its greeting is done, even
-a real ZeroMQ one: it never became a ZeroMQ session either. The events carry no connection id, so the count is a lower
-bound that is exact once no connection is younger than the window, and never more.
+a real ZeroMQ one: it never became a ZeroMQ session either. The events carry no
+connection id, so the count is a lower bound that is exact once no connection is younger
+than the window, and never more: `tick` counts nothing while events are still queued
+(an outcome not yet read would look like a silence).
 
 The monitor also tracks how many connections a listener has open, for status and logs.
 Capping that number is beyond libzmq's API (see docs/security.md). Each close is noted
@@ -51,6 +53,7 @@ EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCC
           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
           | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 SETTLE_SLACK_S = 1.0  # beyond HANDSHAKE_IVL: the monitor's own delivery, a busy owner
+BACKLOG_RETRY_S = 0.05  # tick again this soon when events were still queued
 
 
 class ZmtpWatch:
@@ -108,6 +111,10 @@ class ZmtpWatch:
         """Count connections closed with no handshake outcome, and release memory freed by
         closed connections, if either is due; when to tick next (inf: nothing pending).
         Drain the monitor first: an outcome still queued would be taken for a silence."""
+        if self._backlog():
+            # An owner behind on its monitor: an accept it already saw may have its
+            # outcome queued, and would be taken for a silence. Count once caught up.
+            return min(now + BACKLOG_RETRY_S, self.reclaimer.tick(now))
         young = self._young
         while young and young[0] <= now - self.window:
             young.popleft()
@@ -123,6 +130,12 @@ class ZmtpWatch:
             self.silent = silent
         settle = young[0] + self.window if young else math.inf
         return min(settle, self.reclaimer.tick(now))
+
+    def _backlog(self) -> bool:
+        try:
+            return bool(self.monitor.get(zmq.EVENTS) & zmq.POLLIN)
+        except zmq.ZMQError:  # closed (shutdown): nothing more will be read
+            return False
 
     def close(self) -> None:
         if not self.monitor.closed:

@@ -122,6 +122,31 @@ def test_a_close_without_any_handshake_event_is_counted_after_the_window(router)
     assert not router.sock.poll(100)  # nothing reached the application
 
 
+@pytest.mark.timeout(30)
+def test_an_owner_behind_on_its_monitor_counts_no_silence(router):
+    """The accept was read, its success is still queued: however late the tick, that
+    connection is not taken for a silent close."""
+    ctx = zmq.Context()
+    d = ctx.socket(zmq.DEALER)
+    try:
+        d.connect(f"tcp://127.0.0.1:{router.port}")
+        d.send(b"hello")
+        assert router.sock.poll(5000)
+        router.sock.recv_multipart()  # the handshake succeeded
+        assert router.watch.monitor.poll(5000)
+        router.watch.on_frames(router.watch.monitor.recv_multipart())  # ACCEPTED only
+        assert router.watch.accepted == 1 and router.watch.succeeded == 0
+        late = time.monotonic() + router.watch.window + 10
+        assert router.watch.tick(late) < float("inf")  # come back once caught up
+        assert count(router) == 0 and router.watch.silent == 0
+        router.watch.drain()
+        assert router.watch.succeeded == 1
+        assert router.watch.tick(late) == float("inf") and count(router) == 0
+    finally:
+        d.close(linger=0)
+        ctx.term()
+
+
 @pytest.mark.timeout(60)
 def test_every_garbage_connection_is_counted_once(router):
     ctx = zmq.Context()
