@@ -110,17 +110,18 @@ class ZmtpWatch:
     def tick(self, now: float) -> float:
         """Count connections closed with no handshake outcome, and release memory freed by
         closed connections, if either is due; when to tick next (inf: nothing pending).
-        Drain the monitor first: an outcome still queued would be taken for a silence."""
-        if self._backlog():
-            # An owner behind on its monitor: an accept it already saw may have its
-            # outcome queued, and would be taken for a silence. Count once caught up.
-            return min(now + BACKLOG_RETRY_S, self.reclaimer.tick(now))
+        While monitor events are still queued nothing is counted (an outcome not yet read
+        would look like a silence), and the monitor is only looked at when a count is due."""
         young = self._young
         while young and young[0] <= now - self.window:
             young.popleft()
         # Every accept older than the window has its outcome; those without one were
         # silent. Younger ones may still be handshaking: left out, so never an overcount.
         silent = self.accepted - self.succeeded - self.failed - len(young)
+        if silent > self.silent and self._backlog():
+            # An owner behind on its monitor: an accept it already saw may have its
+            # outcome queued, and would be taken for a silence. Count once caught up.
+            return min(now + BACKLOG_RETRY_S, self.reclaimer.tick(now))
         if silent > self.silent:
             for _ in range(silent - self.silent):
                 self.counter.add(Reason.NO_ZMTP)
