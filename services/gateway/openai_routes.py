@@ -23,7 +23,7 @@ from services.gateway import choices
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Generation
 from services.gateway.openai_schemas import ChatRequest, CompletionRequest, validate
-from services.gateway.prompts import output_parser, prompt_ids
+from services.gateway.prompts import output_parser, prompt_ids, token_limit
 from services.gateway.sampling_params import generate_fields
 from services.gateway.streaming import EventStreamResponse, Shape
 from services.gateway.structured import grammar_for
@@ -104,9 +104,7 @@ async def _handle(request: Request, *, chat: bool) -> Response:
     if ctx and len(ids) >= ctx:
         raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context is {ctx}",
                        param="messages" if chat else "prompt", code="context_length_exceeded")
-    limit = req.limit() or gw.settings.default_max_tokens
-    if ctx:
-        limit = min(limit, ctx - len(ids))
+    limit = token_limit(req.limit(), gw.settings.default_max_tokens, ctx, len(ids))
     grammar = await gw.prepare_pool.run(grammar_for, req, tok) if chat else ""  # structured output
     rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
     gen_msg = Generate(

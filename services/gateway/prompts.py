@@ -36,6 +36,20 @@ class Prompt:
     in_reasoning: bool = False  # the chat prompt ends inside an open reasoning block
 
 
+MAX_TOKENS = 2**31 - 1  # the wire's bound on max_tokens: more than any model generates
+
+
+def token_limit(requested: int | None, default: int, context: int | None,
+                prompt_len: int) -> int:
+    """The max_tokens sent to rank 0: the request's (else the gateway's default), capped by
+    what the context leaves after the prompt, and by the wire's int when the model states
+    no context (a max_tokens of 10**20 means "as many as you can", not a 500)."""
+    limit = requested or default
+    if context:
+        limit = min(limit, context - prompt_len)
+    return min(limit, MAX_TOKENS)
+
+
 def byte_limit(tok: ModelTokenizer, bytes_per_token: int) -> int | None:
     """The most prompt bytes worth tokenizing for this model (None: context unknown)."""
     return tok.context_len * bytes_per_token if tok.context_len else None

@@ -104,7 +104,8 @@ ROWS: tuple[Row, ...] = (
     Row("repetition_context_size", H, H, "tokens `repetition_penalty` looks back over",
         extension=True),
     Row("repetition_penalty", H, H, "> 0, 1 = off, applied on every rank", extension=True),
-    Row("top_k", H, H, "0 or -1 = off, applied on every rank", extension=True),
+    Row("top_k", H, H, "0 or -1 = off, at most 2^24; applied on every rank",
+        extension=True),
 )
 
 BY_ENDPOINT: dict[str, dict[str, Row]] = {

@@ -25,13 +25,14 @@ MAX_TOP_LOGPROBS = 20  # chat's bound (OpenAI); completions' `logprobs` is allow
 MAX_LOGIT_BIAS = 1024  # entries (the wire's bound, common/messages/base.py BIAS_LIST)
 BIAS_LIMIT = 100.0
 MAX_CONTEXT_SIZE = 1 << 20
+MAX_TOP_K = 1 << 24  # above any vocabulary (a larger k keeps every token: the same as off)
 
 
 class SamplingFields(BaseModel):
     """The fields both endpoints share, mixed into openai_schemas._Sampling."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=MAX_TOP_K)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)

@@ -70,6 +70,8 @@ def test_fields_map_into_generate(tok):
 @pytest.mark.parametrize("fn,kw,param", [
     (chat, {"top_k": -2}, "top_k"),
     (chat, {"top_k": 1.5}, "top_k"),
+    (chat, {"top_k": 10**20}, "top_k"),  # beyond any vocabulary (and the wire's int64)
+    (completion, {"top_k": (1 << 24) + 1}, "top_k"),
     (chat, {"min_p": 1.5}, "min_p"),
     (chat, {"presence_penalty": 2.5}, "presence_penalty"),
     (completion, {"frequency_penalty": -3}, "frequency_penalty"),

@@ -132,3 +132,19 @@ def test_a_model_without_a_chat_template_is_a_400_not_a_500(tmp_path):
     p = prompt_ids(CompletionRequest.model_validate({"model": "bare", "prompt": "hi"}),
                    load_tokenizer(bare), 8)
     assert p.ids
+
+
+def test_token_limit_is_capped_by_the_context_and_the_wire():
+    from common.envelope import Key, Signer
+    from common.messages import Generate
+    from services.gateway.prompts import MAX_TOKENS, token_limit
+
+    assert token_limit(None, 512, 8192, 100) == 512  # the gateway's default
+    assert token_limit(10**20, 512, 8192, 100) == 8092  # what the context leaves
+    assert token_limit(10**20, 512, None, 100) == MAX_TOKENS  # no stated context
+    assert token_limit(7, 512, None, 100) == 7
+    # what it gives always packs (an int beyond int64 would not: a 500)
+    with pytest.raises(TypeError):  # the 500 a top_k of 10**20 gave
+        Signer(Key.from_secret(b"k" * 32), "gw").encode(
+            Generate(request_id="r", prompt=[1], max_tokens=10**20))
+    Signer(Key.from_secret(b"k" * 32), "gw").encode(Generate(request_id="r", prompt=[1], max_tokens=MAX_TOKENS))
