@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.messages import CacheStats, LoadProgress, PhaseTimes
+from common.sampling_defaults import SamplingDefaults
 from common.schema import SchemaError, decode_into
 
 # A rank's or deployment's error may carry a stderr tail: larger than the default cap.
@@ -63,6 +64,8 @@ class DeploymentInfo:
     error: str | None = field(metadata=_LONG)
     teardown: dict[str, object] | None  # the last teardown outcome (procs.LadderOutcome)
     ranks: list[RankInfo]
+    # what a request that names no temperature/top_p/top_k/min_p/repetition_penalty gets
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
 
 
 def read_deployment_info(d: Any) -> DeploymentInfo:

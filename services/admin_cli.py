@@ -38,6 +38,7 @@ from common.home import Paths, read_supervisor_record
 from common.keys import KeyFileError, load_cluster_key
 from common.messages import ADMIN_OUT, AdminReply, AdminRequest, CacheStats
 from common.rpc_client import SyncRpcClient
+from common.sampling_defaults import FIELDS as SAMPLING_FIELDS
 from services import admin_status
 
 LONG_COMMANDS = {"deploy": 900.0, "stop": 120.0, "replan": 900.0, "abort_all": 120.0,
@@ -124,6 +125,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("auto", "ring", "jaccl", "mpi"))
     p.add_argument("--id", dest="deployment_id")
     p.add_argument("--no-wait", dest="wait", action="store_false")
+    for flag, tp in (("--temperature", float), ("--top-p", float), ("--top-k", int),
+                     ("--min-p", float), ("--repetition-penalty", float)):
+        p.add_argument(flag, type=tp)  # sampling defaults for requests that name none
     p = add("stop")
     p.add_argument("deployment_id")
     p.add_argument("--force", action="store_true")
@@ -157,6 +161,9 @@ def build_request(ns: argparse.Namespace) -> tuple[str, dict[str, Any]]:
              "deployment_id": ns.deployment_id, "wait": ns.wait, **_hosts_args(ns.hosts)}
         if ns.backend:
             a["backend"] = ns.backend
+        given = {k: getattr(ns, k) for k in SAMPLING_FIELDS if getattr(ns, k) is not None}
+        if given:
+            a["sampling"] = given
     elif cmd == "stop":
         a = {"deployment_id": ns.deployment_id, "force": ns.force}
     elif cmd == "cancel":

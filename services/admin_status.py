@@ -142,6 +142,7 @@ def render(data: dict, *, now: float | None = None,
         lines.append(f"{d.deployment_id}  {d.state}{up}  {d.model} tp={d.tp} pp={d.pp} "
                      f"backend={d.backend} job={d.job_id}" + (f"  error: {d.error}" if d.error else ""))
         lines.append(f"  {cache_text(d)}")
+        lines.append(f"  sampling defaults: {d.sampling.describe()}")
         lines.append(f"  {'rank':>4} {'host':<16} {'pid':>7} {'phase':<13} {'step':>7} "
                      f"{'steps/s':>7} {'active':>6} {'memory':>10} {'seen':>6}  epoch seen/acked")
         for r in d.ranks:

@@ -3,14 +3,18 @@
     lockstep up [--port 8000] [--home ~/.lockstep] [--model PATH] [--tp 2] [--pp 1]
                 [--hosts FILE] [--backend auto|ring|jaccl|mpi] [--host 127.0.0.1]
                 [--prompt-cache-entries 32] [--prompt-cache-bytes 0] [--prefill-stall-ratio 3]
-                [--prefill-long-prompt 2048]
+                [--prefill-long-prompt 2048] [--temperature T] [--top-p P] [--top-k K]
+                [--min-p P] [--repetition-penalty R]
 
 Starts `lockstep supervisor`, `lockstep reaper` and `lockstep gateway` as separate
 processes (each in its own session, logs in $LOCKSTEP_HOME/runtime/logs/), writes the
 cluster key and the admin token (0600) on first run, builds the default model once (no
 --model: SmolLM2-135M-Instruct, served PP=2; services/up_model.py), deploys it (TP=2 by
-default for any other model), waits for /ready and prints the URL with a
-curl to paste. If the deployment fails on its own (a rank died, a peer was lost) it is
+default for any other model; what the user names wins, services/up_model.py), waits for
+/ready and prints the URL with a curl to paste. A tp/pp the model cannot be split into is
+refused before anything starts (services/supervisor/topology.py). --temperature, --top-p,
+--top-k, --min-p, --repetition-penalty: what requests that name none are sampled with
+(over the model's generation_config.json; common/sampling_defaults.py). If the deployment fails on its own (a rank died, a peer was lost) it is
 torn down with proof and redeployed, up to --restarts times (default 3).
 Ctrl-C / SIGTERM / SIGHUP (a closed terminal): abort_all, verified teardown of every
 deployment, then SIGTERM → SIGKILL each service; exit 0 only when every process it
@@ -56,6 +60,11 @@ from common.keys import KeyFileError, ensure_cluster_key
 from common.launcher_watch import LAUNCHER_ENV, launcher_value
 from common.model_ref import model_id
 from common.procs import ProcessIdentity, identify, is_alive, snapshot_children, terminate_ladder
+from common.sampling_defaults import FIELDS as SAMPLING_FIELDS
+from common.sampling_defaults import SamplingOverrides, check_overrides
+from common.schema import to_wire
+from services.supervisor.topology import TopologyError
+from services.supervisor.topology import check as check_topology
 from services.up_admin import AdminLink, DeploymentDown, UpError
 from services.up_console import UpConsole
 from services.up_preflight import busy_ports, supervisor_busy
@@ -68,8 +77,9 @@ class UpSettings:
     host: str = "127.0.0.1"
     port: Port = 8000
     model: str | None = None
-    tp: AtLeastOne = 2
-    pp: AtLeastOne = 1
+    # None = not named: the preset's (SmolLM2: pp=2), else tp=2 (services/up_model.py)
+    tp: AtLeastOne | None = None
+    pp: AtLeastOne | None = None
     hosts: Path | None = None
     backend: str = "auto"
     admin_port: Port = 7710
@@ -86,6 +96,12 @@ class UpSettings:
     prompt_cache_bytes: Count = 0
     prefill_stall_ratio: StallRatio = 3.0  # rank 0's prefill policy; 0 = fixed chunks
     prefill_long_prompt: Count = 2048  # ... steered while streams decode; 0 = every prompt
+    # Sampling defaults of the deployment (None = the preset's, the model's, then OpenAI's)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
 
 
 def wait_http_ready(url: str, timeout: float, stop: threading.Event, progress) -> None:
@@ -129,7 +145,7 @@ class Up:
         self.shown = UpProgress(self.console, self.console.is_tty())  # stages while starting
         me = identify(os.getpid())
         self.launcher = launcher_value(me) if me is not None else None
-        self.topology_given = True  # main() says if --tp/--pp or LOCKSTEP_TP/PP was set
+        self.sampling = SamplingOverrides()  # what the deployment gets (model_path sets it)
 
     def log(self, msg: str, *, err: bool = False) -> None:
         """Never raises: the terminal may be gone (see up_console)."""
@@ -158,11 +174,19 @@ class Up:
                 raise UpError(f"{name} exited with status {p.returncode}; its log ends:\n{tail}")
 
     def model_path(self) -> str:
-        from services.up_model import model_dir
+        """Builds a preset if needed, settles tp, pp and the sampling defaults, and checks
+        that the model can be split that way — all before any process starts."""
+        from services import up_model
 
-        path, topology = model_dir(self.paths.models, self.s.model, self.log)
-        if topology is not None and not self.topology_given:  # e.g. SmolLM2: PP=2
-            self.s = replace(self.s, tp=topology[0], pp=topology[1])
+        path, preset = up_model.model_dir(self.paths.models, self.s.model, self.log)
+        named = {k: getattr(self.s, k) for k in ("tp", "pp") if getattr(self.s, k) is not None}
+        tp, pp = up_model.topology(named, preset)
+        self.s = replace(self.s, tp=tp, pp=pp)
+        self.sampling = up_model.sampling(_named_sampling(self.s), preset)
+        try:
+            check_topology(path, tp, pp, model_id(path))
+        except TopologyError as exc:
+            raise UpError(f"cannot serve {exc}") from None
         return path
 
     def hosts(self) -> tuple[list[dict] | None, list[str], str]:
@@ -248,7 +272,8 @@ class Up:
         s = self.s
         data = self.admin.call("deploy", {"model_path": model, "tp": s.tp, "pp": s.pp,
                                           "hosts": hosts, "backend": backend, "wait": False,
-                                          "envs": envs}, timeout=120.0)
+                                          "envs": envs, "sampling": to_wire(self.sampling)},
+                               timeout=120.0)
         dep_id = data["deployment_id"]
         self.log(f"deploying {model_id(model)} as {dep_id} (tp={s.tp}, pp={s.pp}, backend={backend})")
         url = f"http://{'127.0.0.1' if s.host in ('0.0.0.0', '::') else s.host}:{s.port}"
@@ -269,10 +294,10 @@ class Up:
             self.shown.end()
         if self.stop_flag.is_set():
             return None
-        self.print_banner(url, model_id(model), dep_id)
+        self.print_banner(url, model_id(model), dep_id, dep)
         return dep_id
 
-    def print_banner(self, url: str, model: str, dep_id: str) -> None:
+    def print_banner(self, url: str, model: str, dep_id: str, dep) -> None:
         body = json.dumps({"model": model, "max_tokens": 32,
                            "messages": [{"role": "user", "content":
                                          "What is the capital of France?"}]})
@@ -280,7 +305,9 @@ class Up:
         self.console.say(
             f"\nlockstep is serving {model} ({dep_id}, tp={self.s.tp}, pp={self.s.pp}) at {url}\n"
             f"  OpenAI base URL: {url}/v1    ready: {url}/ready    metrics: {url}/metrics\n"
-            f"  admin token:     {self.paths.admin_token}\n\n"
+            f"  admin token:     {self.paths.admin_token}\n"
+            f"  sampling defaults (a request's own values win): "
+            f"{dep.sampling.describe() if dep is not None else '?'}\n\n"
             f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
             f"       -d '{body}'\n")
         # The console's login link carries the token in its fragment (never sent to a
@@ -318,6 +345,10 @@ class Up:
         return ok and not survivors
 
 
+def _named_sampling(s: UpSettings) -> SamplingOverrides:
+    return SamplingOverrides(**{k: getattr(s, k) for k in SAMPLING_FIELDS})
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="lockstep up", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -329,7 +360,9 @@ def _parser() -> argparse.ArgumentParser:
                      ("--ready-timeout", float), ("--stop-timeout", float),
                      ("--restarts", int), ("--prompt-cache-entries", int),
                      ("--prompt-cache-bytes", int), ("--prefill-stall-ratio", float),
-                     ("--prefill-long-prompt", int)):
+                     ("--prefill-long-prompt", int), ("--temperature", float),
+                     ("--top-p", float), ("--top-k", int), ("--min-p", float),
+                     ("--repetition-penalty", float)):
         ap.add_argument(flag, type=tp, default=None)
     return ap
 
@@ -338,13 +371,13 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(_parser().parse_args(sys.argv[1:] if argv is None else argv))
     try:
         s = load_settings(UpSettings, args)
+        if bad := check_overrides(_named_sampling(s)):
+            raise ConfigError("; ".join(bad))
     except (ConfigError, TypeError) as exc:
         print(f"lockstep up: {exc}", file=sys.stderr)
         return 2
     try:
         up = Up(s)
-        up.topology_given = any(args.get(k) is not None for k in ("tp", "pp")) or any(
-            os.environ.get(f"LOCKSTEP_{k}") for k in ("TP", "PP"))
         up.preflight()  # nothing started yet: nothing to stop if it fails
     except OSError as exc:
         print(f"lockstep up: cannot use home {s.home}: {exc}", file=sys.stderr)
@@ -372,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - a bug here must still stop everything in order
         up.log(f"internal error: {type(exc).__name__}: {exc}\n{traceback.format_exc()}", err=True)
         code = 1
+    if not up.procs:  # refused before anything started (a bad topology, a busy port...)
+        return code
     up.log("stopping: abort_all, verified teardown, services")
     if not up.shutdown():
         up.log("shutdown NOT verified (see above)", err=True)

@@ -39,6 +39,18 @@ class _Args(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
+class SamplingArgs(_Args):
+    """A deployment's sampling defaults (common/sampling_defaults.py); the supervisor
+    checks the ranges and refuses with a 400 naming the field."""
+
+    model_config = ConfigDict(strict=False, extra="forbid")  # 0 for 0.0 is fine
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+
 class DeployArgs(_Args):
     model_path: str | None = None
     tp: int = Field(default=1, ge=1, le=64)
@@ -48,6 +60,7 @@ class DeployArgs(_Args):
     deployment_id: str | None = None
     wait: bool = False  # HTTP default: answer at once, watch /ready or GET /deployments
     envs: list[str] = Field(default_factory=list)
+    sampling: SamplingArgs | None = None
 
 
 class UnloadArgs(_Args):

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from common import model_ref
 from common.messages import Generate
+from common.sampling_defaults import FIELDS
 from services.gateway import choices
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Generation
@@ -49,10 +50,18 @@ async def list_models(request: Request) -> dict:
     check_api_key(request)
     seen: dict[str, dict] = {}
     for d in request.app.state.gw.cluster.models():
+        # `sampling_defaults` (an extension): what a request that names none gets
         seen.setdefault(d["model"], {"id": d["model"], "object": "model",
                                      "created": _created(d.get("model_path")),
-                                     "owned_by": model_ref.owner(d["model"])})
+                                     "owned_by": model_ref.owner(d["model"]),
+                                     "sampling_defaults": _defaults(d.get("sampling"))})
     return {"object": "list", "data": list(seen.values())}
+
+
+def _defaults(sampling: object) -> dict:
+    """The deployment's defaults as /v1/models shows them: values and where each came from."""
+    d = sampling if isinstance(sampling, dict) else {}
+    return {k: d[k] for k in (*FIELDS, "origin") if k in d}
 
 
 def _created(model_path: str | None) -> int:
@@ -109,11 +118,9 @@ async def _handle(request: Request, *, chat: bool) -> Response:
     rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
     gen_msg = Generate(
         request_id=rid, prompt=ids, max_tokens=limit,
-        temperature=1.0 if req.temperature is None else float(req.temperature),
-        top_p=1.0 if req.top_p is None else float(req.top_p),
         seed=None if req.seed is None else req.seed % (2**63),
         stop_token_ids=list(tok.eos_ids), client="gateway", grammar=grammar,
-        **generate_fields(req, tok, chat=chat))
+        **generate_fields(req, tok, backend.sampling, chat=chat))
     n = req.n or 1
     streams = await choices.open_streams(backend, gen_msg, n)  # 503 Unavailable: retry-after
     gens = [Generation(st, tok, model=backend.model, stops=req.stops(),

@@ -40,6 +40,8 @@ from common.messages import (
     Tokens,
 )
 from common.rpc_client import AsyncRpcClient
+from common.sampling_defaults import SamplingDefaults
+from common.schema import decode_into
 from services.gateway.errors import ApiError
 from services.gateway.rank_link import DEALER_OPTIONS, LinkWatch
 
@@ -203,6 +205,9 @@ class Backend:
         self.model = info.get("model") or self.deployment_id
         self.model_path = info.get("model_path")
         self.endpoint = info["requests_endpoint"]
+        # what requests that name no temperature / top_p / ... are sampled with (the
+        # record was validated with the whole DeploymentInfo by cluster_view)
+        self.sampling = decode_into(SamplingDefaults, info.get("sampling") or {})
         # `key`: the requests key, opened from the sealed admin-reply field by the caller
         # (common.keys.requests_key_of).
         channel = Channel("gateway", "requests", sender="gateway", send_key=key, accept=REQUESTS_OUT)

@@ -5,8 +5,9 @@ the field); what needs the model's tokenizer (logit_bias token ids) and what spa
 fields (top_logprobs needs logprobs) is checked here, before any GENERATE is sent, with
 the same bounds rank 0 checks again (services/rank/leader.py `validate`).
 
-Defaults mean "off" and are the wire's defaults, so a request that sets none of these
-sends what it sent before. vLLM's OpenAI server is the reference where OpenAI is silent:
+A field the request omits takes the deployment's sampling default (temperature, top_p,
+top_k, min_p, repetition_penalty: common/sampling_defaults.py, filled in here at
+admission); the others' defaults mean "off" and are the wire's. vLLM's OpenAI server is the reference where OpenAI is silent:
 `top_k` -1 or 0 is off; `repetition_penalty` 1 is off; `repetition_context_size`
 (mlx-lm's name, an extension) is how many of the latest tokens it looks at.
 """
@@ -18,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from common.messages import TokenBias
+from common.sampling_defaults import SamplingDefaults
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
 
@@ -80,15 +82,23 @@ def top_logprobs(req: Any, *, chat: bool) -> int:
     return req.logprobs
 
 
-def generate_fields(req: Any, tok: ModelTokenizer, *, chat: bool) -> dict[str, Any]:
-    """The sampling and logprobs fields of one `Generate` for this request."""
-    top_k = req.top_k or 0
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def generate_fields(req: Any, tok: ModelTokenizer, defaults: SamplingDefaults, *,
+                    chat: bool) -> dict[str, Any]:
+    """The sampling and logprobs fields of one `Generate` for this request: its own
+    values, else the deployment's defaults."""
+    top_k = _or(req.top_k, defaults.top_k)
     return {
+        "temperature": float(_or(req.temperature, defaults.temperature)),
+        "top_p": float(_or(req.top_p, defaults.top_p)),
         "top_k": 0 if top_k < 0 else top_k,
-        "min_p": req.min_p or 0.0,
+        "min_p": float(_or(req.min_p, defaults.min_p)),
         "presence_penalty": req.presence_penalty or 0.0,
         "frequency_penalty": req.frequency_penalty or 0.0,
-        "repetition_penalty": 1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        "repetition_penalty": float(_or(req.repetition_penalty, defaults.repetition_penalty)),
         "repetition_context_size": req.repetition_context_size or 20,
         "logit_bias": logit_bias(req.logit_bias, len(tok.hf)),
         "top_logprobs": top_logprobs(req, chat=chat),

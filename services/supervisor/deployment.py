@@ -152,4 +152,5 @@ class Deployment:
             if (self.keys and with_key and cluster_key) else "",
             "canary_at": self.canary_at, "error": self.error, "teardown": self.teardown,
             "ranks": [self.ranks[r].to_wire() for r in sorted(self.ranks)],
+            "sampling": to_wire(self.plan.sampling),
         }

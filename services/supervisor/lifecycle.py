@@ -21,6 +21,7 @@ from common.bus import BusTimeout, Channel, new_request_id
 from common.home import manifest_path, remove_manifest, retire_markers, write_manifest
 from common.messages import REQUESTS_OUT, Shutdown, Stats, StatsRequest
 from common.rpc_client import AsyncRpcClient
+from common.sampling_defaults import SamplingOverrides
 from services.supervisor import job_launch, readiness, remote_ops
 from services.supervisor.canary import run_canary
 from services.supervisor.deployment import LIVE, Deployment
@@ -62,7 +63,8 @@ def get(sup: Supervisor, deployment_id: str) -> Deployment:
 
 
 async def deploy(sup: Supervisor, *, model_path: str | None, tp: int, pp: int, hosts, backend: str,
-                 deployment_id: str | None, wait: bool, envs: list[str]) -> dict[str, Any]:
+                 deployment_id: str | None, wait: bool, envs: list[str],
+                 sampling: SamplingOverrides | None = None) -> dict[str, Any]:
     dep_id = deployment_id or new_id("d-")
     if not ID_RE.fullmatch(dep_id):
         raise AdminError("bad_request", f"deployment_id: {dep_id!r} must match {ID_RE.pattern}")
@@ -76,7 +78,7 @@ async def deploy(sup: Supervisor, *, model_path: str | None, tp: int, pp: int, h
         envs = [*sup.default_hosts["envs"], *envs]
         if backend == "auto" and sup.default_hosts["backend"]:
             backend = str(sup.default_hosts["backend"])
-    plan = make_plan(model_path, tp, pp, hosts, backend, envs)
+    plan = make_plan(model_path, tp, pp, hosts, backend, envs, sampling)
     return await start(sup, dep_id, plan, wait=wait)
 
 
@@ -313,7 +315,7 @@ async def replan(sup: Supervisor, deployment_id: str, backend: str, sig: str | N
     if dep.busy:
         raise AdminError("conflict", f"deployment {deployment_id} is busy ({dep.state})")
     p = dep.plan
-    plan = make_plan(p.model_path, p.tp, p.pp, p.hosts, backend, p.envs)
+    plan = make_plan(p.model_path, p.tp, p.pp, p.hosts, backend, p.envs, p.sampling_given)
     expected = signature(sup.cluster_key.secret, deployment_id, dep.job_id, plan)
     if sig is None:
         return {"preview": True, "plan": plan.to_wire(), "current": p.to_wire(),

@@ -1,7 +1,10 @@
-"""Deployment plans: model, tp, pp, placement and backend, and the replan signature.
+"""Deployment plans: model, tp, pp, placement, backend and sampling defaults, and the
+replan signature.
 
-world size = tp * pp. mlx-lm's `sharded_load` takes a tensor group or a pipeline group,
-so tp > 1 together with pp > 1 is refused for now.
+world size = tp * pp. Whether the model can be split that way is checked from its
+config.json before anything starts (services/supervisor/topology.py): tp must divide its
+heads, KV heads and MLP, pp must not exceed its layers, not both at once. The sampling
+defaults are resolved here, once (common/sampling_defaults.py).
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.model_ref import ModelNotFound, resolve
+from common.model_ref import ModelNotFound, model_id, resolve
+from common.sampling_defaults import SamplingDefaults, SamplingOverrides, check_overrides
+from common.sampling_defaults import resolve as resolve_sampling
+from common.schema import to_wire
 from services.supervisor.errors import AdminError
 from services.supervisor.hosts import (
     BACKENDS,
@@ -25,6 +31,8 @@ from services.supervisor.hosts import (
     members_from_host_records,
     select_backend,
 )
+from services.supervisor.topology import TopologyError
+from services.supervisor.topology import check as check_topology
 
 
 @dataclass
@@ -38,6 +46,8 @@ class DeployPlan:
     members: list[Member]
     blockers: list[dict[str, str]] = field(default_factory=list)
     envs: list[str] = field(default_factory=list)
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+    sampling_given: SamplingOverrides | None = None  # the operator's, kept for a replan
 
     @property
     def world_size(self) -> int:
@@ -48,7 +58,7 @@ class DeployPlan:
                 "backend": self.backend, "requested_backend": self.requested_backend,
                 "world_size": self.world_size, "hosts": self.hosts,
                 "members": [m.to_wire() for m in self.members], "blockers": self.blockers,
-                "envs": self.envs}
+                "envs": self.envs, "sampling": to_wire(self.sampling)}
 
 
 def selection_for(hosts: list[dict[str, Any]] | None, backend: str,
@@ -67,21 +77,22 @@ def selection_for(hosts: list[dict[str, Any]] | None, backend: str,
 
 
 def make_plan(model_path: str, tp: int, pp: int, hosts: list[dict[str, Any]] | None,
-              backend: str, envs: list[str] | None = None) -> DeployPlan:
+              backend: str, envs: list[str] | None = None,
+              sampling: SamplingOverrides | None = None) -> DeployPlan:
     if tp < 1 or pp < 1:
         raise AdminError("bad_request", "tp and pp must be >= 1")
-    if tp > 1 and pp > 1:
-        raise AdminError("bad_request", "tp > 1 together with pp > 1 is not supported yet "
-                                        "(mlx-lm sharded_load takes one group)")
+    if sampling is not None and (bad := check_overrides(sampling)):
+        raise AdminError("bad_request", "sampling: " + "; ".join(bad))
     if backend not in BACKENDS:
         raise AdminError("bad_request", f"backend: must be one of {', '.join(BACKENDS)}")
     try:  # a directory, or a Hugging Face repo id in the local cache (offline)
         model_path = str(resolve(model_path))
     except ModelNotFound as exc:
         raise AdminError("bad_request", f"model_path: {exc}") from None
-    if pp > 1 and not (Path(model_path) / "model.safetensors.index.json").is_file():
-        raise AdminError("bad_request", "model_path: pipeline parallel needs "
-                                        "model.safetensors.index.json in the model directory")
+    try:  # before any process starts: the canary would fail only after every rank loaded
+        check_topology(model_path, tp, pp, model_id(model_path))
+    except TopologyError as exc:
+        raise AdminError("bad_request", str(exc)) from None
     sel = selection_for(hosts, backend, tp * pp)
     if tp * pp == 1:
         backend_used = "none"
@@ -95,7 +106,8 @@ def make_plan(model_path: str, tp: int, pp: int, hosts: list[dict[str, Any]] | N
         raise AdminError("bad_request", "backend mpi needs ranks started by mpirun; this "
                                         "launcher does not do that yet (use ring or jaccl)")
     return DeployPlan(str(Path(model_path).resolve()), tp, pp, backend_used, backend,
-                      hosts, sel.members, sel.blockers, list(envs or []))
+                      hosts, sel.members, sel.blockers, list(envs or []),
+                      sampling=resolve_sampling(model_path, sampling), sampling_given=sampling)
 
 
 def signature(key: bytes, deployment_id: str, job_id: str, plan: DeployPlan) -> str:

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from common.messages import Generate, TokenBias, Tokens
+from common.sampling_defaults import Origin, SamplingDefaults
 from services.gateway import logprobs as lp
 from services.gateway.detok import load_tokenizer
 from services.gateway.errors import ApiError
@@ -27,12 +28,12 @@ def tok():
 
 def chat(tok, **kw) -> dict:
     req = validate(ChatRequest, json.dumps({"model": "m", "messages": MSGS, **kw}).encode())
-    return generate_fields(req, tok, chat=True)
+    return generate_fields(req, tok, SamplingDefaults(), chat=True)
 
 
 def completion(tok, **kw) -> dict:
     req = validate(CompletionRequest, json.dumps({"model": "m", "prompt": "x", **kw}).encode())
-    return generate_fields(req, tok, chat=False)
+    return generate_fields(req, tok, SamplingDefaults(), chat=False)
 
 
 def refused(fn, tok, **kw) -> ApiError:
@@ -45,7 +46,10 @@ def refused(fn, tok, **kw) -> ApiError:
 def test_defaults_are_off_and_equal_the_wire_defaults(tok):
     got = chat(tok)
     g = Generate(request_id="r", prompt=[1], max_tokens=1)
-    assert got == {k: getattr(g, k) for k in got}
+    # the server's temperature default is OpenAI's 1, not the wire's 0 (greedy)
+    assert got["temperature"] == 1.0
+    assert {k: v for k, v in got.items() if k != "temperature"} == {
+        k: getattr(g, k) for k in got if k != "temperature"}
     assert completion(tok) == got
 
 
@@ -53,7 +57,8 @@ def test_fields_map_into_generate(tok):
     got = chat(tok, top_k=5, min_p=0.1, presence_penalty=0.5, frequency_penalty=-1,
                repetition_penalty=1.3, repetition_context_size=64,
                logit_bias={"7": 100, "3": -100.0}, logprobs=True, top_logprobs=4)
-    assert got == {"top_k": 5, "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -1.0,
+    assert got == {"temperature": 1.0, "top_p": 1.0,
+                   "top_k": 5, "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -1.0,
                    "repetition_penalty": 1.3, "repetition_context_size": 64,
                    "logit_bias": [TokenBias(3, -100.0), TokenBias(7, 100.0)], "top_logprobs": 4}
     assert chat(tok, logprobs=True)["top_logprobs"] == 0
@@ -64,7 +69,22 @@ def test_fields_map_into_generate(tok):
     # what the gateway sends, rank 0 accepts and plans as is
     g = Generate(request_id="r", prompt=[1], max_tokens=1, **got)
     assert sampling_problem(g, len(tok.hf)) is None
-    assert plan_fields(g) == got
+    assert plan_fields(g) == {k: v for k, v in got.items() if k not in ("temperature", "top_p")}
+
+
+def test_omitted_fields_take_the_deployments_defaults_and_named_ones_win(tok):
+    d = SamplingDefaults(temperature=0.0, top_p=0.9, top_k=40, min_p=0.05,
+                         repetition_penalty=1.1, origin={"temperature": Origin.OPERATOR})
+    req = validate(ChatRequest, json.dumps({"model": "m", "messages": MSGS}).encode())
+    got = generate_fields(req, tok, d, chat=True)
+    assert {k: got[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")} \
+        == {"temperature": 0.0, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1}
+    named = validate(ChatRequest, json.dumps({
+        "model": "m", "messages": MSGS, "temperature": 0.7, "top_p": 1, "top_k": -1,
+        "min_p": 0, "repetition_penalty": 1}).encode())
+    got = generate_fields(named, tok, d, chat=True)
+    assert {k: got[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")} \
+        == {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
 
 
 @pytest.mark.parametrize("fn,kw,param", [

@@ -6,13 +6,17 @@ wait for the readiness barrier, release serve, pass the canary.
               $LOCKSTEP_HOME/models/tiny), tp: int=1, pp: int=1,
               hosts: [host record]|null (null = this machine only),
               backend: "auto"|"ring"|"jaccl"|"mpi" = "auto", deployment_id: str|null,
-              wait: bool=true, envs: ["K=V"]=[]}
+              wait: bool=true, envs: ["K=V"]=[],
+              sampling: {temperature?, top_p?, top_k?, min_p?, repetition_penalty?}|null
+              (defaults for requests that name none; over the model's generation_config.json)}
     reply    {deployment_id, job_id, state}   (wait=true: state "serving")
     errors   bad_request, conflict (deployment exists), reap_blocked, launch_failed
              (data: {error, rank, teardown, teardown_error?}: the launch error first, a
              failed teardown after it)
     CLI      lockstep admin deploy [--model PATH] [--tp N] [--pp N] [--hosts FILE]
                                    [--backend B] [--id ID] [--no-wait]
+                                   [--temperature T] [--top-p P] [--top-k K] [--min-p P]
+                                   [--repetition-penalty R]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from common.sampling_defaults import SamplingOverrides
 from services.supervisor import lifecycle
 from services.supervisor.deployment_state import DeploymentState as S
 
@@ -37,12 +42,14 @@ class Args:
     deployment_id: str | None = None
     wait: bool = True
     envs: list[str] = field(default_factory=list)
+    sampling: SamplingOverrides | None = None
 
 
 async def run(sup: Supervisor, args: Args) -> dict:
     result = await lifecycle.deploy(sup, model_path=args.model_path, tp=args.tp, pp=args.pp,
                               hosts=args.hosts, backend=args.backend,
-                              deployment_id=args.deployment_id, wait=args.wait, envs=args.envs)
+                              deployment_id=args.deployment_id, wait=args.wait, envs=args.envs,
+                                    sampling=args.sampling)
     if args.wait:
         dep = sup.deployments.get(result["deployment_id"])
         if dep is not None and dep.job_id == result["job_id"] and dep.state != S.SERVING:

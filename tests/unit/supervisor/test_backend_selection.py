@@ -103,7 +103,11 @@ def test_mlx_launch_hostfile_is_read_as_is(tmp_path):
 
 
 def test_plan_rules_and_signature(tmp_path):
-    with pytest.raises(AdminError, match="not supported yet"):
+    # the shape only: topology is checked from config.json (services/supervisor/topology.py)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 256, "num_hidden_layers": 4}))
+    with pytest.raises(AdminError, match="not supported"):
         make_plan(str(tmp_path), 2, 2, None, "auto")
     with pytest.raises(AdminError, match="jaccl is blocked"):
         make_plan(str(tmp_path), 2, 1, None, "jaccl")
