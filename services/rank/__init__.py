@@ -7,6 +7,7 @@ or `follower` (ranks 1..N-1: apply plans in order, fail closed on any divergence
 on `loop` (what they share: the inbox, cancel epochs and acks, one step, every way
 out); the I/O thread (`io`) owns every socket, with `plan_channel` (the plan socket's
 two ends: join, fan-out, replay and fetch, probes), `auth` (mutual authentication),
+`control_intake` (control believed after the supervisor's proof, held until then),
 `intake` (listener budgets), `streams` (rank 0's ledger: the one owner of open streams
 and builder of every `Tokens` chunk); the watchdog thread is `watchdog_thread`, its
 pure decisions `watchdogs` (§7). Between threads: `events` (I/O → main) and `outbox`

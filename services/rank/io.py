@@ -1,7 +1,7 @@
 """The rank's I/O thread: it alone owns every ZeroMQ socket of the rank.
 
     control  SUB     ← supervisor   LEASE, SERVE, SHUTDOWN, CANCEL, CACHE_CLEAR (rank 0)
-                                    (topic b"ctl:<dep>")
+                                    (topic b"ctl:<dep>"; services.rank.control_intake)
     report   DEALER  → supervisor   RANK_READY (re-sent until SERVE), TELEMETRY, CANCEL_ACK,
                                     CACHE_CLEARED (rank 0: services.rank.cache_clears)
     plan     ROUTER (rank 0) / DEALER (followers): services.rank.plan_channel
@@ -44,6 +44,7 @@ from services.rank import events as ev
 from services.rank import outbox as out
 from services.rank.auth import InitiatorLink, ReportSession, leader_gate, new_identity
 from services.rank.cache_clears import ClearLedger
+from services.rank.control_intake import ControlIntake
 from services.rank.intake import Intake
 from services.rank.phase_clock import LoopPhase
 from services.rank.plan_channel import RESEND_S, FollowerSession, LeaderSession, Wire
@@ -86,6 +87,12 @@ class RankIO:
         self.report = configure(self.ctx.socket(zmq.DEALER))
         self.reporting = ReportSession(spec, keys, self.rep, self.report, self.wire,
                                        on_fail=lambda why: self.inbox.put(ev.IoFailed(why)))
+        # Control is believed only after that proof; what comes earlier is held, not
+        # counted (services.rank.control_intake).
+        self.control_in = ControlIntake(self.ctl, self.topic, spec.deployment_id, spec.job_id,
+                                        self.drops,
+                                        verified=lambda: self.reporting.peer_verified,
+                                        deliver=self._on_control)
         self.requests = None
         self.watches: list[ZmtpWatch] = []
         if self.leader:  # the two listening sockets: admission budgets (services.rank.intake)
@@ -180,9 +187,9 @@ class RankIO:
     def _loop(self) -> None:
         poller = zmq.Poller()
         self.intake = intake = Intake(poller)
-        intake.add(self.control, self._on_control)
+        intake.add(self.control, self.control_in.on_frames)
         intake.add(self.plan, self.session.on_frames, self.pln.budget)
-        intake.add(self.report, self.reporting.on_frames)
+        intake.add(self.report, self._on_report)
         if self.requests is not None:
             intake.add(self.requests, self._on_requests, self.req.budget)
         for watch in self.watches:
@@ -292,23 +299,15 @@ class RankIO:
             if self.rt.on_signal(signum):  # the first; a second one leaves at once
                 self.inbox.put(ev.SignalEv(signum))
 
-    def _ours(self, body) -> bool:
-        ok = getattr(body, "deployment_id", self.spec.deployment_id) == self.spec.deployment_id \
-            and getattr(body, "job_id", self.spec.job_id) == self.spec.job_id
-        if not ok:
-            self.drops["control.wrong_deployment"] += 1
-        return ok
+    def _on_report(self, frames: list[bytes]) -> None:
+        self.reporting.on_frames(frames)
+        self.control_in.release()  # the supervisor's proof may have just verified
 
-    def _on_control(self, frames: list[bytes]) -> None:
-        msg = self.ctl.unpack_sub(frames, self.topic)
-        if msg is None or not self._ours(msg.body):
-            return
-        if not self.reporting.peer_verified:  # the supervisor has not proved itself yet
-            self.drops["control.before_auth"] += 1
-            return
-        body = msg.body
+    def _on_control(self, body) -> None:
+        """A control message of this launch, after the supervisor proved itself."""
         if isinstance(body, m.Lease):
             first = self.rt.last_lease_at is None
+            # Now, even for a held lease: the proof that released it is fresher news.
             self.rt.last_lease_at = time.monotonic()
             if first:
                 self.inbox.put(ev.LeaseSeen(body))
