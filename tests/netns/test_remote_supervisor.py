@@ -32,6 +32,7 @@ from tests.netns.remote_support import (
     poll_for,
     remote_home,
 )
+from tests.support.fake_model import fake_model_dir
 from tests.support.processes import reaper_once
 from tests.support.requests import RequestsClient
 from tests.support.supervisor import (
@@ -49,9 +50,7 @@ A, B = 0, 1
 
 @pytest.fixture
 def model_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "fake-model"
-    d.mkdir()
-    return d
+    return fake_model_dir(tmp_path / "fake-model")
 
 
 @pytest.fixture

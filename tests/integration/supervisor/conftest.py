@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.fake_model import fake_model_dir
 from tests.support.supervisor import RunningSupervisor, fake_settings
 
 
@@ -12,9 +13,7 @@ def home(tmp_path):
 
 @pytest.fixture
 def model_dir(tmp_path):
-    d = tmp_path / "fake-model"
-    d.mkdir()
-    return d
+    return fake_model_dir(tmp_path / "fake-model")
 
 
 @pytest.fixture

@@ -7,10 +7,12 @@ from __future__ import annotations
 import secrets
 import threading
 
+import psutil
 import pytest
 import zmq
 
 from common.bus import configure, new_request_id
+from common.deployment_info import read_deployment_info
 from common.envelope import Key, Signer
 from common.messages import AdminRequest
 from tests.support.supervisor import poll_for
@@ -89,8 +91,8 @@ def test_bad_arguments_and_unknown_commands_have_stable_codes(start_supervisor):
     assert r.code == "bad_request" and "args.deployment_id" in r.message
     assert rs.call("fly").code == "unknown_command"
     assert rs.call("stop", deployment_id="nope").code == "not_found"
-    r = rs.call("deploy", model_path="/nonexistent", tp=2, pp=2)
-    assert r.code == "bad_request" and "not supported yet" in r.message
+    r = rs.call("deploy", model_path="/nonexistent", tp=2, pp=1)
+    assert r.code == "bad_request" and "model_path" in r.message
     ping = rs.ok("ping")
     assert ping["pid"] == rs.sup.me.pid and ping["boot_id"] and ping["version"]
 
@@ -132,3 +134,39 @@ def test_replan_preview_signature_and_apply(start_supervisor, model_dir):
     stale = rs.call("replan", deployment_id="rp", backend="auto",
                     signature=preview["signature"])
     assert stale.code == "signature_mismatch"
+
+
+@pytest.mark.timeout(60)
+def test_a_topology_the_model_cannot_take_is_refused_before_anything_starts(start_supervisor,
+                                                                             model_dir, home):
+    rs = start_supervisor()
+    runtime = home / "runtime"
+    before = sorted(runtime.rglob("*"))
+    for tp, pp, says in ((3, 1, "tp=3 does not divide its 4 heads and 2 KV heads"),
+                         (1, 5, "pp=5 is more than its 4 layers"),
+                         (2, 2, "tp > 1 together with pp > 1")):
+        r = rs.call("deploy", model_path=str(model_dir), tp=tp, pp=pp, deployment_id="bad")
+        assert r.code == "bad_request", r
+        assert says in r.message and "valid: --tp 1 or 2, or --pp 2..4" in r.message, r.message
+    # nothing was launched: no deployment, no manifest, no rank spec or log, no child
+    assert rs.ok("deployments")["deployments"] == []
+    assert sorted(runtime.rglob("*")) == before
+    assert psutil.Process().children(recursive=True) == []
+
+
+@pytest.mark.timeout(60)
+def test_sampling_defaults_resolve_operator_over_generation_config(start_supervisor, model_dir):
+    (model_dir / "generation_config.json").write_text(
+        '{"temperature": 0.6, "top_p": 0.95, "top_k": 20, "do_sample": true}')
+    rs = start_supervisor()
+    r = rs.call("deploy", model_path=str(model_dir), tp=1, sampling={"temperature": 3.0})
+    assert r.code == "bad_request" and "temperature must be in [0, 2]" in r.message
+    rs.ok("deploy", model_path=str(model_dir), tp=1, deployment_id="s",
+          sampling={"temperature": 0.0, "min_p": 0.1})
+    (info,) = [read_deployment_info(d) for d in rs.ok("deployments")["deployments"]]
+    got = info.sampling
+    assert (got.temperature, got.top_p, got.top_k, got.min_p, got.repetition_penalty) == (
+        0.0, 0.95, 20, 0.1, 1.0)
+    assert {k: str(v) for k, v in got.origin.items()} == {
+        "temperature": "operator", "top_p": "generation_config", "top_k": "generation_config",
+        "min_p": "operator", "repetition_penalty": "server"}

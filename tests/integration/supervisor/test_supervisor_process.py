@@ -19,6 +19,7 @@ from common.bus import Channel, configure
 from common.home import Paths, read_manifests, read_supervisor_record
 from common.keys import generate_key_file, load_cluster_key
 from common.messages import EVENTS, Event
+from tests.support.fake_model import fake_model_dir
 from tests.support.processes import lockstep_env
 from tests.support.supervisor import (
     FAKE_RANK,
@@ -76,8 +77,7 @@ def _drain(sub: zmq.Socket, ch: Channel, seen: list[Event]) -> list[Event]:
 def test_lease_reap_cli_and_sigterm(tmp_path):
     home = tmp_path / "home"
     generate_key_file(home / "keys" / "cluster.key")
-    model = tmp_path / "m"
-    model.mkdir()
+    model = fake_model_dir(tmp_path / "m")
     procs: list[subprocess.Popen] = []
     try:
         # 1. a supervisor that gets wedged (SIGSTOP): ranks see the lease go stale.
