@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from common.gguf_model import WheelMissing, build_smollm2
@@ -139,3 +142,60 @@ def test_second_turn_refers_to_the_first(live):
     assert "Alice" not in alone  # the name comes from the first turn, not by chance
     answer = chat(live, ALICE, max_tokens=16)["message"]["content"]
     assert "Alice" in answer
+
+
+def _banner_curl(text: str) -> tuple[str, dict]:
+    """The banner's own curl: its URL and its JSON body, exactly as printed."""
+    m = re.search(r"curl (\S+) -H 'Content-Type: application/json'.*?-d '([^']+)'", text, re.S)
+    assert m, text[-2000:]
+    return m.group(1), json.loads(m.group(2))
+
+
+def test_the_banners_own_curl_names_paris_at_the_default_settings(live):
+    text = live["out"].read_text()
+    url, body = _banner_curl(text)
+    assert "temperature" not in body  # the user's first request names no sampling
+    assert "sampling defaults (a request's own values win): temperature 0 (operator)" in text
+    answers = []
+    for _ in range(10):
+        r = httpx.post(url, json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        answers.append(r.json()["choices"][0]["message"]["content"])
+    assert all("Paris" in a for a in answers), answers
+    model = httpx.get(live["url"] + "/v1/models", timeout=10).json()["data"][0]
+    assert model["sampling_defaults"]["temperature"] == 0.0
+    assert model["sampling_defaults"]["origin"]["temperature"] == "operator"
+    assert model["sampling_defaults"]["origin"]["top_p"] == "server"
+    # a request's own value still wins: seeded temperature 1 leaves the greedy answer
+    hot = {**body, "temperature": 1.0, "seed": 7, "max_tokens": 24}
+    outs = {httpx.post(url, json={**hot, "seed": s}, timeout=120).json()["choices"][0]
+            ["message"]["content"] for s in range(4)}
+    assert len(outs) > 1, outs
+
+
+def test_a_split_the_model_cannot_take_is_refused_before_anything_starts(tmp_path, model_dir):
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    os.symlink(model_dir, home / "models" / "smollm2")
+    port = free_port()
+    argv = [sys.executable, "-m", "services.cli", "up", "--home", str(home), "--port", str(port),
+            "--admin-port", "0", "--events-port", "0", "--control-port", "0",
+            "--report-port", "0", "--reaper-events-port", "0", "--tp", "2"]
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCKSTEP_TP", "LOCKSTEP_PP")}
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120,
+                         start_new_session=True)
+    said = out.stdout + out.stderr
+    assert out.returncode == 1, said
+    assert ("cannot serve smollm2: 9 heads, 3 KV heads, MLP size 1536, 30 layers: tp=2 does "
+            "not divide its 9 heads and 3 KV heads; valid: --tp 1 or 3, or --pp 2..30") in said
+    assert "started" not in said  # no supervisor, reaper or gateway was spawned
+    logs = home / "runtime" / "logs"
+    assert not [p.name for p in logs.glob("*.log") if p.name != "up.log"]
+    # no manifest, secret, marker or record (the home lock is up's preflight's own)
+    assert not [p for p in (home / "runtime").rglob("*") if p.is_file()
+                and p.name not in ("up.log", "supervisor.lock")]
+    with socket.socket() as s:  # the gateway's port was never bound
+        s.bind(("127.0.0.1", port))
+    mine = [p for p in psutil.process_iter(["cmdline"])
+            if str(home) in " ".join(p.info["cmdline"] or [])]
+    assert mine == []
