@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -242,6 +243,9 @@ def _cache_text(c: CacheStats | None) -> str:
 def watch(client: AdminClient, timeout: float | None, period_s: float = 1.0) -> int:
     """`status`, redrawn in place every `period_s` until Ctrl-C (exit 0)."""
     prev = None
+    # Ctrl-C is ours, explicitly: Python installs its KeyboardInterrupt handler only when
+    # SIGINT did not arrive ignored, and a shell's background job inherits it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:
             t0 = time.monotonic()

@@ -236,11 +236,14 @@ def test_follower_sigkill_shows_incident_and_redeploy(live, browser):
 @pytest.mark.timeout(60)
 def test_admin_watch_redraws_and_exits_0_on_ctrl_c(live):
     """`lockstep admin watch` against the same cluster: redrawn in place (a screen clear
-    per refresh), the last incidents shown, Ctrl-C (SIGINT) exits 0."""
+    per refresh), the last incidents shown, Ctrl-C (SIGINT) exits 0 — also when it was
+    started with SIGINT ignored, as a shell's background job is (it is started so here,
+    whatever disposition this test run inherited)."""
     out = live["home"] / "watch.out"
     with open(out, "wb") as f:
         p = subprocess.Popen([*up_argv(live["home"], 0)[:3], "admin", "--home", str(live["home"]),
-                              "watch"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+                              "watch"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         try:
             poll_until(lambda: out.read_bytes().count(b"\x1b[H\x1b[2J") >= 2, 20, "two redraws")
             p.send_signal(signal.SIGINT)
