@@ -63,6 +63,7 @@ from common.procs import ProcessIdentity, identify, is_alive, snapshot_children,
 from common.sampling_defaults import FIELDS as SAMPLING_FIELDS
 from common.sampling_defaults import SamplingOverrides, check_overrides
 from common.schema import to_wire
+from services.supervisor.hosts import HostsError, members_from_host_records
 from services.supervisor.topology import TopologyError
 from services.supervisor.topology import check as check_topology
 from services.up_admin import AdminLink, DeploymentDown, UpError
@@ -220,6 +221,11 @@ class Up:
         self.admin_token = ensure_admin_token(self.paths.admin_token)
         model = self.model_path()
         hosts, envs, backend = self.hosts()
+        if hosts is not None:  # as many rank slots as tp x pp, before anything starts
+            try:
+                members_from_host_records(hosts, slots=self.s.tp * self.s.pp)
+            except HostsError as exc:
+                raise UpError(f"--hosts {self.s.hosts}: {exc}") from None
         sup = self.spawn("supervisor", ["--admin-port", str(s.admin_port), "--events-port",
                                         str(s.events_port), "--control-port", str(s.control_port),
                                         "--report-port", str(s.report_port),

@@ -199,3 +199,11 @@ def test_a_split_the_model_cannot_take_is_refused_before_anything_starts(tmp_pat
     mine = [p for p in psutil.process_iter(["cmdline"])
             if str(home) in " ".join(p.info["cmdline"] or [])]
     assert mine == []
+    # a hosts file with fewer rank slots than the split: refused the same way
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps({"hosts": [{"ssh": "localhost", "ips": ["127.0.0.1"]}]}))
+    out = subprocess.run([*argv[:-2], "--hosts", str(hosts)], cwd=ROOT, capture_output=True,
+                         text=True, env=env, timeout=120, start_new_session=True)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "provide 1 rank slot(s) but the plan needs 2" in out.stderr, out.stderr
+    assert "started" not in out.stdout + out.stderr
