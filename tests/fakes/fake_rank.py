@@ -149,7 +149,9 @@ class FakeRank:
         self.paths = Paths(spec.home)
         me = identify(os.getpid())
         self.pid, self.start_time = os.getpid(), me.start_time
-        self.ppid = os.getppid()
+        # As the real rank (services/rank/runtime.py): a remote rank's parent is the host
+        # agent that spawned it and exits at once by design; only a local one watches it.
+        self.ppid = os.getppid() if spec.watch_parent else None
         self.ignore_term = switched("LOCKSTEP_FAKE_IGNORE_SIGTERM", self.rank)
         self.step_s = float(os.environ.get("LOCKSTEP_FAKE_STEP_S", "0.01"))
         sender = f"rank{self.rank}:{self.pid}"
@@ -320,7 +322,7 @@ class FakeRank:
     # --- main loop -------------------------------------------------------------------
 
     def watchdog(self) -> None:
-        if os.getppid() != self.ppid:
+        if self.ppid is not None and os.getppid() != self.ppid:
             self.leave(Phase.LAUNCHER_LOST, "launcher (parent) gone", 4)
         stale = self.spec.settings.lease_ttl
         if self.last_lease and time.monotonic() - self.last_lease > stale:
