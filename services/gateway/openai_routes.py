@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import secrets
 import time
 from pathlib import Path
 
@@ -18,16 +17,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from common import model_ref
-from common.messages import Generate
 from common.sampling_defaults import FIELDS
 from services.gateway import choices
 from services.gateway.errors import ApiError
-from services.gateway.generation import Final, Generation
+from services.gateway.generation import Final
 from services.gateway.openai_schemas import ChatRequest, CompletionRequest, validate
-from services.gateway.prompts import output_parser, prompt_ids, token_limit
-from services.gateway.sampling_params import generate_fields
+from services.gateway.request_path import admit
 from services.gateway.streaming import EventStreamResponse, Shape
-from services.gateway.structured import grammar_for
 
 router = APIRouter()
 
@@ -102,42 +98,18 @@ async def _handle(request: Request, *, chat: bool) -> Response:
     raw = await request.body()
     req = await gw.prepare_pool.parse(len(raw), validate, ChatRequest if chat else CompletionRequest,
                                  raw, max_messages=s.max_messages, max_tools=s.max_tools)
-    backend = gw.pick(req.model)
-    tok = await gw.tokenizer(backend)
-    prompt = await gw.prepare_pool.run(prompt_ids, req, tok, s.input_bytes_per_token)
-    ids, prefix = prompt.ids, prompt.echo
-    if not ids:
-        raise ApiError(400, "the prompt is empty", param="messages" if chat else "prompt",
-                       code="invalid_value")
-    ctx = tok.context_len
-    if ctx and len(ids) >= ctx:
-        raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context is {ctx}",
-                       param="messages" if chat else "prompt", code="context_length_exceeded")
-    limit = token_limit(req.limit(), gw.settings.default_max_tokens, ctx, len(ids))
-    grammar = await gw.prepare_pool.run(grammar_for, req, tok) if chat else ""  # structured output
-    rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-    gen_msg = Generate(
-        request_id=rid, prompt=ids, max_tokens=limit,
-        seed=None if req.seed is None else req.seed % (2**63),
-        stop_token_ids=list(tok.eos_ids), client="gateway", grammar=grammar,
-        **generate_fields(req, tok, backend.sampling, chat=chat))
-    n = req.n or 1
-    streams = await choices.open_streams(backend, gen_msg, n)  # 503 Unavailable: retry-after
-    gens = [Generation(st, tok, model=backend.model, stops=req.stops(),
-                       parser=output_parser(req, tok, prompt) if chat else None,
-                       started_at=started, read_timeout=gw.settings.request_read_timeout,
-                       keepalive_s=gw.settings.keepalive_s, metrics=gw.metrics,
-                       one_call=chat and req.parallel_tool_calls is False) for st in streams]
-    shape = Shape(chat, rid, backend.model, req.include_usage(), logprobs=gen_msg.top_logprobs >= 0)
-    headers = {"x-lockstep-request-id": rid, "x-lockstep-deployment": backend.deployment_id}
+    run = await admit(request, req, chat=chat, rid_prefix="chatcmpl-" if chat else "cmpl-",
+                      started=started)
+    rid, backend, streams, gens, n = run.rid, run.backend, run.streams, run.gens, len(run.gens)
+    prefix = run.prompt.echo
+    shape = Shape(chat, rid, backend.model, req.include_usage(),
+                  logprobs=run.message.top_logprobs >= 0)
+    headers = dict(run.headers)
 
     def done(final: Final | None, outcome: str | None = None) -> None:
-        gw.metrics.requests.labels(endpoint=endpoint, model=backend.model,
-                                   outcome=outcome or _outcome(final)).inc()
+        run.count(endpoint, gw.metrics, final, outcome)
 
-    def release_all(reason: str) -> None:
-        for st in streams:
-            st.release(reason)  # no-op for a stream already released
+    release_all = run.release_all
 
     if req.stream:
         ended: dict[int, Final] = {}
@@ -184,14 +156,6 @@ async def _handle(request: Request, *, chat: bool) -> Response:
     headers["x-lockstep-ttft-model-ms"] = _hdr(final.model_ttft_ms)
     headers["x-lockstep-ttft-visible-ms"] = _hdr(final.visible_ttft_ms)
     return JSONResponse(choices.body(shape, results), headers=headers)
-
-
-def _outcome(final: Final | None) -> str:
-    if final is None:
-        return "unknown"
-    if final.error is not None:
-        return final.error.code or "error"
-    return final.finish_reason
 
 
 def _hdr(ms: float | None) -> str:
