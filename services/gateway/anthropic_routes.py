@@ -1,0 +1,155 @@
+"""The Anthropic Messages endpoints: `POST /v1/messages` and `/v1/messages/count_tokens`.
+
+A thin translation onto the one request path (request_path.admit): the body is
+validated and translated into a chat request (anthropic_schemas.py), admitted exactly as
+a chat completion is (chat template, tool parser, grammar, sampling defaults, admission,
+prefix cache), and its Generation's events rendered as Anthropic's message or event
+stream (anthropic_render.py). Release and disconnect are as chat's: a client that goes
+away mid-stream aborts the request on every rank at once.
+
+Errors on these routes are in Anthropic's shape (`{"type": "error", "error": {"type",
+"message"}}`), by the route class below; the OpenAI routes keep theirs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+
+from services.gateway import anthropic_render as render
+from services.gateway import anthropic_schemas as schemas
+from services.gateway.errors import ApiError
+from services.gateway.generation import Final
+from services.gateway.openai_routes import _ClientGone, _until_disconnect, check_api_key
+from services.gateway.prompts import prompt_ids
+from services.gateway.request_channel import Backend, Overloaded
+from services.gateway.request_path import admit
+from services.gateway.streaming import EventStreamResponse
+
+ENDPOINT = "messages"  # the metrics label
+
+
+class AnthropicRoute(APIRoute):
+    """A route whose refusals are rendered in Anthropic's error shape."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            from services.gateway.app import BodyTooLarge  # app imports this module
+
+            try:
+                return await handler(request)
+            except ApiError as e:
+                return render.error_response(e)
+            except BodyTooLarge:
+                cap = request.app.state.gw.settings.max_body_bytes
+                return render.error_response(ApiError(
+                    413, f"request body exceeds the limit of {cap} bytes"))
+
+        return route
+
+
+router = APIRouter(route_class=AnthropicRoute)
+
+
+async def _parse(request: Request, endpoint: str) -> schemas.CountTokensRequest:
+    gw = request.app.state.gw
+    check_api_key(request)
+    s = gw.settings
+    raw = await request.body()
+    return await gw.prepare_pool.parse(len(raw), schemas.validate, raw, endpoint,
+                                       max_messages=s.max_messages, max_tools=s.max_tools)
+
+
+def _backend(request: Request, model: str) -> Backend:
+    """The deployment serving `model`, for what needs only its tokenizer (a full one
+    still answers count_tokens)."""
+    gw = request.app.state.gw
+    try:
+        return gw.pick(model)
+    except Overloaded:
+        from services.gateway.app import names  # app imports this module
+
+        return next(b for b in gw.cluster.backends.values() if names(b, model) and not b.lost)
+
+
+async def _checked(request: Request, req: schemas.CountTokensRequest):
+    """The chat request, after what only the model can answer (thinking, effort)."""
+    gw = request.app.state.gw
+    chat = await gw.prepare_pool.run(schemas.to_chat, req)
+    if req.thinking is not None or (req.output_config and req.output_config.effort):
+        schemas.check_model(req, await gw.tokenizer(_backend(request, req.model)))
+    return chat
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request) -> JSONResponse:
+    """The prompt's tokens as /v1/messages would send them: the same translation, chat
+    template and tokenizer; nothing is generated."""
+    gw = request.app.state.gw
+    req = await _parse(request, schemas.COUNT)
+    chat = await _checked(request, req)
+    tok = await gw.tokenizer(_backend(request, req.model))
+    prompt = await gw.prepare_pool.run(prompt_ids, chat, tok, gw.settings.input_bytes_per_token)
+    return JSONResponse({"input_tokens": len(prompt.ids)})
+
+
+@router.post("/v1/messages")
+async def messages(request: Request) -> Response:
+    gw = request.app.state.gw
+    started = time.monotonic()
+    req = await _parse(request, schemas.CREATE)
+    chat = await _checked(request, req)
+    run = await admit(request, chat, chat=True, rid_prefix="msg_", started=started,
+                      prompt_param="messages")
+    gen, rid, model = run.gens[0], run.rid, run.backend.model
+    blocks = render.Blocks("lockstep." + rid, omit_thinking=schemas.omit_thinking(req))
+    prompt_tokens = len(run.prompt.ids)
+    headers = {**run.headers, "request-id": rid}
+    counted: list[bool] = []
+
+    def count(final: Final | None, outcome: str | None = None) -> None:
+        if not counted:  # the request's outcome is counted once
+            counted.append(True)
+            run.count(ENDPOINT, gw.metrics, final, outcome)
+
+    if req.stream:
+        def on_end(final: Final) -> None:
+            run.streams[0].release()
+            count(final)
+
+        def on_disconnect() -> None:
+            if any(not st.released for st in run.streams):
+                run.release_all("client_disconnect")
+                count(None, "client_disconnect")
+
+        async def body():
+            try:
+                async for chunk in render.stream(gen, blocks, rid, model, prompt_tokens, on_end):
+                    yield chunk
+            finally:
+                on_disconnect()
+
+        return EventStreamResponse(body(), on_disconnect, headers)
+
+    try:
+        final = await _until_disconnect(request, render.collect(gen, blocks))
+    except _ClientGone:
+        run.release_all("client_disconnect")
+        count(None, "client_disconnect")
+        return Response(status_code=499)
+    finally:
+        run.release_all("client_disconnect")  # no-op after a normal end
+    count(final)
+    error = final.error or (render.aborted(final) if final.finish_reason == "abort" else None)
+    if error is not None:
+        error.headers = {**headers, **(error.headers or {})}  # keeps retry-after
+        return render.error_response(error, rid)
+    reason, seq = render.stop_reason(final, gen)
+    return JSONResponse(render.message(rid, model, blocks.blocks, reason, seq,
+                                       render.usage(final, prompt_tokens)), headers=headers)

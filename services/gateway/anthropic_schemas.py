@@ -1,0 +1,426 @@
+"""Anthropic Messages requests (`POST /v1/messages`, `/v1/messages/count_tokens`): every
+field accounted for, validated strictly, and translated into the one request form the
+gateway serves (`openai_schemas.ChatRequest`), so generation is never written twice.
+
+`FIELDS` is the single table, as request_fields.ROWS is for OpenAI's: validation reads
+it, docs/gateway.md's Messages table follows it, and tests/unit/test_anthropic_messages.py
+checks it against the fields the installed `anthropic` SDK types (plus the sampling
+fields the 2.x SDK no longer types but clients still send). A field in no row is a 400
+naming it; a refused one with a value other than null is a 400 naming it.
+
+Translation (as vLLM's and llama.cpp's shims do, peer notes D): `system` → a system
+message; text blocks → content; `tool_use` blocks → the assistant's `tool_calls`;
+`tool_result` blocks → `role: "tool"` messages; `thinking` blocks → the assistant's
+`reasoning_content`; `tools` → function tools; `tool_choice` auto/any/tool/none → auto /
+required / a named function / none (`disable_parallel_tool_use` → parallel_tool_calls
+false); `output_config.format` → `response_format` json_schema (the same grammar path);
+`output_config.effort` → `reasoning_effort`; `thinking` → `chat_template_kwargs`
+`enable_thinking`; `stop_sequences` → `stop`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from services.gateway.detok import ModelTokenizer
+from services.gateway.errors import ApiError
+from services.gateway.openai_schemas import (
+    MAX_MESSAGES,
+    MAX_STOPS,
+    MAX_TOOLS,
+    ChatRequest,
+    parse_json,
+)
+from services.gateway.request_fields import Support
+from services.gateway.sampling_params import MAX_TOP_K
+
+H, OK, NO = Support.HONOURED, Support.HARMLESS, Support.REFUSED
+CREATE, COUNT = "messages", "count_tokens"
+BILLING_LINE = "x-anthropic-billing-header:"  # Claude Code's per-request attribution line
+
+
+@dataclass(frozen=True)
+class Field_:
+    name: str
+    create: Support | None  # None: not a field of that endpoint
+    count: Support | None
+    note: str
+    untyped: bool = False  # sent by clients, not typed by the anthropic 2.x SDK
+
+
+FIELDS: tuple[Field_, ...] = (
+    Field_("model", H, H, "a served model's id (`GET /v1/models`)"),
+    Field_("messages", H, H, "user / assistant / system turns; text, tool_use, tool_result, "
+           "thinking and redacted_thinking blocks (image, document and server-tool blocks: "
+           "400 naming the block)"),
+    Field_("max_tokens", H, None, "required, >= 1; capped by the context"),
+    Field_("system", H, H, "a string or text blocks → a system message (a Claude Code "
+           "`x-anthropic-billing-header:` line is dropped: it would defeat the prefix cache)"),
+    Field_("stop_sequences", H, None, "up to 16 strings, cut exactly; `stop_reason` "
+           "`stop_sequence` names the one matched"),
+    Field_("stream", H, None, "Anthropic's SSE event sequence, `ping` while the model is quiet"),
+    Field_("temperature", H, None, "0-1; omitted: the deployment's default", untyped=True),
+    Field_("top_p", H, None, "(0, 1]; omitted: the deployment's default", untyped=True),
+    Field_("top_k", H, None, "0 = off; omitted: the deployment's default", untyped=True),
+    Field_("tools", H, H, "custom (client) tools → function tools; server tools "
+           "(`type` other than `custom`) → 400 naming them"),
+    Field_("tool_choice", H, H, "`auto`, `any` (constrained: a call is made), `tool` "
+           "(constrained: that tool), `none`; `disable_parallel_tool_use` → one call"),
+    Field_("thinking", H, H, "`enabled` / `adaptive` → the template's `enable_thinking`, "
+           "`disabled` → off; a model without a thinking mode → 400 naming it "
+           "(`disabled` is accepted); `display: omitted` empties the thinking text; "
+           "`budget_tokens` is checked (>= 1024, < max_tokens) but not enforced: "
+           "thinking counts toward max_tokens"),
+    Field_("output_config", H, H, "`format` json_schema → constrained decoding (as chat's "
+           "`response_format`); `effort` → `reasoning_effort` for a template that reads it, "
+           "else 400 naming it"),
+    Field_("metadata", OK, None, "`user_id`; nothing is stored"),
+    Field_("cache_control", OK, H, "prefix caching is automatic (usage "
+           "`cache_read_input_tokens` reports it)"),
+    Field_("service_tier", OK, None, "one tier here"),
+    Field_("speed", OK, OK, "one speed here"),
+    Field_("inference_geo", OK, None, "one location here"),
+    Field_("diagnostics", OK, None, "no prompt-cache diagnostics are returned"),
+    Field_("user_profile_id", OK, OK, "attribution only; not used"),
+    Field_("workspace_id", OK, OK, "one workspace here"),
+    Field_("container", NO, None, "no code-execution containers"),
+)
+BY_ENDPOINT: dict[str, dict[str, Field_]] = {
+    ep: {f.name: f for f in FIELDS if (f.create if ep == CREATE else f.count) is not None}
+    for ep in (CREATE, COUNT)}
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+
+class CacheControl(_M):
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
+class TextBlock(_M):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+    citations: list[dict[str, Any]] | None = None  # harmless: nothing is cited here
+
+
+class ToolUseBlock(_M):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=256)
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+    caller: dict[str, Any] | None = None
+    toolset_name: str | None = None
+
+
+class ToolResultBlock(_M):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1, max_length=256)
+    content: str | list[dict[str, Any]] | None = None
+    is_error: bool | None = None
+    cache_control: CacheControl | None = None
+    toolset_name: str | None = None
+
+
+class ThinkingBlock(_M):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
+class RedactedThinkingBlock(_M):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+BLOCKS: dict[str, type[_M]] = {"text": TextBlock, "tool_use": ToolUseBlock,
+                               "tool_result": ToolResultBlock, "thinking": ThinkingBlock,
+                               "redacted_thinking": RedactedThinkingBlock}
+ROLE_BLOCKS = {"user": ("text", "tool_result"), "system": ("text",),
+               "assistant": ("text", "tool_use", "thinking", "redacted_thinking")}
+
+
+class Message(_M):
+    role: Literal["user", "assistant", "system"]
+    content: str | list[dict[str, Any]]
+
+
+class Tool(_M):
+    name: str = Field(min_length=1, max_length=256)
+    input_schema: dict[str, Any]
+    description: str | None = None
+    type: Literal["custom"] | None = None
+    cache_control: CacheControl | None = None
+    strict: bool | None = None  # the schema is enforced when a call is forced (any / tool)
+    defer_loading: bool | None = None
+    eager_input_streaming: bool | None = None
+    input_examples: list[dict[str, Any]] | None = None
+    allowed_callers: list[str] | None = None
+
+
+class ToolChoice(_M):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = Field(default=None, min_length=1, max_length=256)
+    disable_parallel_tool_use: bool | None = None
+
+
+class Thinking(_M):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=1024)
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class OutputFormat(_M):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_M):
+    format: OutputFormat | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+
+
+class Metadata(_M):
+    user_id: str | None = None
+
+
+class CountTokensRequest(_M):
+    model: str = Field(min_length=1, max_length=512)
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    cache_control: CacheControl | None = None
+    speed: Literal["standard", "fast"] | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = Field(default=None, max_length=MAX_STOPS)
+    stream: bool | None = False
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0, le=MAX_TOP_K)
+    metadata: Metadata | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None
+    inference_geo: str | None = None
+    diagnostics: dict[str, Any] | None = None
+    container: None = None  # refused (FIELDS)
+
+
+def bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, f"{param}: {message}", param=param, code=code)
+
+
+def _loc(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
+    first = exc.errors()[0]
+    parts = [str(p) for p in first.get("loc", ()) if not str(p).startswith(("function-", "union["))]
+    parts = [p for p in parts if p not in ("str", "list[dict[str,any]]")]
+    return ".".join(([prefix] if prefix else []) + parts) or prefix, first.get("msg", "invalid")
+
+
+def validate(raw: bytes, endpoint: str, *, max_messages: int = MAX_MESSAGES,
+             max_tools: int = MAX_TOOLS) -> CountTokensRequest:
+    """Parse and validate one body (CPU-bound: callers run it off the event loop)."""
+    obj = parse_json(raw)
+    if not isinstance(obj, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    for name, most in (("messages", max_messages), ("tools", max_tools)):
+        items = obj.get(name)
+        if isinstance(items, list) and len(items) > most:
+            raise bad(name, f"{len(items)} {name}; at most {most} per request", "too_many_items")
+    rows = BY_ENDPOINT[endpoint]
+    for name, value in obj.items():
+        row = rows.get(name)
+        if row is None:
+            where = "; it is a field of /v1/messages" if name in BY_ENDPOINT[CREATE] else ""
+            raise bad(name, f"unknown parameter {name!r}{where}", "unknown_parameter")
+        if (row.create if endpoint == CREATE else row.count) is NO and value is not None:
+            raise bad(name, f"{name!r} is not supported by this server: {row.note}",
+                      "unsupported_parameter")
+    for i, t in enumerate(obj.get("tools") or []):
+        if isinstance(t, dict) and t.get("type") not in (None, "custom"):
+            raise bad(f"tools.{i}.type", f"server tool {t.get('type')!r} is not available here "
+                      "(custom tools only)", "unsupported_value")
+    if endpoint == CREATE and "max_tokens" not in obj:
+        raise bad("max_tokens", "required", "missing_required_parameter")
+    cls = MessagesRequest if endpoint == CREATE else CountTokensRequest
+    try:
+        req = cls.model_validate(obj)
+    except ValidationError as exc:
+        param, msg = _loc(exc)
+        raise bad(param, msg) from None
+    for i, m in enumerate(req.messages):
+        if isinstance(m.content, list):
+            for j, b in enumerate(m.content):
+                _block(b, m.role, f"messages.{i}.content.{j}")
+    tc = req.tool_choice
+    if tc is not None and (tc.type == "tool") != (tc.name is not None):
+        raise bad("tool_choice.name", "required with type 'tool', and only with it")
+    if tc is not None and tc.type in ("any", "tool") and not req.tools:
+        raise bad("tool_choice", f"type {tc.type!r} needs tools")
+    th = req.thinking
+    if th is not None and th.type == "enabled" and th.budget_tokens is None:
+        raise bad("thinking.budget_tokens", "required with type 'enabled'")
+    if isinstance(req, MessagesRequest) and th is not None and th.budget_tokens is not None \
+            and th.budget_tokens >= req.max_tokens:
+        raise bad("thinking.budget_tokens", "must be less than max_tokens")
+    return req
+
+
+def _block(b: dict[str, Any], role: str, where: str) -> _M:
+    kind = b.get("type")
+    if kind not in ROLE_BLOCKS[role]:
+        raise bad(f"{where}.type", f"block type {kind!r} is not supported in a {role} message "
+                  f"(supported: {', '.join(ROLE_BLOCKS[role])})", "unsupported_value")
+    try:
+        block = BLOCKS[kind].model_validate(b)
+    except ValidationError as exc:
+        param, msg = _loc(exc, where)
+        raise bad(param, msg) from None
+    if isinstance(block, ToolResultBlock) and isinstance(block.content, list):
+        for k, part in enumerate(block.content):
+            _block(part, "system", f"{where}.content.{k}")  # text blocks only
+    return block
+
+
+def _text(content: str | list[dict[str, Any]] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(b.get("text") or "" for b in content)
+
+
+def system_text(text: str) -> str:
+    """The system prompt without Claude Code's per-request billing line."""
+    if BILLING_LINE not in text:
+        return text
+    return "\n".join(ln for ln in text.split("\n") if not ln.startswith(BILLING_LINE)).strip("\n")
+
+
+def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
+    """Anthropic turns → OpenAI chat messages, in order."""
+    out: list[dict[str, Any]] = []
+    if req.system is not None:
+        sys_text = system_text(req.system if isinstance(req.system, str)
+                               else "".join(b.text for b in req.system))
+        if sys_text:
+            out.append({"role": "system", "content": sys_text})
+    for m in req.messages:
+        if isinstance(m.content, str):
+            out.append({"role": m.role, "content": m.content if m.role != "system"
+                        else system_text(m.content)})
+            continue
+        if m.role == "assistant":
+            msg: dict[str, Any] = {"role": "assistant", "content": ""}
+            calls, thinking = [], []
+            for b in m.content:
+                kind = b["type"]
+                if kind == "text":
+                    msg["content"] += b["text"]
+                elif kind == "thinking":
+                    thinking.append(b["thinking"])
+                elif kind == "tool_use":
+                    calls.append({"id": b["id"], "type": "function", "function": {
+                        "name": b["name"], "arguments": _json(b["input"])}})
+            if calls:
+                msg["tool_calls"] = calls
+                msg["content"] = msg["content"] or None
+            if thinking:
+                msg["reasoning_content"] = "".join(thinking)
+            out.append(msg)
+            continue
+        out += _user_turn(m.role, m.content)
+    return out
+
+
+def _user_turn(role: str, blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A user (or system) turn's blocks: text runs as messages of that role, each
+    tool_result as a `tool` message, in their order."""
+    out: list[dict[str, Any]] = []
+    text: list[str] = []
+    for b in blocks:
+        if b["type"] == "text":
+            text.append(b["text"])
+            continue
+        if text:
+            out.append({"role": role, "content": "".join(text)})
+            text = []
+        body = _text(b.get("content"))
+        out.append({"role": "tool", "tool_call_id": b["tool_use_id"],
+                    "content": ("Error: " + body) if b.get("is_error") else body})
+    if text:
+        out.append({"role": role, "content": "".join(text)})
+    return out
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def to_chat(req: CountTokensRequest) -> ChatRequest:
+    """The equivalent chat request (already valid: built from a validated one)."""
+    d: dict[str, Any] = {"model": req.model, "messages": chat_messages(req)}
+    if req.tools:
+        d["tools"] = [{"type": "function", "function": {
+            "name": t.name, "parameters": t.input_schema,
+            **({"description": t.description} if t.description is not None else {})}}
+            for t in req.tools]
+    tc = req.tool_choice
+    if tc is not None:
+        d["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(tc.type) or \
+            {"type": "function", "function": {"name": tc.name}}
+        if tc.disable_parallel_tool_use:
+            d["parallel_tool_calls"] = False
+    oc = req.output_config
+    if oc is not None and oc.format is not None:
+        d["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": "output_config.format", "schema": oc.format.schema_, "strict": True}}
+    if oc is not None and oc.effort is not None:
+        d["reasoning_effort"] = oc.effort
+    th = req.thinking
+    if th is not None and th.type != "adaptive":
+        d["chat_template_kwargs"] = {"enable_thinking": th.type == "enabled"}
+    if isinstance(req, MessagesRequest):
+        d["max_tokens"] = req.max_tokens
+        d["stream"] = bool(req.stream)
+        for k in ("temperature", "top_p", "top_k"):
+            if getattr(req, k) is not None:
+                d[k] = getattr(req, k)
+        if req.stop_sequences:
+            d["stop"] = list(req.stop_sequences)
+    return ChatRequest.model_validate(d)
+
+
+def check_model(req: CountTokensRequest, tok: ModelTokenizer) -> None:
+    """What only the model can answer: does it think, does its template read effort."""
+    th = req.thinking
+    fmt = tok.fmt
+    if th is not None:
+        if th.type != "disabled" and not fmt.has_thinking:
+            raise bad("thinking", f"model {tok.path.name} has no thinking mode (its template "
+                      "emits no reasoning markers); omit thinking or send type 'disabled'",
+                      "unsupported_value")
+        renamed = getattr(fmt.wrapper, "_thinking_kwarg", "enable_thinking") != "enable_thinking"
+        if th.type == "disabled" and fmt.has_thinking and not renamed and \
+                "enable_thinking" not in fmt.template_vars:
+            raise bad("thinking", f"the chat template of {tok.path.name} cannot switch thinking "
+                      "off (it reads no enable_thinking)", "unsupported_value")
+    oc = req.output_config
+    if oc is not None and oc.effort is not None and "reasoning_effort" not in fmt.template_vars:
+        raise bad("output_config.effort", f"the chat template of {tok.path.name} does not read "
+                  "an effort (reasoning_effort)", "unsupported_value")
+
+
+def omit_thinking(req: CountTokensRequest) -> bool:
+    return req.thinking is not None and req.thinking.display == "omitted"
