@@ -1,0 +1,180 @@
+"""The Messages API's request table against the installed `anthropic` SDK, and the
+translation of a Messages request into the chat request the one request path serves
+(no cluster, no tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import typing
+
+import anthropic.types.message_count_tokens_params as count_params
+import anthropic.types.message_create_params as create_params
+import pytest
+
+from services.gateway import anthropic_render as render
+from services.gateway import anthropic_schemas as s
+from services.gateway.errors import ApiError
+from services.gateway.generation import Final
+from services.gateway.request_fields import Support
+from services.gateway.toolcalls import ToolCall
+
+BASE = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def sdk_fields(params) -> set[str]:
+    members = typing.get_args(params) or (params,)
+    return {k for m in members for k in m.__annotations__}
+
+
+def test_every_sdk_field_has_a_row_and_every_row_is_the_sdks():
+    create = sdk_fields(create_params.MessageCreateParams)
+    count = sdk_fields(count_params.MessageCountTokensParams)
+    assert create >= {"model", "messages", "max_tokens", "thinking", "output_config"}
+    rows = s.BY_ENDPOINT
+    assert create - set(rows[s.CREATE]) == set(), "typed by the SDK, no row here"
+    assert count - set(rows[s.COUNT]) == set(), "typed by the SDK, no row here"
+    untyped = {f.name for f in s.FIELDS if f.untyped}
+    assert untyped == {"temperature", "top_p", "top_k"}  # 2.x no longer types them
+    assert set(rows[s.CREATE]) == create | untyped
+    assert set(rows[s.COUNT]) == count
+    for f in s.FIELDS:  # a row the schema lacks would be silently dropped
+        if f.create is not None:
+            assert f.name in s.MessagesRequest.model_fields, f.name
+        if f.count is not None:
+            assert f.name in s.CountTokensRequest.model_fields, f.name
+
+
+# A sample value per field: honoured and harmless ones must validate (and translate),
+# refused ones be a 400 naming the field. (The live walk: tests/e2e/test_messages_live.py.)
+SAMPLES = {
+    "model": "m", "messages": BASE["messages"], "max_tokens": 8, "system": "be brief",
+    "stop_sequences": ["zz"], "stream": True, "temperature": 0.5, "top_p": 0.9, "top_k": 5,
+    "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+    "tool_choice": {"type": "auto"}, "thinking": {"type": "disabled"},
+    "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
+    "metadata": {"user_id": "u"}, "cache_control": {"type": "ephemeral"},
+    "service_tier": "auto", "speed": "standard", "inference_geo": "us",
+    "diagnostics": {"previous_message_id": "msg_1"}, "user_profile_id": "p",
+    "workspace_id": "w", "container": "c1",
+}
+
+
+@pytest.mark.parametrize("endpoint", [s.CREATE, s.COUNT])
+def test_each_row_behaves_as_its_table_says(endpoint):
+    for name, row in s.BY_ENDPOINT[endpoint].items():
+        body = {k: v for k, v in BASE.items() if endpoint == s.CREATE or k != "max_tokens"}
+        body[name] = SAMPLES[name]
+        support = row.create if endpoint == s.CREATE else row.count
+        if support is Support.REFUSED:
+            with pytest.raises(ApiError) as e:
+                s.validate(json.dumps(body).encode(), endpoint)
+            assert e.value.status == 400 and e.value.param == name
+        else:
+            s.to_chat(s.validate(json.dumps(body).encode(), endpoint))
+
+
+def refused(body: dict, endpoint: str = s.CREATE) -> ApiError:
+    with pytest.raises(ApiError) as e:
+        s.validate(json.dumps(body).encode(), endpoint)
+    assert e.value.status == 400
+    return e.value
+
+
+def test_refusals_name_what_they_refuse():
+    assert refused({**BASE, "frequency_penalty": 1}).param == "frequency_penalty"
+    assert refused({**BASE, "max_tokens": 16}, s.COUNT).param == "max_tokens"
+    assert refused({k: v for k, v in BASE.items() if k != "max_tokens"}).param == "max_tokens"
+    assert refused({**BASE, "max_tokens": 0}).param == "max_tokens"
+    assert refused({**BASE, "temperature": 1.5}).param == "temperature"
+    e = refused({**BASE, "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
+    assert e.param == "tools.0.type"
+    e = refused({**BASE, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "http://x"}}]}]})
+    assert e.param == "messages.0.content.0.type"
+    e = refused({**BASE, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image"}]}]}]})
+    assert e.param == "messages.0.content.0.content.0.type"
+    e = refused({**BASE, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "x", "colour": "red"}]}]})
+    assert e.param == "messages.0.content.0.colour"
+    assert refused({**BASE, "tool_choice": {"type": "tool"}, "tools": SAMPLES["tools"]}).param \
+        == "tool_choice.name"
+    assert refused({**BASE, "tool_choice": {"type": "any"}}).param == "tool_choice"
+    assert refused({**BASE, "thinking": {"type": "enabled"}}).param == "thinking.budget_tokens"
+    assert refused({**BASE, "thinking": {"type": "enabled", "budget_tokens": 2048}}).param \
+        == "thinking.budget_tokens"  # not less than max_tokens
+    assert refused({**BASE, "stop_sequences": ["a"] * 17}).param == "stop_sequences"
+
+
+def test_translation_onto_a_chat_request():
+    body = {**BASE, "system": [{"type": "text", "text": "x-anthropic-billing-header: cch=1;\n"
+                                "You are terse.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [
+                {"role": "user", "content": "add 7"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "use add", "signature": "sig"},
+                    {"type": "text", "text": "calling"},
+                    {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 7}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "7"},
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
+                     "content": [{"type": "text", "text": "boom"}]},
+                    {"type": "text", "text": "next"}]}],
+            "tools": [{"name": "add", "description": "d", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+            "stop_sequences": ["END"], "temperature": 0, "top_k": 3,
+            "thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 2000}
+    chat = s.to_chat(s.validate(json.dumps(body).encode(), s.CREATE))
+    msgs = [m.model_dump(exclude_none=True) for m in chat.messages]
+    assert msgs == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "add 7"},
+        {"role": "assistant", "content": "calling", "reasoning_content": "use add",
+         "tool_calls": [{"id": "toolu_1", "type": "function",
+                         "function": {"name": "add", "arguments": '{"a": 7}'}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "7"},
+        {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: boom"},
+        {"role": "user", "content": "next"}]
+    assert chat.tool_choice == "required" and chat.parallel_tool_calls is False
+    assert chat.tools[0].function.parameters == {"type": "object"}
+    assert chat.stops() == ["END"] and chat.temperature == 0 and chat.top_k == 3
+    assert chat.chat_template_kwargs == {"enable_thinking": True} and chat.limit() == 2000
+    named = s.to_chat(s.validate(json.dumps({**body, "tool_choice": {
+        "type": "tool", "name": "add"}}).encode(), s.CREATE))
+    assert named.tool_choice == {"type": "function", "function": {"name": "add"}}
+    none = s.to_chat(s.validate(json.dumps({**body, "tool_choice": {"type": "none"}}).encode(),
+                                s.CREATE))
+    assert none.tool_choice == "none"
+    fmt = {**BASE, "output_config": {"format": {"type": "json_schema", "schema": {
+        "type": "object"}}}}
+    rf = s.to_chat(s.validate(json.dumps(fmt).encode(), s.CREATE)).response_format
+    assert rf["type"] == "json_schema" and rf["json_schema"]["schema"] == {"type": "object"}
+    adaptive = {**BASE, "thinking": {"type": "adaptive"}}
+    assert s.to_chat(s.validate(json.dumps(adaptive).encode(), s.CREATE)) \
+        .chat_template_kwargs is None  # the template's own default
+
+
+def test_blocks_hold_leading_whitespace_and_close_in_order():
+    b = render.Blocks("sig")
+    evs = b.feed("reasoning", "think") + b.feed("text", "\n\n") + b.feed("text", "Hi")
+    evs += b.feed("tool_call", ToolCall("call_ab", "f", '{"x": 1}')) + b.feed("text", "\n")
+    evs += b.close()
+    assert b.blocks == [{"type": "thinking", "thinking": "think", "signature": "sig"},
+                        {"type": "text", "text": "\n\nHi"},
+                        {"type": "tool_use", "id": "toolu_ab", "name": "f", "input": {"x": 1}}]
+    assert [e[0] for e in evs].count("content_block_start") == 3
+    assert [e[0] for e in evs].count("content_block_stop") == 3
+
+
+def test_errors_stop_reasons_and_usage():
+    e = ApiError(400, "bad schema", param="response_format.json_schema.schema")
+    body = render.error_body(e, "req_1")
+    assert body == {"type": "error", "request_id": "req_1", "error": {
+        "type": "invalid_request_error", "message": "output_config.format.schema: bad schema"}}
+    assert render.param_name("tools.2.function.parameters") == "tools.2.input_schema"
+    assert [render.error_type(c) for c in (401, 404, 413, 429, 502, 503, 504)] == [
+        "authentication_error", "not_found_error", "request_too_large", "rate_limit_error",
+        "api_error", "overloaded_error", "timeout_error"]
+    f = Final("stop", prompt_tokens=10, completion_tokens=3, cached_tokens=4)
+    assert render.usage(f, 10) == {"input_tokens": 6, "output_tokens": 3,
+                                   "cache_creation_input_tokens": 0, "cache_read_input_tokens": 4}
