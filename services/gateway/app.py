@@ -17,7 +17,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from common.bus import new_request_id
 from common.envelope import Key
 from common.messages import Generate
-from services.gateway import admin_api, anthropic_routes, console_api, openai_routes
+from services.gateway import (
+    admin_api,
+    anthropic_routes,
+    console_api,
+    openai_routes,
+    responses_routes,
+)
 from services.gateway.catch_all import CatchAll
 from services.gateway.cluster_view import Cluster
 from services.gateway.detok import ModelTokenizer
@@ -172,6 +178,7 @@ def create_app(settings: GatewaySettings, key: Key) -> FastAPI:
     app.state.gw = gw
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)  # /v1/messages: Anthropic's Messages API
+    app.include_router(responses_routes.router)  # /v1/responses: OpenAI's Responses API
     app.include_router(admin_api.router)
     app.include_router(console_api.router)  # /admin/ (the page) and its routes
 

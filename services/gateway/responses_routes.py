@@ -1,0 +1,151 @@
+"""The OpenAI Responses endpoints: `POST /v1/responses`, `GET` and `DELETE
+/v1/responses/{id}`.
+
+A thin translation onto the one request path (request_path.admit): the body is
+validated and translated into a chat request (responses_schemas.py) — a
+`previous_response_id`'s stored conversation first — admitted exactly as a chat
+completion is (chat template, tool parser, grammar, logprobs, sampling defaults,
+admission, prefix cache), and its Generation's events rendered as a response object or
+typed event stream (responses_stream.py). Release and disconnect are as chat's: a client
+that goes away mid-stream aborts the request on every rank at once; nothing of it is
+stored.
+
+`background: true` is refused (400 naming it): a response runs inside its request, so
+there is nothing to poll or to cancel later; a client that wants to stop one closes its
+stream. Errors are in OpenAI's shape; an unknown or expired id is a 404.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from services.gateway import responses_schemas as schemas
+from services.gateway.errors import ApiError
+from services.gateway.generation import Final
+from services.gateway.openai_routes import _ClientGone, _until_disconnect, check_api_key
+from services.gateway.request_path import admit
+from services.gateway.response_store import ResponseStore, output_as_input
+from services.gateway.responses_stream import Envelope, Output, collect, error_of, status_of, stream
+from services.gateway.streaming import EventStreamResponse
+
+ENDPOINT = "responses"  # the metrics label
+router = APIRouter()
+
+
+def store_of(app: FastAPI) -> ResponseStore:
+    """The gateway's response store (one per app, made on first use)."""
+    st = getattr(app.state, "response_store", None)
+    if st is None:
+        st = app.state.response_store = ResponseStore()
+    return st
+
+
+def not_found(rid: str, param: str | None = None) -> ApiError:
+    return ApiError(404, f"Response with id {rid!r} not found (never stored, deleted, or past "
+                    "the store's retention).", param=param, code="not_found")
+
+
+@router.get("/v1/responses/{rid}")
+async def get_response(rid: str, request: Request) -> dict:
+    check_api_key(request)
+    s = store_of(request.app).get(rid)
+    if s is None:
+        raise not_found(rid)
+    return s.response
+
+
+@router.delete("/v1/responses/{rid}")
+async def delete_response(rid: str, request: Request) -> dict:
+    check_api_key(request)
+    if not store_of(request.app).delete(rid):
+        raise not_found(rid)
+    return {"id": rid, "object": "response.deleted", "deleted": True}
+
+
+@router.post("/v1/responses/{rid}/cancel")
+async def cancel_response(rid: str, request: Request) -> dict:
+    check_api_key(request)
+    raise ApiError(400, "only a background response can be cancelled, and background "
+                   "responses are not supported here (close the stream to stop one)",
+                   param="response_id", code="unsupported_parameter")
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request) -> Response:
+    gw = request.app.state.gw
+    started = time.monotonic()
+    check_api_key(request)
+    s = gw.settings
+    raw = await request.body()
+    req = await gw.prepare_pool.parse(len(raw), schemas.validate, raw,
+                                      max_messages=s.max_messages, max_tools=s.max_tools)
+    store = store_of(request.app)
+    history: list[dict] = []
+    if req.previous_response_id is not None:
+        prev = store.get(req.previous_response_id)
+        if prev is None:
+            raise not_found(req.previous_response_id, "previous_response_id")
+        history = prev.items
+    try:
+        chat = await gw.prepare_pool.run(schemas.to_chat, req, history)
+        if req.reasoning is not None and req.reasoning.effort is not None:
+            schemas.apply_reasoning(chat, req, await gw.tokenizer(gw.pick(req.model)))
+        run = await admit(request, chat, chat=True, rid_prefix="resp_", started=started,
+                          prompt_param="messages")
+    except ApiError as e:
+        raise schemas.renamed(e) from None
+    gen, rid = run.gens[0], run.rid
+    env = Envelope(rid, run.backend.model, req)
+    out = Output(logprobs=req.wants_logprobs(), max_calls=req.max_tool_calls)
+    conversation = [*history, *schemas.input_items(req)]
+    counted: list[bool] = []
+
+    def count(final: Final | None, outcome: str | None = None) -> None:
+        if not counted:  # the request's outcome is counted once
+            counted.append(True)
+            run.count(ENDPOINT, gw.metrics, final, outcome)
+
+    def keep(body: dict) -> None:
+        if req.stored() and body["status"] in ("completed", "incomplete"):
+            body["store"] = store.put(rid, body, conversation + output_as_input(body["output"]))
+
+    if req.stream:
+        def on_end(final: Final, body: dict) -> None:
+            run.streams[0].release()
+            count(final)
+            keep(body)
+
+        def on_disconnect() -> None:
+            if any(not st.released for st in run.streams):
+                run.release_all("client_disconnect")
+                count(None, "client_disconnect")
+
+        async def events():
+            try:
+                async for chunk in stream(gen, out, env, on_end):
+                    yield chunk
+            finally:
+                on_disconnect()
+
+        return EventStreamResponse(events(), on_disconnect, run.headers)
+
+    try:
+        final = await _until_disconnect(request, collect(gen, out))
+    except _ClientGone:
+        run.release_all("client_disconnect")
+        count(None, "client_disconnect")
+        return Response(status_code=499)
+    finally:
+        run.release_all("client_disconnect")  # no-op after a normal end
+    count(final)
+    if final.error is not None:
+        final.error.headers = {**run.headers, **(final.error.headers or {})}  # retry-after
+        raise final.error
+    if final.finish_reason == "abort":
+        raise ApiError(503, error_of(final)["message"], code="aborted", headers=run.headers)
+    body = env.body(status_of(final), out.items, final)
+    keep(body)
+    return JSONResponse(body, headers=run.headers)

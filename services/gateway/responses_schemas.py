@@ -1,0 +1,485 @@
+"""OpenAI Responses requests (`POST /v1/responses`): every field accounted for, validated
+strictly, and translated into the one request form the gateway serves
+(`openai_schemas.ChatRequest`), so generation is never written twice.
+
+`FIELDS` is the single table, as request_fields.ROWS is for chat: validation reads it,
+docs/gateway.md's Responses table follows it, and tests/unit/test_responses.py checks it
+against the fields the installed `openai` SDK types (`ResponseCreateParams`). A field in
+no row is a 400 `unknown_parameter` naming it; a refused one with a value other than its
+neutral ones a 400 `unsupported_parameter` naming it.
+
+Translation (as vLLM's shim does, peer notes C): `instructions` → a system message
+first; input items in order → chat messages (message items by role, `function_call`
+items → the assistant's `tool_calls`, `function_call_output` → `role: "tool"`,
+`reasoning` items → the next assistant turn's `reasoning_content`); a
+`previous_response_id` prepends the stored conversation (its input and output items,
+not its instructions); function `tools` → chat tools; `tool_choice` → chat's;
+`text.format` → `response_format` (the same grammar path); `max_output_tokens` →
+`max_completion_tokens`; `reasoning.effort` → the template's `reasoning_effort`, or
+`enable_thinking` for a model with a thinking mode (`check_model`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from services.gateway.detok import ModelTokenizer
+from services.gateway.errors import ApiError
+from services.gateway.openai_schemas import MAX_MESSAGES, MAX_TOOLS, ChatRequest, parse_json
+from services.gateway.request_fields import Support
+from services.gateway.sampling_params import MAX_TOP_LOGPROBS
+
+H, OK, NO = Support.HONOURED, Support.HARMLESS, Support.REFUSED
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+HARMLESS_INCLUDE = "reasoning.encrypted_content"  # Codex asks for it with store: false
+
+
+@dataclass(frozen=True)
+class Field_:
+    name: str
+    support: Support
+    note: str
+    neutral: tuple[Any, ...] = (None,)  # values a refused field may take (= absent)
+
+
+FIELDS: tuple[Field_, ...] = (
+    Field_("model", H, "a served model's id (`GET /v1/models`)"),
+    Field_("input", H, "a string, or items: `message` (input_text / output_text / refusal "
+           "parts), `function_call`, `function_call_output`, `reasoning`; any other item or "
+           "part type → 400 naming it"),
+    Field_("instructions", H, "a system message before the input (not carried over by "
+           "`previous_response_id`, as OpenAI's)"),
+    Field_("previous_response_id", H, "a stored response: its conversation (input and output "
+           "items) comes first; unknown or expired → 404"),
+    Field_("store", H, "default true: kept in the gateway's bounded store (see retention); "
+           "false keeps nothing"),
+    Field_("stream", H, "typed SSE events with sequence numbers"),
+    Field_("stream_options", OK, "`include_obfuscation`: no obfuscation padding is sent"),
+    Field_("tools", H, "function tools; any other tool type → 400 naming it"),
+    Field_("tool_choice", H, "`none`, `auto`, `required`, `{type: function, name}` (the last "
+           "two constrained: a call is made); other forms → 400"),
+    Field_("parallel_tool_calls", H, "false: at most one function call"),
+    Field_("max_tool_calls", H, "function calls past this many are dropped (1 also "
+           "constrains a required call to one)"),
+    Field_("text", H, "`format`: `text`, `json_object`, `json_schema` (constrained decoding, "
+           "as chat's `response_format`); `verbosity` other than null → 400"),
+    Field_("max_output_tokens", H, "as chat's `max_completion_tokens`; capped by the context"),
+    Field_("temperature", H, "0-2; omitted: the deployment's default"),
+    Field_("top_p", H, "(0, 1]; omitted: the deployment's default"),
+    Field_("top_logprobs", H, "0-20; logprobs are returned with `include: "
+           "[\"message.output_text.logprobs\"]`"),
+    Field_("include", H, "`message.output_text.logprobs` honoured; "
+           "`reasoning.encrypted_content` harmless (reasoning items carry their text); "
+           "others → 400"),
+    Field_("reasoning", H, "`effort` → the template's `reasoning_effort`, else (a model with "
+           "a thinking mode) `enable_thinking` (false for `none`); a model without one → 400 "
+           "unless `none`; `summary`, `generate_summary`, `context`: harmless (reasoning "
+           "items carry the full text)"),
+    Field_("truncation", H, "`disabled` (the default): a prompt over the context is a 400; "
+           "`auto` → 400", neutral=(None, "disabled")),
+    Field_("metadata", H, "kept and returned with the response"),
+    Field_("user", OK, "an end-user id; not used"),
+    Field_("safety_identifier", OK, "an end-user id for abuse checks; not used"),
+    Field_("service_tier", OK, "one tier here"),
+    Field_("prompt_cache_key", OK, "prefix caching is automatic"),
+    Field_("prompt_cache_options", OK, "prefix caching is automatic"),
+    Field_("prompt_cache_retention", OK, "prefix caching is automatic"),
+    Field_("access_programs", OK, "one access program here"),
+    Field_("image", OK, "image options; no image input is accepted (input_image → 400)"),
+    Field_("background", NO, "not supported: every response runs in its request "
+           "(stream it instead)", neutral=(None, False)),
+    Field_("background_options", NO, "no background execution (see `background`)"),
+    Field_("conversation", NO, "no Conversations API: chain with `previous_response_id`"),
+    Field_("context_management", NO, "no server-side compaction"),
+    Field_("prompt", NO, "no stored prompt templates"),
+    Field_("moderation", NO, "no moderation here"),
+)
+BY_NAME: dict[str, Field_] = {f.name: f for f in FIELDS}
+if len(BY_NAME) != len(FIELDS):
+    raise ImportError("responses_schemas.FIELDS names a field twice")
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+
+class Part(_M):
+    type: Literal["input_text", "output_text", "refusal", "summary_text", "reasoning_text"]
+    text: str | None = None
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class MessageItem(_M):
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[dict[str, Any]]
+    id: str | None = None
+    status: str | None = None
+    phase: str | None = None
+
+
+class FunctionCallItem(_M):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=256)
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+    namespace: str | None = None
+    caller: dict[str, Any] | None = None
+
+
+class FunctionCallOutputItem(_M):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1, max_length=256)
+    output: str | list[dict[str, Any]]
+    id: str | None = None
+    status: str | None = None
+    name: str | None = None
+    namespace: str | None = None
+    caller: dict[str, Any] | None = None
+
+
+class ReasoningItem(_M):
+    type: Literal["reasoning"]
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[dict[str, Any]] | None = None
+    id: str | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+ITEMS: dict[str, type[_M]] = {"message": MessageItem, "function_call": FunctionCallItem,
+                              "function_call_output": FunctionCallOutputItem,
+                              "reasoning": ReasoningItem}
+ROLE_PARTS = {"assistant": ("output_text", "refusal", "input_text")}
+ANY_TEXT = ("input_text", "output_text")
+
+
+class FunctionTool(_M):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=256)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+    description: str | None = None
+    defer_loading: bool | None = None  # harmless: every tool is in the prompt
+
+
+class TextFormat(_M):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(default=None, min_length=1, max_length=64)
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextConfig(_M):
+    format: TextFormat | None = None
+    verbosity: None = None  # refused: no such control here
+
+
+class Reasoning(_M):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+    context: Literal["auto", "current_turn", "all_turns"] | None = None
+    mode: Literal["standard"] | None = None
+
+
+class ResponsesRequest(_M):
+    model: str = Field(min_length=1, max_length=512)
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    previous_response_id: str | None = Field(default=None, min_length=1, max_length=256)
+    store: bool | None = None
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_tool_calls: int | None = Field(default=None, ge=1)
+    text: TextConfig | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    include: list[str] | None = None
+    reasoning: Reasoning | None = None
+    truncation: Literal["disabled"] | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
+    access_programs: dict[str, Any] | None = None
+    image: dict[str, Any] | None = None
+    # Refused (FIELDS): only their neutral values get this far.
+    background: Literal[False] | None = None
+    background_options: None = None
+    conversation: None = None
+    context_management: None = None
+    prompt: None = None
+    moderation: None = None
+
+    def stored(self) -> bool:
+        return self.store is not False  # OpenAI's default: stored
+
+    def wants_logprobs(self) -> bool:
+        return LOGPROBS_INCLUDE in (self.include or [])
+
+
+def bad(param: str, message: str, code: str = "invalid_value", status: int = 400) -> ApiError:
+    return ApiError(status, f"{param}: {message}", param=param, code=code)
+
+
+def _loc(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
+    first = exc.errors()[0]
+    parts = [str(p) for p in first.get("loc", ())
+             if not str(p).startswith(("function-", "union[", "literal[")) and str(p) not in
+             ("str", "list[dict[str,any]]", "dict[str,any]")]
+    return ".".join(([prefix] if prefix else []) + parts) or prefix, first.get("msg", "invalid")
+
+
+def validate(raw: bytes, *, max_messages: int = MAX_MESSAGES,
+             max_tools: int = MAX_TOOLS) -> ResponsesRequest:
+    """Parse and validate one body (CPU-bound: callers run it off the event loop)."""
+    obj = parse_json(raw)
+    if not isinstance(obj, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    for name, most in (("input", max_messages), ("tools", max_tools)):
+        items = obj.get(name)
+        if isinstance(items, list) and len(items) > most:
+            raise bad(name, f"{len(items)} {name} items; at most {most} per request",
+                      "too_many_items")
+    for name, value in obj.items():
+        row = BY_NAME.get(name)
+        if row is None:
+            raise bad(name, f"unknown parameter {name!r}", "unknown_parameter")
+        if row.support is NO and not any(value is n or (type(value) is type(n) and value == n)
+                                         for n in row.neutral):
+            raise bad(name, f"{name!r} is not supported by this server: {row.note}",
+                      "unsupported_parameter")
+    for i, t in enumerate(obj.get("tools") or []):
+        if isinstance(t, dict) and t.get("type") != "function":
+            raise bad(f"tools.{i}.type", f"tool type {t.get('type')!r} is not available here "
+                      "(function tools only)", "unsupported_value")
+    if obj.get("truncation") == "auto":
+        raise bad("truncation", "'auto' (dropping input to fit the context) is not supported; "
+                  "a prompt over the context is a 400", "unsupported_value")
+    if isinstance(obj.get("text"), dict) and obj["text"].get("verbosity") is not None:
+        raise bad("text.verbosity", "a steering hint for OpenAI's models: no such control here",
+                  "unsupported_parameter")
+    try:
+        req = ResponsesRequest.model_validate(obj)
+    except ValidationError as exc:
+        param, msg = _loc(exc)
+        raise bad(param, msg) from None
+    if isinstance(req.input, list):
+        if not req.input:
+            raise bad("input", "at least one item")
+        for i, item in enumerate(req.input):
+            _item(item, f"input.{i}")
+    for k, inc in enumerate(req.include or []):
+        if inc not in (LOGPROBS_INCLUDE, HARMLESS_INCLUDE):
+            raise bad(f"include.{k}", f"{inc!r} is not available here (supported: "
+                      f"{LOGPROBS_INCLUDE!r}, {HARMLESS_INCLUDE!r})", "unsupported_value")
+    _check_tool_choice(req)
+    fmt = req.text.format if req.text else None
+    if fmt is not None and fmt.type == "json_schema" and (fmt.schema_ is None or fmt.name is None):
+        raise bad("text.format", "type 'json_schema' needs 'name' and 'schema'")
+    return req
+
+
+def _check_tool_choice(req: ResponsesRequest) -> None:
+    tc = req.tool_choice
+    if tc is None or tc in ("none", "auto", "required"):
+        if tc == "required" and not req.tools:
+            raise bad("tool_choice", "'required' needs tools")
+        return
+    if isinstance(tc, str):
+        raise bad("tool_choice", f"{tc!r}: expected 'none', 'auto', 'required' or "
+                  "{'type': 'function', 'name': ...}")
+    if tc.get("type") != "function":
+        raise bad("tool_choice.type", f"{tc.get('type')!r} is not available here (function "
+                  "tools only)", "unsupported_value")
+    if set(tc) - {"type", "name"} or not isinstance(tc.get("name"), str):
+        raise bad("tool_choice", "expected {'type': 'function', 'name': ...}")
+    if tc["name"] not in {t.name for t in req.tools or []}:
+        raise bad("tool_choice.name", f"{tc['name']!r} is not one of the tools")
+
+
+def _item(item: dict[str, Any], where: str) -> _M:
+    kind = item.get("type", "message" if "role" in item else None)
+    cls = ITEMS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise bad(f"{where}.type", f"input item type {kind!r} is not supported here "
+                  f"(supported: {', '.join(ITEMS)})", "unsupported_value")
+    try:
+        it = cls.model_validate(item)
+    except ValidationError as exc:
+        param, msg = _loc(exc, where)
+        raise bad(param, msg) from None
+    parts = (it.content if isinstance(it, MessageItem) else
+             it.output if isinstance(it, FunctionCallOutputItem) else [])
+    if isinstance(it, ReasoningItem):
+        parts = [*it.summary, *(it.content or [])]
+    allowed = ROLE_PARTS.get(getattr(it, "role", ""), ANY_TEXT)
+    if isinstance(it, ReasoningItem):
+        allowed = ("summary_text", "reasoning_text")
+    for k, p in enumerate(parts if isinstance(parts, list) else []):
+        if p.get("type") not in allowed:
+            raise bad(f"{where}.content.{k}.type", f"content part type {p.get('type')!r} is not "
+                      f"supported here (supported: {', '.join(allowed)})", "unsupported_value")
+        try:
+            Part.model_validate(p)
+        except ValidationError as exc:
+            param, msg = _loc(exc, f"{where}.content.{k}")
+            raise bad(param, msg) from None
+    return it
+
+
+def _text(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text") or p.get("refusal") or "" for p in content)
+
+
+def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
+    """Responses input items (validated) → OpenAI chat messages, in order."""
+    out: list[dict[str, Any]] = []
+    if instructions:
+        out.append({"role": "system", "content": instructions})
+    reasoning: list[str] = []
+
+    def assistant() -> dict[str, Any]:
+        """The assistant turn a call or reasoning joins: the last message if it is an
+        assistant's that has not been answered yet, else a new one."""
+        if not out or out[-1]["role"] != "assistant":
+            out.append({"role": "assistant", "content": None})
+        msg = out[-1]
+        if reasoning:
+            msg["reasoning_content"] = (msg.get("reasoning_content") or "") + "".join(reasoning)
+            reasoning.clear()
+        return msg
+
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            if item["role"] == "assistant":
+                if out and out[-1]["role"] == "assistant" and not out[-1].get("tool_calls"):
+                    prev = out[-1]
+                    prev["content"] = (prev["content"] or "") + _text(item["content"])
+                else:
+                    out.append({"role": "assistant", "content": _text(item["content"])})
+                assistant()
+            else:
+                out.append({"role": item["role"], "content": _text(item["content"])})
+        elif kind == "reasoning":
+            reasoning.append("".join(p.get("text") or "" for p in item.get("content") or [])
+                             or "".join(p.get("text") or "" for p in item.get("summary") or []))
+        elif kind == "function_call":
+            msg = assistant()
+            msg.setdefault("tool_calls", []).append({
+                "id": item["call_id"], "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]}})
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": item["call_id"],
+                        "content": _text(item["output"])})
+    return out
+
+
+def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input as items (a string is one user message)."""
+    if isinstance(req.input, str):
+        return [{"type": "message", "role": "user", "content": req.input}]
+    return [dict(i) for i in req.input]
+
+
+def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatRequest:
+    """The equivalent chat request; `history`: the stored conversation before this input."""
+    d: dict[str, Any] = {"model": req.model, "stream": bool(req.stream),
+                         "messages": chat_messages([*history, *input_items(req)], req.instructions)}
+    if req.tools:
+        d["tools"] = [{"type": "function", "function": {
+            "name": t.name, **({"parameters": t.parameters} if t.parameters is not None else {}),
+            **({"description": t.description} if t.description is not None else {}),
+            **({"strict": t.strict} if t.strict is not None else {})}} for t in req.tools]
+    tc = req.tool_choice
+    if tc is not None:
+        d["tool_choice"] = tc if isinstance(tc, str) else {"type": "function",
+                                                           "function": {"name": tc["name"]}}
+    if req.parallel_tool_calls is not None:
+        d["parallel_tool_calls"] = req.parallel_tool_calls
+    if req.max_tool_calls == 1:
+        d["parallel_tool_calls"] = False
+    fmt = req.text.format if req.text else None
+    if fmt is not None and fmt.type == "json_schema":
+        d["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": fmt.name, "schema": fmt.schema_, "strict": bool(fmt.strict),
+            **({"description": fmt.description} if fmt.description else {})}}
+    elif fmt is not None:
+        d["response_format"] = {"type": fmt.type}
+    if req.max_output_tokens is not None:
+        d["max_completion_tokens"] = req.max_output_tokens
+    for k in ("temperature", "top_p"):
+        if getattr(req, k) is not None:
+            d[k] = getattr(req, k)
+    if req.wants_logprobs():
+        d["logprobs"] = True
+        d["top_logprobs"] = req.top_logprobs or 0
+    return ChatRequest.model_validate(d)
+
+
+def apply_reasoning(chat: ChatRequest, req: ResponsesRequest, tok: ModelTokenizer) -> None:
+    """`reasoning.effort`, which only the model can answer: its template's
+    `reasoning_effort`, else its thinking mode on or off; no thinking mode → 400."""
+    effort = req.reasoning.effort if req.reasoning else None
+    if effort is None:
+        return
+    fmt = tok.fmt
+    if "reasoning_effort" in fmt.template_vars:
+        chat.reasoning_effort = effort
+    elif fmt.has_thinking:
+        chat.chat_template_kwargs = {"enable_thinking": effort != "none"}
+    elif effort != "none":
+        raise bad("reasoning", f"model {tok.path.name} has no thinking mode (its template emits "
+                  "no reasoning markers); omit reasoning or send effort 'none'",
+                  "unsupported_value")
+
+
+# OpenAI chat parameter names in the shared path's errors → the Responses request's names.
+PARAM_NAMES = (("response_format.json_schema.schema", "text.format.schema"),
+               ("response_format", "text.format"), ("reasoning_effort", "reasoning.effort"),
+               ("chat_template_kwargs", "reasoning"), ("tool_choice.function.name", "tool_choice.name"),
+               ("max_completion_tokens", "max_output_tokens"), ("messages", "input"))
+
+
+def renamed(e: ApiError) -> ApiError:
+    """The error with its parameter named as the Responses request spells it."""
+    p = e.param
+    if p is None:
+        return e
+    new = p
+    if p.startswith("tools.") and p.endswith(".function.parameters"):
+        new = p[: -len(".function.parameters")] + ".parameters"
+    for old, to in PARAM_NAMES:
+        if p == old or p.startswith(old + "."):
+            new = to + p[len(old):]
+            break
+    if new != p:
+        e.message = f"{new}: {e.message.replace(repr(p), repr(new))}"
+        e.param = new
+    return e
+
+
+def arguments_json(arguments: str) -> str:
+    """A call's arguments as compact JSON text (they are validated JSON already)."""
+    return json.dumps(json.loads(arguments), ensure_ascii=False)

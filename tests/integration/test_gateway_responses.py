@@ -1,0 +1,131 @@
+"""The Responses API through the whole gateway with the real `openai` client: a real
+uvicorn server and signed channels, a fake rank 0 scripted to emit exactly what a
+thinking Qwen3-Coder-style model would (reasoning, text, tool calls — a random-weight
+model never does), and the "thinking" tokenizer. The event stream, the SDK's
+accumulator, reasoning, the tool loop over the store, GET / DELETE and the 404s."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from common.envelope import Key
+from common.keys import ensure_cluster_key
+from common.tinymodel import build_model
+from services.gateway.detok import load_tokenizer
+from services.gateway.settings import GatewaySettings
+from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
+from tests.gwutil import GatewayThread, free_port, poll_until
+from tests.support.thinker_model import thinker_model
+
+CALL = "<tool_call>\n<function=add>\n<parameter=a>\n{}\n</parameter>\n</function>\n</tool_call>"
+TOOLS = [{"type": "function", "name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}}}}]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    home = tmp_path_factory.mktemp("gwhome")
+    key: Key = ensure_cluster_key(home / "keys" / "cluster.key")
+    tiny = build_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny")
+    model = thinker_model(tiny, tmp_path_factory.mktemp("t") / "thinker", coder=True)
+    rank = FakeRank0(key).start()
+    sup = FakeSupervisor(key, rank, str(model)).start()
+    settings = GatewaySettings(home=home, port=free_port(), admin_endpoint=sup.admin_endpoint,
+                               events_endpoint=sup.events_endpoint, refresh_s=0.5)
+    gw = GatewayThread(settings, key).start()
+    poll_until(lambda: gw.gw.cluster.backends, 10, "the fake deployment to be picked up")
+    tok = load_tokenizer(model)
+    c = openai.OpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0, timeout=20)
+    yield {"rank": rank, "tok": tok, "c": c, "model": model.name, "url": gw.url}
+    gw.stop()
+    sup.stop()
+    rank.stop()
+
+
+def say(env, text: str) -> None:
+    tok = env["tok"]
+    pieces = text.replace("</think>", "\0</think>\0").split("\0")  # markers as their token
+    ids = [i for p in pieces for i in (tok.hf.convert_tokens_to_ids([p]) if p == "</think>"
+                                       else tok.encode(p))]
+    env["rank"].script = lambda g: list(ids)
+
+
+def prompt_text(env) -> str:
+    return env["tok"].hf.decode(env["rank"].generates[-1].prompt)
+
+
+@pytest.mark.timeout(60)
+def test_reasoning_text_and_the_typed_event_stream(env):
+    c, m = env["c"], env["model"]
+    say(env, "seven plus nothing</think>\n\nIt is 7.")
+    r = c.responses.create(model=m, input="add 7", instructions="Be terse.",
+                           reasoning={"effort": "high"}, max_output_tokens=200)
+    assert r.status == "completed" and r.output_text == "It is 7."
+    assert [o.type for o in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == "seven plus nothing"
+    assert r.usage.input_tokens == len(env["rank"].generates[-1].prompt)
+    assert r.usage.input_tokens_details.cached_tokens == 0
+    assert "<think>" in prompt_text(env) and "Be terse." in prompt_text(env)
+    with c.responses.stream(model=m, input="add 7", reasoning={"effort": "high"}) as s:
+        events = list(s)
+        final = s.get_final_response()
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert kinds.index("response.reasoning_text.delta") < kinds.index("response.output_text.delta")
+    assert final.output_text == "It is 7." and final.id == events[0].response.id
+    say(env, "Plain.")
+    off = c.responses.create(model=m, input="add 7", reasoning={"effort": "none"})
+    assert "<think>" not in prompt_text(env) and off.output_text == "Plain."
+
+
+@pytest.mark.timeout(60)
+def test_tool_loop_over_the_store_get_and_delete(env):
+    c, m = env["c"], env["model"]
+    say(env, "use the tool</think>\n" + CALL.format(7))
+    first = c.responses.create(model=m, input="add 7", tools=TOOLS)
+    calls = [o for o in first.output if o.type == "function_call"]
+    assert len(calls) == 1 and json.loads(calls[0].arguments) == {"a": 7}
+    assert c.responses.retrieve(first.id).output[-1].call_id == calls[0].call_id
+    say(env, "done</think>\nIt is 14.")
+    second = c.responses.create(model=m, previous_response_id=first.id, tools=TOOLS, input=[
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "14"}])
+    assert second.output_text == "It is 14." and second.previous_response_id == first.id
+    p = prompt_text(env)
+    assert p.index("add 7") < p.rindex("<tool_call>") < p.index("<tool_response>\n14")
+    say(env, "again</think>\n" + CALL.format(8))
+    with c.responses.stream(model=m, input="again", tools=TOOLS) as s:
+        kinds = [e.type for e in s]
+        final = s.get_final_response()
+    assert kinds.index("response.function_call_arguments.delta") < kinds.index(
+        "response.function_call_arguments.done") < kinds.index("response.completed")
+    assert json.loads(final.output[-1].arguments) == {"a": 8}
+    c.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as e:
+        c.responses.create(model=m, previous_response_id=first.id, input="more")
+    assert e.value.body["param"] == "previous_response_id"
+
+
+@pytest.mark.timeout(60)
+def test_store_false_keeps_nothing_and_length_is_incomplete(env):
+    c, m = env["c"], env["model"]
+    say(env, "one</think> two three four five six")
+    r = c.responses.create(model=m, input="count", store=False, max_output_tokens=2)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.store is False and r.usage.output_tokens == 2
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(r.id)
+    with httpx.stream("POST", env["url"] + "/v1/responses", timeout=20, json={
+            "model": m, "input": "count", "stream": True, "max_output_tokens": 2}) as resp:
+        names = [ln.split(": ", 1)[1] for ln in resp.iter_lines() if ln.startswith("event: ")]
+    assert names[-1] == "response.incomplete"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model=m, input="x", background=True)
+    assert e.value.body["param"] == "background"
