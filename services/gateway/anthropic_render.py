@@ -95,7 +95,8 @@ def stop_reason(final: Final, gen: Generation) -> tuple[str, str | None]:
 def usage(final: Final | None, prompt_tokens: int) -> dict:
     cached = final.cached_tokens if final is not None else 0
     prompt = final.prompt_tokens if final is not None else prompt_tokens
-    return {"input_tokens": prompt - cached, "output_tokens": final.completion_tokens if final else 0,
+    return {"input_tokens": prompt - cached,
+            "output_tokens": final.completion_tokens if final is not None else 0,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 

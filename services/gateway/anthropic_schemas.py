@@ -70,16 +70,16 @@ FIELDS: tuple[Field_, ...] = (
            "(`type` other than `custom`) → 400 naming them"),
     Field_("tool_choice", H, H, "`auto`, `any` (constrained: a call is made), `tool` "
            "(constrained: that tool), `none`; `disable_parallel_tool_use` → one call"),
-    Field_("thinking", H, H, "`enabled` / `adaptive` → the template's `enable_thinking`, "
-           "`disabled` → off; a model without a thinking mode → 400 naming it "
-           "(`disabled` is accepted); `display: omitted` empties the thinking text; "
-           "`budget_tokens` is checked (>= 1024, < max_tokens) but not enforced: "
+    Field_("thinking", H, H, "`enabled` → the template's `enable_thinking` true, `disabled` "
+           "→ false, `adaptive` → the template's default; a model without a thinking "
+           "mode → 400 naming it (`disabled` is accepted); `display: omitted` empties "
+           "the thinking text; `budget_tokens` is checked (>= 1024, < max_tokens) but not enforced: "
            "thinking counts toward max_tokens"),
     Field_("output_config", H, H, "`format` json_schema → constrained decoding (as chat's "
            "`response_format`); `effort` → `reasoning_effort` for a template that reads it, "
            "else 400 naming it"),
     Field_("metadata", OK, None, "`user_id`; nothing is stored"),
-    Field_("cache_control", OK, H, "prefix caching is automatic (usage "
+    Field_("cache_control", OK, OK, "prefix caching is automatic (usage "
            "`cache_read_input_tokens` reports it)"),
     Field_("service_tier", OK, None, "one tier here"),
     Field_("speed", OK, OK, "one speed here"),

@@ -178,3 +178,22 @@ def test_errors_stop_reasons_and_usage():
     f = Final("stop", prompt_tokens=10, completion_tokens=3, cached_tokens=4)
     assert render.usage(f, 10) == {"input_tokens": 6, "output_tokens": 3,
                                    "cache_creation_input_tokens": 0, "cache_read_input_tokens": 4}
+
+
+def test_the_docs_table_is_the_field_table():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "gateway.md").read_text()
+    section = doc[doc.index("### Messages request fields"):]
+    rows = {}
+    for line in section.splitlines()[1:]:
+        if line.startswith("#"):
+            break
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0].split("`")[1]] = (cells[1], cells[2])
+
+    def col(v):
+        return v.value if v is not None else "—"
+
+    assert rows == {f.name: (col(f.create), col(f.count)) for f in s.FIELDS}

@@ -1,0 +1,208 @@
+"""The Anthropic Messages API end to end with the real `anthropic` client: `lockstep up`
+serving the embedded random-weight model at TP=2 ("tiny") and, deployed beside it
+through the admin API, a copy at PP=2 ("tiny-pp"). One boot for the module.
+
+A random-weight model never calls a tool on its own: calls are forced with tool_choice
+(constrained decoding), which also makes its arguments valid for the tool's schema; the
+same grammar path makes `output_config.format` schema-valid JSON on both topologies,
+with both ranks agreeing token for token. Thinking, parsed tool calls and the event
+sequence byte by byte are in tests/integration/test_messages_fake_rank.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import anthropic
+import httpx
+import jsonschema
+import pytest
+
+from common.home import Paths
+from services.gateway import anthropic_schemas as s
+from services.gateway.request_fields import Support
+from tests.e2e.test_gateway_live import rank0_stats, removals
+from tests.e2e.test_structured_live import PERSON, WEATHER, ranks_agree
+from tests.gwutil import GaveUp, free_port, poll_until
+from tests.support.processes import interrupt, up_argv
+from tests.unit.test_anthropic_messages import SAMPLES
+
+ROOT = Path(__file__).resolve().parents[2]
+MODES = {"tp": "tiny", "pp": "tiny-pp"}
+MSGS = [{"role": "user", "content": "Tell me about the red train."}]
+TOOLS = [{"name": "get_weather", "description": "the weather in a city",
+          "input_schema": WEATHER}]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    home = tmp_path_factory.mktemp("uphome")
+    port = free_port()
+    out = home / "up.out"
+    with open(out, "wb") as log:
+        proc = subprocess.Popen(up_argv(home, port, "--tp", "2"), cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
+            return httpx.get(url + "/ready", timeout=5).status_code == 200
+
+        poll_until(ready, 240, "lockstep up to be ready", interval=0.2)
+        hdr = {"authorization": f"Bearer {(home / 'admin.token').read_text().strip()}"}
+        pp_model = home / "pp-model" / MODES["pp"]
+        shutil.copytree(Paths(home).models / "tiny", pp_model)
+        r = httpx.post(url + "/admin/api/cluster/deployments", headers=hdr, timeout=300,
+                       json={"model_path": str(pp_model), "tp": 1, "pp": 2, "wait": True})
+        assert r.status_code == 200, r.text
+        deps = {}
+
+        def serving() -> bool:
+            ds = httpx.get(url + "/admin/api/cluster/deployments", headers=hdr,
+                           timeout=10).json()["deployments"]
+            deps.update({d["model"]: d for d in ds if d["state"] == "serving"})
+            return set(MODES.values()) <= set(deps)
+
+        poll_until(serving, 240, "both deployments to serve", interval=0.2)
+        client = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=120)
+        yield {"client": client, "home": home, "url": url, "hdr": hdr,
+               "deps": {m: d["deployment_id"] for m, d in deps.items()}, "dep": deps["tiny"]}
+    finally:
+        interrupt(proc, 90)
+
+
+def text_of(message) -> str:
+    return "".join(b.text for b in message.content if b.type == "text")
+
+
+@pytest.mark.timeout(120)
+def test_create_stream_and_count_tokens(live):
+    c = live["client"]
+    m = c.messages.create(model="tiny", messages=MSGS, max_tokens=12, system="You are terse.",
+                          extra_body={"temperature": 0})
+    assert m.type == "message" and m.role == "assistant" and m.id.startswith("msg_")
+    assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 12
+    with c.messages.stream(model="tiny", messages=MSGS, max_tokens=12, system="You are terse.",
+                           extra_body={"temperature": 0}) as st:
+        final = st.get_final_message()
+    assert text_of(final) == text_of(m) and final.stop_reason == "max_tokens"
+    assert final.usage.output_tokens == 12
+    n = c.messages.count_tokens(model="tiny", messages=MSGS, system="You are terse.")
+    for msg in (m, final):  # the second was served (in part) from the prefix cache
+        assert n.input_tokens == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
+    assert final.usage.cache_read_input_tokens > 0
+    stop = text_of(m)[4:7]
+    cut = c.messages.create(model="tiny", messages=MSGS, max_tokens=12, system="You are terse.",
+                            stop_sequences=[stop], extra_body={"temperature": 0})
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", stop)
+    assert text_of(cut) == text_of(m)[:text_of(m).find(stop)]
+    sampled = [text_of(c.messages.create(model="tiny", messages=MSGS, max_tokens=8,
+                                        extra_body={"temperature": 0.9, "top_k": 20,
+                                                    "top_p": 0.95})) for _ in range(2)]
+    assert all(sampled)  # the untyped sampling fields, as clients send them
+
+
+@pytest.mark.timeout(120)
+def test_forced_tool_use_then_tool_result(live):
+    c = live["client"]
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+        m = c.messages.create(model="tiny", messages=MSGS, max_tokens=120, tools=TOOLS,
+                              tool_choice={**choice, "disable_parallel_tool_use": True},
+                              extra_body={"temperature": 0.8})
+        uses = [b for b in m.content if b.type == "tool_use"]
+        assert m.stop_reason == "tool_use" and len(uses) == 1, m
+        assert uses[0].name == "get_weather" and uses[0].id.startswith("toolu_")
+        jsonschema.validate(uses[0].input, WEATHER)
+    with c.messages.stream(model="tiny", messages=MSGS, max_tokens=120, tools=TOOLS,
+                           tool_choice={"type": "tool", "name": "get_weather"},
+                           extra_body={"temperature": 0.7}) as st:
+        streamed = st.get_final_message()
+    use = next(b for b in streamed.content if b.type == "tool_use")
+    jsonschema.validate(use.input, WEATHER)  # input_json_delta accumulated by the SDK
+    turn = [*MSGS, {"role": "assistant", "content": [b.model_dump() for b in streamed.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                          "content": "sunny, 21 C"}]}]
+    after = c.messages.create(model="tiny", messages=turn, max_tokens=10, tools=TOOLS,
+                              tool_choice={"type": "none"}, extra_body={"temperature": 0})
+    assert after.stop_reason in ("end_turn", "max_tokens") and text_of(after)
+    n = c.messages.count_tokens(model="tiny", messages=turn, tools=TOOLS,
+                                tool_choice={"type": "none"})
+    assert n.input_tokens == after.usage.input_tokens + after.usage.cache_read_input_tokens
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_structured_output_on_tp_and_pp(live, mode):
+    raw = live["client"].messages.with_raw_response.create(
+        model=MODES[mode], messages=MSGS, max_tokens=120, extra_body={"temperature": 0.9},
+        output_config={"format": {"type": "json_schema", "schema": PERSON}})
+    m = raw.parse()
+    assert m.stop_reason == "end_turn", m
+    jsonschema.validate(json.loads(text_of(m)), PERSON)
+    ranks_agree(live, mode, raw.headers["x-lockstep-request-id"])
+
+
+@pytest.mark.timeout(120)
+def test_the_field_table_walked_against_the_server(live):
+    wrong = []
+    for name, row in s.BY_ENDPOINT[s.CREATE].items():
+        body = {"model": "tiny", "messages": MSGS, "max_tokens": 2}
+        if name not in body:
+            body[name] = SAMPLES[name]
+        r = httpx.post(live["url"] + "/v1/messages", json=body, timeout=60)
+        want = 400 if row.create is Support.REFUSED else 200
+        named = r.status_code != 400 or r.json()["error"]["message"].startswith(name)
+        if r.status_code != want or not named:
+            wrong.append((name, row.create.value, r.status_code, r.text[:200]))
+    assert not wrong, "\n".join(map(str, wrong))
+    c = live["client"]
+    with pytest.raises(anthropic.BadRequestError) as e:  # no thinking mode in this model
+        c.messages.create(model="tiny", messages=MSGS, max_tokens=2000,
+                          thinking={"type": "enabled", "budget_tokens": 1024})
+    said = e.value.body["error"]["message"]
+    assert said.startswith("thinking:") and "no thinking mode" in said
+    assert c.messages.create(model="tiny", messages=MSGS, max_tokens=2,
+                             thinking={"type": "disabled"}).usage.output_tokens == 2
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="tiny", messages=MSGS, max_tokens=2,
+                          output_config={"effort": "low"})
+    assert e.value.body["error"]["message"].startswith("output_config.effort")
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="tiny", messages=MSGS, max_tokens=2, output_config={
+            "format": {"type": "json_schema", "schema": {"type": "strange"}}})
+    assert e.value.body["error"]["message"].startswith("output_config.format.schema")
+
+
+@pytest.mark.timeout(120)
+def test_disconnect_mid_stream_removed_on_every_rank(live):
+    """The evidence the chat test uses (test_gateway_live): both ranks' removal records of
+    the request, at the same step, a few steps after the client closed."""
+    sink: dict = {}
+    body = {"model": "tiny", "messages": MSGS, "max_tokens": 400, "stream": True,
+            "temperature": 0}
+
+    def victim() -> None:
+        with httpx.stream("POST", live["url"] + "/v1/messages", json=body, timeout=120) as r:
+            sink["rid"] = r.headers["x-lockstep-request-id"]
+            deltas = 0
+            for line in r.iter_lines():
+                deltas += line.startswith("event: content_block_delta")
+                if deltas >= 8:
+                    sink["step_at_close"] = rank0_stats(live).step
+                    break  # leaving the block closes the connection mid-stream
+
+    t = threading.Thread(target=victim)
+    t.start()
+    t.join(120)
+    rid = sink["rid"]
+    recs = poll_until(lambda: (lambda r: r if len(r) == 2 else None)(removals(live, rid)), 15,
+                      "every rank's removal record of the disconnected request")
+    steps = {r["step"] for r in recs.values()}
+    assert len(steps) == 1, recs  # the same step on every rank
+    assert all(r["reason"] in ("abort", "client_disconnect") for r in recs.values())
+    assert steps.pop() - sink["step_at_close"] <= 8
+    assert rank0_stats(live).active == 0
