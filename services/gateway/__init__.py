@@ -19,5 +19,8 @@ seen by the gateway itself (socket monitor, heartbeats) so its streams fail at o
 without waiting for the supervisor: `rank_link`. The supervisor (admin calls, events,
 deployments, one channel per serving deployment): `cluster_view`. Admin API (status,
 deploy, unload, abort-all with evidence, reap): `admin_api`. Metrics: `metrics`.
-Settings: `settings`.
+Settings: `settings`. Anthropic's Messages API (/v1/messages, count_tokens), a
+translation onto the same request path (`request_path.admit`): its field table,
+validation and translation `anthropic_schemas`, its bodies, event stream and error
+shape `anthropic_render`, its routes `anthropic_routes`.
 """

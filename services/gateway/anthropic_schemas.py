@@ -56,7 +56,7 @@ FIELDS: tuple[Field_, ...] = (
     Field_("model", H, H, "a served model's id (`GET /v1/models`)"),
     Field_("messages", H, H, "user / assistant / system turns; text, tool_use, tool_result, "
            "thinking and redacted_thinking blocks (image, document and server-tool blocks: "
-           "400 naming the block)"),
+           "400 naming the block); a final assistant turn (prefill): 400"),
     Field_("max_tokens", H, None, "required, >= 1; capped by the context"),
     Field_("system", H, H, "a string or text blocks → a system message (a Claude Code "
            "`x-anthropic-billing-header:` line is dropped: it would defeat the prefix cache)"),
@@ -265,6 +265,10 @@ def validate(raw: bytes, endpoint: str, *, max_messages: int = MAX_MESSAGES,
         if isinstance(m.content, list):
             for j, b in enumerate(m.content):
                 _block(b, m.role, f"messages.{i}.content.{j}")
+    if req.messages[-1].role == "assistant":  # Anthropic's own answer for such models
+        raise bad(f"messages.{len(req.messages) - 1}", "a final assistant message (prefill) is "
+                  "not supported: the chat template starts a new assistant turn",
+                  "unsupported_value")
     tc = req.tool_choice
     if tc is not None and (tc.type == "tool") != (tc.name is not None):
         raise bad("tool_choice.name", "required with type 'tool', and only with it")

@@ -104,6 +104,8 @@ def test_refusals_name_what_they_refuse():
     assert refused({**BASE, "thinking": {"type": "enabled", "budget_tokens": 2048}}).param \
         == "thinking.budget_tokens"  # not less than max_tokens
     assert refused({**BASE, "stop_sequences": ["a"] * 17}).param == "stop_sequences"
+    prefill = [*BASE["messages"], {"role": "assistant", "content": "The answer is"}]
+    assert refused({**BASE, "messages": prefill}).param == "messages.1"
 
 
 def test_translation_onto_a_chat_request():
