@@ -1,0 +1,201 @@
+"""The Responses API end to end with the real `openai` client: `lockstep up` serving the
+embedded random-weight model at TP=2 ("tiny") and, deployed next to it through the admin
+API, a copy at PP=2 ("tiny-pp"). `client.responses.create` and `.stream` (whose
+accumulator must rebuild the final response), structured output (`text.format`) valid
+for its schema on both topologies with both ranks agreeing, a two-step tool loop over
+the store (a random model calls no tool on its own: tool_choice forces it), a
+`previous_response_id` chain served from the prefix cache, and a client that leaves
+mid-stream removed on every rank at the same step."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from common.home import Paths
+from services.rank.removals import read_removals, removals_path
+from tests.e2e.test_gateway_live import rank0_stats
+from tests.gwutil import GaveUp, free_port, poll_until
+from tests.support.processes import interrupt, up_argv
+
+ROOT = Path(__file__).resolve().parents[2]
+MODES = {"tp": "tiny", "pp": "tiny-pp"}
+pytestmark = pytest.mark.timeout(600)
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 150}}}
+WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+           "properties": {"city": {"type": "string", "maxLength": 16},
+                          "unit": {"enum": ["celsius", "fahrenheit"]}}}
+TOOLS = [{"type": "function", "name": "get_weather", "parameters": WEATHER, "strict": True}]
+FORMAT = {"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    home = tmp_path_factory.mktemp("uphome")
+    port = free_port()
+    out = home / "up.out"
+    with open(out, "wb") as log:
+        proc = subprocess.Popen(up_argv(home, port, "--tp", "2"), cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def serving(model: str) -> bool:
+            if proc.poll() is not None:
+                raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
+            r = httpx.post(url + "/v1/completions", timeout=30,
+                           json={"model": model, "prompt": "hi", "max_tokens": 1})
+            return r.status_code == 200
+
+        poll_until(lambda: serving(MODES["tp"]), 240, "lockstep up to serve", interval=0.2)
+        hdr = {"authorization": f"Bearer {(home / 'admin.token').read_text().strip()}"}
+        pp_model = home / "pp-model" / MODES["pp"]  # the same weights, another name, PP=2
+        shutil.copytree(Paths(home).models / "tiny", pp_model)
+        r = httpx.post(url + "/admin/api/cluster/deployments", headers=hdr, timeout=300,
+                       json={"model_path": str(pp_model), "tp": 1, "pp": 2, "wait": True})
+        assert r.status_code == 200, r.text
+        poll_until(lambda: serving(MODES["pp"]), 240, "the PP=2 deployment to serve",
+                   interval=0.2)
+        deps = httpx.get(url + "/admin/api/cluster/deployments", headers=hdr,
+                         timeout=10).json()["deployments"]
+        by_model = {d["model"]: d for d in deps if d["state"] == "serving"}
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        yield {"client": client, "home": home, "deps": by_model, "url": url, "hdr": hdr}
+    finally:
+        interrupt(proc, 90)
+
+
+def removal_records(live, mode: str, rid: str) -> list[dict]:
+    """Both ranks' removal record of `rid` (polled: a rank writes it when it removes the
+    request), equal in every field the ranks share."""
+    paths, dep = Paths(live["home"]), live["deps"][MODES[mode]]["deployment_id"]
+
+    def records():
+        got = [[r for r in read_removals(removals_path(paths, dep, k)) if r["request_id"] == rid]
+               for k in (0, 1)]
+        return got if all(got) else None
+
+    r0, r1 = poll_until(records, 30, f"both ranks' removal record of {rid}")
+    keys = ("uid", "step", "reason", "n_tokens", "tokens_sha")
+    assert [{k: r[k] for k in keys} for r in r0] == [{k: r[k] for k in keys} for r in r1]
+    return [r0[0], r1[0]]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_structured_output_is_schema_valid_and_ranks_agree(live, mode):
+    c = live["client"]
+    for kw in ({"temperature": 0}, {"temperature": 0.9, "top_p": 0.9}):
+        r = c.responses.create(model=MODES[mode], input="Describe a person as JSON.",
+                               text=FORMAT, max_output_tokens=120, **kw)
+        assert r.status == "completed", r.output
+        jsonschema.validate(json.loads(r.output_text), PERSON)
+        assert removal_records(live, mode, r.id)[0]["reason"] == "stop"
+
+
+def test_stream_accumulator_rebuilds_the_final_response(live):
+    c = live["client"]
+    with c.responses.stream(model=MODES["tp"], input="Describe a person as JSON.", text=FORMAT,
+                            max_output_tokens=120, temperature=0) as s:
+        events = list(s)
+        final = s.get_final_response()
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.completed"]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert final.output_text == deltas and final.status == "completed"
+    jsonschema.validate(json.loads(final.output_text), PERSON)
+    assert final.usage.output_tokens > 0 and final.usage.input_tokens > 0
+    stored = c.responses.retrieve(final.id)  # the streamed response was stored
+    assert stored.output_text == final.output_text
+    plain = c.responses.create(model=MODES["tp"], input="Say hi.", max_output_tokens=4,
+                               stream=True, temperature=0)
+    ends = [e for e in plain if e.type.startswith("response.") and e.type.count(".") == 1]
+    assert [e.type for e in ends] == ["response.created", "response.in_progress",
+                                      "response.incomplete"]
+    assert ends[-1].response.incomplete_details.reason == "max_output_tokens"
+
+
+def test_two_step_tool_loop_and_a_cached_chain(live):
+    c = live["client"]
+    first = c.responses.create(model=MODES["tp"], input="What is the weather in Paris?",
+                               instructions="Use the tools.", tools=TOOLS, temperature=0,
+                               tool_choice={"type": "function", "name": "get_weather"},
+                               max_output_tokens=120)
+    calls = [o for o in first.output if o.type == "function_call"]
+    assert first.status == "completed" and len(calls) == 1, first.output
+    assert calls[0].name == "get_weather"
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
+    second = c.responses.create(
+        model=MODES["tp"], previous_response_id=first.id, instructions="Use the tools.",
+        tools=TOOLS, text=FORMAT, max_output_tokens=120, temperature=0,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                "output": json.dumps({"temperature": 21})}])
+    assert second.status == "completed" and second.previous_response_id == first.id
+    jsonschema.validate(json.loads(second.output_text), PERSON)
+    assert second.usage.input_tokens > first.usage.input_tokens
+    # The second turn's prompt starts with the first's, which rank 0's prefix cache holds.
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    c.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.create(model=MODES["tp"], previous_response_id=first.id, input="again")
+
+
+def test_refusals_name_the_parameter(live):
+    c = live["client"]
+    for kw, param in (({"background": True}, "background"),
+                      ({"conversation": "conv_1"}, "conversation"),
+                      ({"reasoning": {"effort": "high"}}, "reasoning"),  # no thinking mode
+                      ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+                      ({"text": {"format": {"type": "json_schema", "name": "odd", "schema": {
+                          "type": "object", "properties": {"a": {"type": "strange"}}}}}},
+                       "text.format.schema")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(model=MODES["tp"], input="hi", **kw)
+        assert e.value.body["param"] == param, e.value.body
+
+
+@pytest.mark.timeout(180)
+def test_disconnect_mid_stream_is_removed_on_every_rank(live):
+    c = live["client"]
+    dep = {"dep": live["deps"][MODES["tp"]], "home": live["home"]}
+    seen: dict = {}
+
+    def victim() -> None:
+        stream = c.responses.create(model=MODES["tp"], input="Tell a long story.",
+                                    max_output_tokens=1500, temperature=0, stream=True,
+                                    store=True)
+        deltas = 0
+        for ev in stream:
+            if ev.type == "response.created":
+                seen["rid"] = ev.response.id
+            deltas += ev.type == "response.output_text.delta"
+            if deltas >= 8:
+                seen["step_at_close"] = rank0_stats(dep).step
+                stream.close()  # the client leaves mid-stream
+                return
+
+    t = threading.Thread(target=victim)
+    t.start()
+    t.join(120)
+    assert not t.is_alive() and "step_at_close" in seen, seen
+    recs = removal_records(live, "tp", seen["rid"])
+    assert {r["step"] for r in recs} == {recs[0]["step"]}  # the same step on every rank
+    assert all(r["reason"] in ("abort", "client_disconnect") for r in recs), recs
+    assert recs[0]["step"] - seen["step_at_close"] <= 8, (recs, seen)  # as chat's test
+    assert recs[0]["n_tokens"] < 1500
+    with pytest.raises(openai.NotFoundError):  # a response the client left is not stored
+        c.responses.retrieve(seen["rid"])
