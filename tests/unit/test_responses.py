@@ -247,3 +247,18 @@ def test_store_is_bounded_by_entries_bytes_and_age_lru_first():
     st.put("d", {"id": "d"}, [{"type": "message", "role": "user", "content": "x"}])
     assert st.get("d").items[0]["content"] == "x"
     assert st.delete("d") and not st.delete("d") and st.nbytes == 0
+
+
+def test_the_docs_table_is_the_field_table():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "gateway.md").read_text()
+    section = doc[doc.index("### Responses request fields"):]
+    rows = {}
+    for line in section.splitlines()[1:]:
+        if line.startswith("#"):
+            break
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip("|").split("|", 2)]
+            rows[cells[0].strip("`")] = (cells[1], cells[2])
+    assert rows == {f.name: (f.support.value, f.note) for f in rs.FIELDS}
