@@ -51,6 +51,10 @@ def not_found(rid: str, param: str | None = None) -> ApiError:
 @router.get("/v1/responses/{rid}")
 async def get_response(rid: str, request: Request) -> dict:
     check_api_key(request)
+    if request.query_params.get("stream", "false").lower() not in ("false", "0", ""):
+        raise ApiError(400, "stream: replaying a stored response as events is not supported; "
+                       "GET without it returns the response", param="stream",
+                       code="unsupported_parameter")
     s = store_of(request.app).get(rid)
     if s is None:
         raise not_found(rid)

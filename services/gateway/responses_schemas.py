@@ -21,7 +21,6 @@ not its instructions); function `tools` → chat tools; `tool_choice` → chat's
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -479,7 +478,3 @@ def renamed(e: ApiError) -> ApiError:
         e.param = new
     return e
 
-
-def arguments_json(arguments: str) -> str:
-    """A call's arguments as compact JSON text (they are validated JSON already)."""
-    return json.dumps(json.loads(arguments), ensure_ascii=False)

@@ -106,6 +106,9 @@ def test_tool_loop_over_the_store_get_and_delete(env):
         "response.function_call_arguments.done") < kinds.index("response.completed")
     assert json.loads(final.output[-1].arguments) == {"a": 8}
     c.responses.delete(first.id)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.retrieve(second.id, stream=True)  # no replay of a stored stream
+    assert e.value.body["param"] == "stream"
     with pytest.raises(openai.NotFoundError):
         c.responses.retrieve(first.id)
     with pytest.raises(openai.NotFoundError) as e:
