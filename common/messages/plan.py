@@ -36,6 +36,7 @@ class PlanInsert:
     logit_bias: list[TokenBias] = field(default_factory=list, metadata=BIAS_LIST)
     top_logprobs: int = -1  # rank 0 alone reads it (followers send no tokens)
     grammar: str = field(default="", metadata=GRAMMAR)  # as in Generate; every rank masks alike
+    resumed: int = 0  # as in Generate: the prompt's last `resumed` tokens are output so far
 
 
 @dataclass

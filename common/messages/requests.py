@@ -43,6 +43,11 @@ class Generate:
     # Constrained decoding: a serialized llguidance grammar ("" : none), built and
     # checked by the gateway (services/gateway/structured.py), compiled on every rank.
     grammar: str = field(default="", metadata=GRAMMAR)
+    # A continuation (the gateway resumes a request whose deployment failed): the last
+    # `resumed` prompt tokens are the request's own output so far. Its sampling keys go
+    # on from token `resumed`, penalties count those tokens as output, and the grammar is
+    # advanced over them on every rank (services/rank/sampling.py).
+    resumed: int = 0
 
 
 @dataclass
@@ -64,6 +69,8 @@ class ErrorCode(str, enum.Enum):
     RANK_STOPPED = "rank_stopped"  # rank 0 left (shutdown, failure) with the stream open
     WATCHDOG_ABORT = "watchdog_abort"  # the abort stage ended the stream (finish abort)
     RANK_LOST = "rank_lost"  # the gateway lost its link to rank 0 (never sent by a rank)
+    # the supervisor reported the deployment failed (gateway-side too, never from a rank)
+    DEPLOYMENT_FAILED = "deployment_failed"
 
 
 @dataclass

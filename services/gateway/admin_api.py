@@ -185,6 +185,9 @@ async def abort_all(request: Request, deployment_id: str | None, timeout_s: floa
     backends = [b for k, b in gw.cluster.backends.items() if deployment_id in (None, k)]
     for b in backends:
         b.abort_local("abort_all")
+    if deployment_id is None:  # requests waiting to resume belong to no deployment yet
+        for s in list(gw.cluster.resuming):
+            s.abort_reason = s.abort_reason or "abort_all"
     ev = await call(request, "abort_all", {"deployment_id": deployment_id, "timeout_s": timeout},
                     timeout=timeout + 10.0)
     left = max(0.5, timeout - (time.monotonic() - t0))

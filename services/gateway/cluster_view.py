@@ -32,6 +32,7 @@ from services.gateway.tokenizers import Tokenizers
 
 log = logging.getLogger("lockstep.gateway.cluster_view")
 SERVING = "serving"
+FAILED = frozenset({"failed", "teardown_failed"})  # the supervisor's DeploymentState values
 
 
 class SupervisorUnavailable(Exception):
@@ -51,6 +52,9 @@ class Cluster:
         self.ctx = zmq.asyncio.Context()
         self.deployments: dict[str, dict] = {}
         self.backends: dict[str, Backend] = {}
+        # streams whose deployment failed, waiting to resume (services/gateway/resume.py):
+        # still active, and abort-all reaches them
+        self.resuming: set = set()
         self.status: dict = {}
         self.supervisor_error: str | None = "supervisor not contacted yet"
         self.refreshed_at: float | None = None  # wall clock of the last good refresh
@@ -147,7 +151,8 @@ class Cluster:
             if info is None or info.get("state") != SERVING or info.get("job_id") != b.job_id:
                 state = info.get("state") if info else "removed"
                 log.info("deployment %s is %s: closing its request channel", dep_id, state)
-                b.close(f"deployment {dep_id} is {state}")
+                # failed: its requests may resume elsewhere; stopped or gone: cancelled
+                b.close(f"deployment {dep_id} is {state}", failed=state in FAILED)
                 del self.backends[dep_id]
             elif b.lost and b.link.state.back_since_loss():
                 # Lost, then rank 0 answered again and the supervisor still vouches for
@@ -265,7 +270,7 @@ class Cluster:
 
     @property
     def active(self) -> int:
-        return sum(b.active for b in self.backends.values())
+        return sum(b.active for b in self.backends.values()) + len(self.resuming)
 
     def serving(self) -> list[dict]:
         return [d for d in self.deployments.values() if d.get("state") == SERVING]

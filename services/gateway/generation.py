@@ -10,6 +10,7 @@ carrying an ApiError, an abort as finish_reason "abort".
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from services.gateway.logprobs import TokenLogprob, from_body
 from services.gateway.metrics import Metrics
 from services.gateway.output_parser import OutputParser
 from services.gateway.request_channel import RequestStream
+from services.gateway.resume import Outcome, Resumer
 from services.gateway.stops import StopMatcher
 from services.gateway.toolcalls import ToolCall
 
@@ -70,6 +72,8 @@ RANK_ERRORS: dict[ErrorCode, RankErrorShape] = {
     ErrorCode.RANK_STOPPED: RankErrorShape(502, "backend_error", "generation failed on rank 0: "),
     ErrorCode.WATCHDOG_ABORT: RankErrorShape(502, "backend_error", "generation failed on rank 0: "),
     ErrorCode.RANK_LOST: RankErrorShape(502, "backend_error", "generation failed on rank 0: "),
+    ErrorCode.DEPLOYMENT_FAILED: RankErrorShape(502, "backend_error",
+                                                "generation failed on rank 0: "),
 }
 # A chunk that ended in error with no code (a rank that predates the code) is an engine
 # failure, as any error without a cause.
@@ -92,8 +96,10 @@ class Generation:
     def __init__(self, stream: RequestStream, tok: ModelTokenizer, *, model: str,
                  stops: list[str], parser: OutputParser | None, started_at: float,
                  read_timeout: float, keepalive_s: float, metrics: Metrics | None,
-                 one_call: bool = False) -> None:
+                 one_call: bool = False, resumer: Resumer | None = None) -> None:
         self.stream = stream
+        self.resumer = resumer  # None: a failed deployment ends the request (rank_lost)
+        self.token_ids: list[int] = []  # every token received: a continuation's context
         self.model = model
         self.tok = tok
         self.detok = tok.detokenizer()
@@ -174,12 +180,14 @@ class Generation:
             body = bodies[-1]
             tokens: list[int] = []
             lps: list[TokenLogprob] = []
+            first_attempt = self.resumer is None or not self.resumer.resumes
             for b in bodies:
                 if self.model_ttft_ms is None and b.model_ttft_ms is not None:
                     self.model_ttft_ms = b.model_ttft_ms
                     if self.metrics is not None:
                         self.metrics.ttft_model.labels(model=self.model).observe(b.model_ttft_ms / 1000)
-                self.cached_tokens = max(self.cached_tokens, b.cached_tokens)
+                if first_attempt:  # usage keeps the original prompt's cached tokens
+                    self.cached_tokens = max(self.cached_tokens, b.cached_tokens)
                 tokens += b.tokens
                 if b.logprobs:
                     lps += from_body(self.tok, b)
@@ -189,6 +197,9 @@ class Generation:
                 yield "logprobs", lps
             if tokens:
                 self.completion_tokens += len(tokens)
+                self.token_ids += tokens
+                if not first_attempt:
+                    self.resumer.first_token()
                 for ev in self._text_events(self.detok.add(tokens)):
                     yield ev
                 if self.stops.stopped:
@@ -200,6 +211,35 @@ class Generation:
                     for ev in self._text_events("", final=True):
                         yield ev
                     break
+            if body.finish_reason == "error" and self.resumer is not None \
+                    and self.resumer.wants(body.error_code):
+                if self.resumer.remaining(len(self.token_ids)) <= 0:
+                    finish = "length"  # nothing left to generate: as an unfaulted run ends
+                    for ev in self._text_events(self.detok.flush(), final=True):
+                        yield ev
+                    break
+                # Wait for a serving deployment (keep-alives meanwhile), then go on there.
+                task = asyncio.ensure_future(
+                    self.resumer.resume(s, self.token_ids, body.error_code))
+                try:
+                    while not task.done():
+                        await asyncio.wait({task}, timeout=self.keepalive_s)
+                        if not task.done():
+                            yield "keepalive", None
+                finally:
+                    if not task.done():
+                        task.cancel()
+                result = task.result()
+                if result.outcome is Outcome.RESUMED:
+                    continue
+                if result.outcome is Outcome.CANCELLED:
+                    finish = "abort"
+                else:
+                    finish = "error"
+                    error = rank_error(body.error_code, f"{body.error}; not resumed: {result.why}")
+                for ev in self._text_events(self.detok.flush(), final=True):
+                    yield ev
+                break
             if body.finish_reason:
                 finish = body.finish_reason
                 if finish == "error":

@@ -53,6 +53,16 @@ class Metrics:
         self.cached_tokens = Counter("lockstep_gateway_prefix_cache_cached_tokens",
                                      "Prompt tokens served from the prefix cache", ["model"],
                                      registry=r)
+        self.resumes = Counter("lockstep_gateway_resumes",
+                               "Requests resumed on another deployment after theirs failed, "
+                               "by cause", ["cause"], registry=r)
+        self.resume_gave_up = Counter("lockstep_gateway_resume_gave_up",
+                                      "Requests whose resume gave up (resume_timeout or "
+                                      "resume_max), by cause", ["cause"], registry=r)
+        self.resume_first_token = Histogram(
+            "lockstep_gateway_resume_first_token_seconds",
+            "From a request's failure to its first token after resuming",
+            buckets=TTFT_BUCKETS + (120,), registry=r)
         self.admin_calls = Counter("lockstep_gateway_admin_calls", "Admin API calls by outcome",
                                    ["command", "code"], registry=r)
         self.cluster = None  # set by the app: the Cluster whose state is exported

@@ -194,6 +194,15 @@ class RequestStream:
         """The consumer is done; abort rank-side if the request is still running."""
         self.backend.release(self, abort_reason)
 
+    def rebind(self, backend: Backend, request_id: str) -> None:
+        """Go on as `request_id` on `backend` (a resumed request, services/gateway/resume.py):
+        a fresh queue; what was received, the prompt length and the consumer stay."""
+        self.backend, self.request_id = backend, request_id
+        self.queue = StreamQueue()
+        self.finished, self.finish_reason = False, None
+        self.abort_reason, self.refusal = None, None
+        self.last_token_at = time.monotonic()
+
 
 class Backend:
     def __init__(self, ctx: zmq.asyncio.Context, info: dict, *, key: Key,
@@ -260,6 +269,33 @@ class Backend:
             self._unregister(s)
             raise
         return s
+
+    async def adopt(self, s: RequestStream, gen: Generate) -> None:
+        """Send `gen` (a continuation) and move the stream `s` here, under gen's id."""
+        if self.closed:
+            raise Unavailable(self, "the deployment is gone")
+        if self.lost:
+            raise Unavailable(self, self.lost)
+        s.rebind(self, gen.request_id)
+        self.client.open_stream(gen.request_id, s.queue)
+        self.streams[gen.request_id] = s
+        self._drained.clear()
+        try:
+            await asyncio.wait_for(self.client.send(gen), SEND_TIMEOUT_S)
+        except BaseException as exc:
+            self._unregister(s)
+            s.finished = True  # nothing runs for it here
+            if isinstance(exc, asyncio.TimeoutError):
+                raise Unavailable(self, f"rank 0 does not take requests ({self.endpoint})") \
+                    from None
+            raise
+
+    def forget(self, s: RequestStream) -> None:
+        """`s` goes on elsewhere: stop counting it here, and if this rank 0 may still run
+        it (its link came back), ABORT it (a new id elsewhere: never run twice)."""
+        self._unregister(s)
+        if not self.closed:
+            self._spawn(self._send_abort(s.request_id, "resumed_elsewhere"))
 
     def abort(self, s: RequestStream, reason: str) -> None:
         """ABORT to rank 0 now (idempotent per stream); the consumer keeps reading."""
@@ -361,11 +397,14 @@ class Backend:
                                           error_code=ErrorCode.RANK_LOST))
                 self._unregister(s)
 
-    def fail_all(self, reason: str) -> None:
-        """The deployment is gone: end every stream as an abort, forget them all."""
+    def fail_all(self, reason: str, failed: bool = False) -> None:
+        """The deployment is gone: end every stream, forget them all. `failed`: it failed
+        (typed deployment_failed: the request may resume); else a cancellation (abort)."""
         for s in list(self.streams.values()):
-            s.queue.put_nowait(Tokens(request_id=s.request_id, tokens=[], index=0,
-                                      finish_reason="abort", error=reason))
+            s.queue.put_nowait(Tokens(
+                request_id=s.request_id, tokens=[], index=0,
+                finish_reason="error" if failed else "abort", error=reason,
+                error_code=ErrorCode.DEPLOYMENT_FAILED if failed else None))
             self._unregister(s)
 
     async def wait_drained(self, timeout: float) -> bool:
@@ -395,8 +434,8 @@ class Backend:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
-    def close(self, reason: str = "deployment gone") -> None:
-        """End every stream as an abort. Requests still running get an ABORT queued
+    def close(self, reason: str = "deployment gone", failed: bool = False) -> None:
+        """End every stream (as fail_all). Requests still running get an ABORT queued
         with a short linger, so a gateway that stops does not leave them generating."""
         if self.closed:
             return
@@ -408,7 +447,7 @@ class Backend:
                         Abort(request_id=s.request_id, reason="gateway")), zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
-        self.fail_all(reason)
+        self.fail_all(reason, failed)
         for t in list(self._tasks):
             t.cancel()
         self.link.close()

@@ -24,6 +24,7 @@ from services.gateway.generation import Final, Generation
 from services.gateway.openai_schemas import ChatRequest
 from services.gateway.prompts import Prompt, output_parser, prompt_ids, token_limit
 from services.gateway.request_channel import Backend, RequestStream
+from services.gateway.resume import Resumer
 from services.gateway.sampling_params import generate_fields
 from services.gateway.structured import grammar_for
 
@@ -80,17 +81,24 @@ async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str,
     limit = token_limit(req.limit(), s.default_max_tokens, ctx, len(ids))
     grammar = await gw.prepare_pool.run(grammar_for, req, tok) if chat else ""  # structured output
     rid = rid_prefix + secrets.token_hex(12)
+    # The seed is drawn here when the client named none (not by rank 0): a request that
+    # resumes elsewhere goes on with the same one (services/gateway/resume.py).
     msg = Generate(
         request_id=rid, prompt=ids, max_tokens=limit,
-        seed=None if req.seed is None else req.seed % (2**63),
+        seed=secrets.randbits(63) if req.seed is None else req.seed % (2**63),
         stop_token_ids=list(tok.eos_ids), client="gateway", grammar=grammar,
         **generate_fields(req, tok, backend.sampling, chat=chat))
-    streams = await choices.open_streams(backend, msg, req.n or 1)  # 503: retry-after
+    n = req.n or 1
+    streams = await choices.open_streams(backend, msg, n)  # 503: retry-after
     gens = [Generation(st, tok, model=backend.model, stops=req.stops(),
                        parser=output_parser(req, tok, prompt) if chat else None,
                        started_at=started, read_timeout=s.request_read_timeout,
                        keepalive_s=s.keepalive_s, metrics=gw.metrics,
                        one_call=chat and isinstance(req, ChatRequest)
-                       and req.parallel_tool_calls is False) for st in streams]
+                       and req.parallel_tool_calls is False,
+                       resumer=Resumer(gw.cluster, m, backend.model, backend.model_path,
+                                       timeout=s.resume_timeout, max_resumes=s.resume_max,
+                                       metrics=gw.metrics))
+            for st, m in zip(streams, choices.choice_messages(msg, n), strict=True)]
     headers = {"x-lockstep-request-id": rid, "x-lockstep-deployment": backend.deployment_id}
     return Admitted(rid, backend, prompt, msg, streams, gens, started, headers)

@@ -24,6 +24,8 @@
 | admin_timeout_s | 10 | deadline for ordinary admin calls |
 | refresh_s | 2 | deployments poll period (backstop for events) |
 | abort_all_timeout_s | 15 | bound on abort-all's wait for zero active everywhere |
+| resume_timeout | 120 | a request whose deployment failed waits this long for a serving deployment of its model to go on (token for token); 0 = off: it ends with rank_lost at once |
+| resume_max | 2 | resumes per request; past it, rank_lost |
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class GatewaySettings:
     admin_timeout_s: PositiveSeconds = 10.0
     refresh_s: PositiveSeconds = 2.0
     abort_all_timeout_s: Seconds = 15.0
+    resume_timeout: Seconds = 120.0  # 0 = off (services/gateway/resume.py)
+    resume_max: Count = 2
     log_level: str = "info"
 
     @property

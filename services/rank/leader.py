@@ -130,7 +130,8 @@ class Leader(RankLoop):
         ins = PlanInsert(
             request_id=g.request_id, prompt=g.prompt, max_tokens=max_tokens,
             temperature=g.temperature, top_p=g.top_p, seed=seed & MAX_SEED,
-            stop_token_ids=sorted(set(g.stop_token_ids)), grammar=g.grammar, **plan_fields(g))
+            stop_token_ids=sorted(set(g.stop_token_ids)), grammar=g.grammar,
+            resumed=g.resumed, **plan_fields(g))
         self.scheduled[g.request_id] = Req(ins, e.received_at)
         self.pending.append(g.request_id)
         self.publish_counts()
@@ -152,6 +153,8 @@ class Leader(RankLoop):
         why = sampling_problem(g, v)
         if why is not None:
             return bad, why
+        if not 0 <= g.resumed < len(g.prompt):  # at least one token of the original prompt
+            return bad, f"resumed must be in [0, {len(g.prompt)})"
         if self.context is not None and len(g.prompt) >= self.context:
             return ErrorCode.PROMPT_TOO_LONG, \
                 f"prompt of {len(g.prompt)} tokens does not fit the context ({self.context})"

@@ -70,14 +70,15 @@ def min_p_filter(logprobs: mx.array, min_p: float) -> mx.array:
 
 
 def make_sampler(temperature: float, top_p: float, seed: int, top_k: int = 0,
-                 min_p: float = 0.0) -> Sampler | None:
-    """The sampler for one request; None means greedy (the batch's shared argmax)."""
+                 min_p: float = 0.0, start: int = 0) -> Sampler | None:
+    """The sampler for one request; None means greedy (the batch's shared argmax).
+    `start`: the index of its first token (a continuation goes on where it stopped)."""
     if temperature <= 0.0:
         return None
     inv_t = 1.0 / temperature
     use_top_p = 0.0 < top_p < 1.0
     use_min_p = 0.0 < min_p <= 1.0
-    index = 0
+    index = start
 
     def sample(logprobs: mx.array) -> mx.array:
         # Called once per generated token, in order, on every rank alike (graph
@@ -98,7 +99,8 @@ def make_sampler(temperature: float, top_p: float, seed: int, top_k: int = 0,
 
 
 def sampler_for(ins: PlanInsert) -> Sampler | None:
-    return make_sampler(ins.temperature, ins.top_p, ins.seed, ins.top_k, ins.min_p)
+    return make_sampler(ins.temperature, ins.top_p, ins.seed, ins.top_k, ins.min_p,
+                        start=ins.resumed)
 
 
 # -- logits processors ------------------------------------------------------------------
@@ -170,12 +172,16 @@ def logits_processors_for(ins: PlanInsert, ctx: ProcessorContext) -> list[Logits
     if ins.repetition_penalty != 1.0:
         out.append(make_repetition_penalty(ins.repetition_penalty, ins.repetition_context_size))
     if ins.presence_penalty or ins.frequency_penalty:
+        # a continuation's resumed tokens are output: penalised as they were before
         out.append(make_output_penalties(ins.presence_penalty, ins.frequency_penalty,
-                                         len(ins.prompt)))
+                                         len(ins.prompt) - ins.resumed))
     if ins.grammar:  # last: a disallowed token stays -inf whatever came before
         if ctx is None or ctx.grammars is None:
             raise ValueError("a grammar needs the rank's tokenizer (Engine grammars)")
-        out.append(ctx.grammars.processor(ins.grammar))
+        proc = ctx.grammars.processor(ins.grammar)
+        for token in ins.prompt[len(ins.prompt) - ins.resumed:]:  # where the request was
+            proc.advance(token)
+        out.append(proc)
     return out
 
 

@@ -110,8 +110,10 @@ def test_rank0_killed_with_the_supervisor_frozen_fails_streams_at_once(tmp_path)
     port = free_port()
     out = tmp_path / "up.out"
     with open(out, "wb") as log:
+        # the fail path under test: no resume (LOCKSTEP_RESUME_TIMEOUT=0, today's behaviour)
         up = subprocess.Popen(up_argv(tmp_path / "home", port, "--restarts", "1"), cwd=ROOT,
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**os.environ, "LOCKSTEP_RESUME_TIMEOUT": "0"})
     url = f"http://127.0.0.1:{port}"
     text = lambda: out.read_text(errors="replace")  # noqa: E731
     sup: int | None = None

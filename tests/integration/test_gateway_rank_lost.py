@@ -33,7 +33,7 @@ def env(tmp_path):
     settings = GatewaySettings(
         home=tmp_path / "home", port=free_port(), admin_token="t", admin_endpoint=sup.admin_endpoint,
         events_endpoint=sup.events_endpoint, keepalive_s=0.2, orphan_grace_s=0.5,
-        request_read_timeout=60, refresh_s=0.5)
+        request_read_timeout=60, refresh_s=0.5, resume_timeout=0)  # the fail path: no resume
     gw = GatewayThread(settings, key).start()
     poll_until(lambda: gw.gw.cluster.backends, 10, "the fake deployment to be picked up")
     ids = load_tokenizer(model).encode("word " * 400)

@@ -1,0 +1,125 @@
+"""Resume: a request whose deployment failed goes on, token for token, on a serving
+deployment of the same model (the one `lockstep up` redeploys, or another already
+serving), and its client sees one unbroken response.
+
+What makes it exact: the gateway keeps the request's GENERATE (with the seed it drew
+when the client named none) and every token streamed so far. The continuation is one
+GENERATE: the prompt plus those tokens, the remaining max_tokens, the same seed, and
+`resumed` = how many of the prompt's last tokens are output, so every rank's sampler
+keys go on from that index, penalties count them as output, and the grammar matcher is
+advanced over them (services/rank/sampling.py). The stream object keeps its place in
+the HTTP handler; only its backend and request id change (`Backend.adopt`), and the
+Generation's detokenizer, stop matcher, parsers and logprobs go on as they were.
+
+Only failures resume: a stream that ended with error_code rank_lost (the link to rank 0
+closed) or deployment_failed (the supervisor reported the deployment failed). A
+cancellation never does: a client gone, an abort, abort-all, unload, stop. Bounds:
+`resume_timeout` (0: off, today's behaviour) for a serving deployment to appear, and
+`resume_max` attempts per request; past either, the rank_lost error with its reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+import time
+from typing import Any
+
+from common.messages import ErrorCode, Generate
+from services.gateway.request_channel import Backend, RequestStream, Unavailable
+
+log = logging.getLogger("lockstep.gateway.resume")
+RESUMABLE = frozenset({ErrorCode.RANK_LOST, ErrorCode.DEPLOYMENT_FAILED})
+POLL_S = 0.1  # how often a waiting request looks for a serving deployment
+
+
+class Outcome(enum.Enum):
+    RESUMED = "resumed"
+    CANCELLED = "cancelled"  # the client left, or an abort reached it while it waited
+    GAVE_UP = "gave_up"
+
+
+@dataclasses.dataclass
+class Result:
+    outcome: Outcome
+    why: str = ""
+
+
+class Resumer:
+    """One choice's resume state: its GENERATE, and how often it resumed."""
+
+    def __init__(self, cluster: Any, msg: Generate, model: str, model_path: str | None, *,
+                 timeout: float, max_resumes: int, metrics: Any = None) -> None:
+        self.cluster, self.msg = cluster, msg
+        self.model, self.model_path = model, model_path
+        self.timeout, self.max_resumes = timeout, max_resumes
+        self.metrics = metrics
+        self.resumes = 0
+        self.failed_at: float | None = None  # monotonic: the failure not yet recovered
+
+    def wants(self, code: ErrorCode | None) -> bool:
+        return code in RESUMABLE and self.timeout > 0
+
+    def remaining(self, produced: int) -> int:
+        return self.msg.max_tokens - produced
+
+    def _backend(self, exclude: Backend) -> Backend | None:
+        live = [b for b in self.cluster.backends.values()
+                if b is not exclude and not b.lost and not b.closed and b.model == self.model
+                and b.model_path == self.model_path]
+        # least loaded; ties by id, so equal loads do not pile onto one deployment
+        return min(live, key=lambda b: (b.active, b.deployment_id)) if live else None
+
+    async def resume(self, s: RequestStream, produced: list[int], code: ErrorCode) -> Result:
+        """Wait for a serving deployment and send the continuation on it (s rebound)."""
+        cause = code.value
+        if self.resumes >= self.max_resumes:
+            return self._gave_up(cause, f"resumed {self.resumes} time(s) already "
+                                 f"(resume_max {self.max_resumes})")
+        self.failed_at = time.monotonic()
+        old, old_id = s.backend, s.request_id
+        old.forget(s)  # the old rank 0 may have survived (a link blip): end it there
+        self.cluster.resuming.add(s)
+        deadline = time.monotonic() + self.timeout
+        try:
+            while True:
+                if s.released or s.abort_reason is not None:
+                    return Result(Outcome.CANCELLED, s.abort_reason or "client gone")
+                b = self._backend(old)
+                if b is not None:
+                    n = self.resumes + 1
+                    gen = dataclasses.replace(
+                        self.msg, request_id=f"{self.msg.request_id}-r{n}",
+                        prompt=[*self.msg.prompt, *produced],
+                        max_tokens=self.remaining(len(produced)),
+                        resumed=self.msg.resumed + len(produced))
+                    try:
+                        await b.adopt(s, gen)
+                    except Unavailable as exc:
+                        log.info("resume of %s on %s refused: %s", old_id, b.deployment_id, exc)
+                    else:
+                        self.resumes = n
+                        if self.metrics is not None:
+                            self.metrics.resumes.labels(cause=cause).inc()
+                        log.info("request %s resumed as %s on %s after %d token(s) (%s)",
+                                 old_id, gen.request_id, b.deployment_id, len(produced), cause)
+                        return Result(Outcome.RESUMED)
+                if time.monotonic() >= deadline:
+                    return self._gave_up(cause, f"no serving deployment of {self.model!r} "
+                                         f"within {self.timeout:g}s (resume_timeout)")
+                await asyncio.sleep(POLL_S)
+        finally:
+            self.cluster.resuming.discard(s)
+
+    def first_token(self) -> None:
+        """The first token after a resume reached the gateway: the time since the failure."""
+        if self.failed_at is not None and self.metrics is not None:
+            self.metrics.resume_first_token.observe(time.monotonic() - self.failed_at)
+        self.failed_at = None
+
+    def _gave_up(self, cause: str, why: str) -> Result:
+        if self.metrics is not None:
+            self.metrics.resume_gave_up.labels(cause=cause).inc()
+        return Result(Outcome.GAVE_UP, why)
