@@ -8,21 +8,20 @@ stream (anthropic_render.py). Release and disconnect are as chat's: a client tha
 away mid-stream aborts the request on every rank at once.
 
 Errors on these routes are in Anthropic's shape (`{"type": "error", "error": {"type",
-"message"}}`), by the route class below; the OpenAI routes keep theirs.
+"message"}}`), wherever they are rendered (handlers, the body cap, the catch-all:
+errors.SHAPES); the OpenAI routes keep theirs.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from fastapi.routing import APIRoute
 
 from services.gateway import anthropic_render as render
 from services.gateway import anthropic_schemas as schemas
-from services.gateway.errors import ApiError
+from services.gateway.errors import SHAPES
 from services.gateway.generation import Final
 from services.gateway.openai_routes import _ClientGone, _until_disconnect, check_api_key
 from services.gateway.prompts import prompt_ids
@@ -33,28 +32,8 @@ from services.gateway.streaming import EventStreamResponse
 ENDPOINT = "messages"  # the metrics label
 
 
-class AnthropicRoute(APIRoute):
-    """A route whose refusals are rendered in Anthropic's error shape."""
-
-    def get_route_handler(self) -> Callable:
-        handler = super().get_route_handler()
-
-        async def route(request: Request) -> Response:
-            from services.gateway.app import BodyTooLarge  # app imports this module
-
-            try:
-                return await handler(request)
-            except ApiError as e:
-                return render.error_response(e)
-            except BodyTooLarge:
-                cap = request.app.state.gw.settings.max_body_bytes
-                return render.error_response(ApiError(
-                    413, f"request body exceeds the limit of {cap} bytes"))
-
-        return route
-
-
-router = APIRouter(route_class=AnthropicRoute)
+router = APIRouter()
+SHAPES["/v1/messages"] = render.error_response  # every error under /v1/messages: Anthropic's
 
 
 async def _parse(request: Request, endpoint: str) -> schemas.CountTokensRequest:

@@ -1,4 +1,4 @@
-"""FastAPI wiring: state, routes, errors in OpenAI's shape, body cap, health and ready."""
+"""FastAPI wiring: state, routes, errors in each API's shape (errors.shaped), body cap, health and ready."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from services.gateway import (
 from services.gateway.catch_all import CatchAll
 from services.gateway.cluster_view import Cluster
 from services.gateway.detok import ModelTokenizer
-from services.gateway.errors import ApiError, error_json
+from services.gateway.errors import ApiError, shaped
 from services.gateway.metrics import Metrics
 from services.gateway.prepare_pool import PreparePool
 from services.gateway.request_channel import Backend
@@ -144,8 +144,9 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         for k, v in scope.get("headers", []):
             if k == b"content-length" and v.isdigit() and int(v) > self.max_bytes:
-                resp = error_json(413, f"request body of {int(v)} bytes exceeds the limit of "
-                                  f"{self.max_bytes} bytes", code="request_too_large")
+                resp = shaped(scope.get("path", ""), ApiError(
+                    413, f"request body of {int(v)} bytes exceeds the limit of "
+                    f"{self.max_bytes} bytes", code="request_too_large"))
                 return await resp(scope, receive, send)
         seen = 0
 
@@ -184,23 +185,26 @@ def create_app(settings: GatewaySettings, key: Key) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
-        return exc.response()
+        return shaped(request.url.path, exc)
 
     @app.exception_handler(BodyTooLarge)
     async def _too_large(request: Request, exc: BodyTooLarge):
-        return error_json(413, f"request body exceeds the limit of {settings.max_body_bytes} bytes",
-                          code="request_too_large")
+        return shaped(request.url.path, ApiError(
+            413, f"request body exceeds the limit of {settings.max_body_bytes} bytes",
+            code="request_too_large"))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         e = exc.errors()[0] if exc.errors() else {}
         param = ".".join(str(p) for p in e.get("loc", ())[1:]) or None
-        return error_json(400, f"invalid value for '{param}': {e.get('msg', 'invalid')}",
-                          param=param, code="invalid_value")
+        return shaped(request.url.path, ApiError(
+            400, f"invalid value for '{param}': {e.get('msg', 'invalid')}", param=param,
+            code="invalid_value"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        return error_json(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
+        return shaped(request.url.path, ApiError(
+            exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None))
 
     @app.get("/health")
     async def health() -> dict:

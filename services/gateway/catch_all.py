@@ -1,7 +1,7 @@
 """The last line of defence: an exception no route turned into an ApiError.
 
 A pure ASGI middleware (inside Starlette's ServerErrorMiddleware) catches it and, if
-the response has not started, answers 500 in OpenAI's shape *without re-raising*, so
+the response has not started, answers 500 in its API's shape *without re-raising*, so
 uvicorn neither prints a traceback nor closes the keep-alive connection. Each such error
 is one log line (type, message, where it was raised), through a `LogLimiter`: a client
 that finds a way to cause them cannot fill the disk with tracebacks. Set the log level
@@ -17,7 +17,7 @@ import traceback
 from starlette.requests import ClientDisconnect
 
 from common.frame_budget import LogLimiter
-from services.gateway.errors import error_json
+from services.gateway.errors import ApiError, shaped
 
 log = logging.getLogger("lockstep.gateway.errors")
 
@@ -57,5 +57,6 @@ class CatchAll:
                                  scope.get("path"), one_line(exc))
             log.debug("traceback", exc_info=exc)
             if not started:  # else the response is broken anyway: uvicorn closes it
-                await error_json(500, f"internal error: {type(exc).__name__}",
-                                 code="internal")(scope, receive, send)
+                await shaped(scope.get("path", ""), ApiError(
+                    500, f"internal error: {type(exc).__name__}", code="internal"))(
+                    scope, receive, send)

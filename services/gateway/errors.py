@@ -1,6 +1,11 @@
-"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with a status."""
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with a status;
+routes of another API (Anthropic's /v1/messages) register their own shape in `SHAPES`,
+and every renderer of an error that knows its path (handlers, the body cap, the
+catch-all) goes through `shaped`."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from fastapi.responses import JSONResponse
 
@@ -51,3 +56,15 @@ class ApiError(Exception):
 
 def error_json(status: int, message: str, **kw) -> JSONResponse:
     return ApiError(status, message, **kw).response()
+
+
+# Path prefix → how that API renders an error (registered by its routes module).
+SHAPES: dict[str, Callable[[ApiError], JSONResponse]] = {}
+
+
+def shaped(path: str, err: ApiError) -> JSONResponse:
+    """`err` as the API that owns `path` renders errors: OpenAI's unless registered."""
+    for prefix, render in SHAPES.items():
+        if path == prefix or path.startswith(prefix + "/"):
+            return render(err)
+    return err.response()

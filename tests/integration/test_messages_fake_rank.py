@@ -186,8 +186,16 @@ def test_errors_in_anthropic_shape(env):
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("max_tokens")
     r = httpx.post(env["url"] + "/v1/messages", content=b"{", timeout=10)
     assert r.status_code == 400 and r.json()["type"] == "error"
-    r = httpx.post(env["url"] + "/v1/chat/completions", content=b"{", timeout=10)
-    assert set(r.json()["error"]) >= {"message", "type", "param", "code"}  # OpenAI's, as before
+    big = b'{"model": "x", "messages": "' + b"y" * (env["settings"].max_body_bytes + 1) + b'"}'
+    r = httpx.post(env["url"] + "/v1/messages", content=big, timeout=30)  # the body cap's
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+    r = httpx.get(env["url"] + "/v1/messages", timeout=10)  # routing's own
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    for path in ("/v1/chat/completions", "/v1/completions"):  # OpenAI's shape, as before
+        r = httpx.post(env["url"] + path, content=b"{", timeout=10)
+        assert set(r.json()["error"]) >= {"message", "type", "param", "code"}
+    r = httpx.post(env["url"] + "/v1/chat/completions", content=big, timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
 
 @pytest.mark.timeout(60)

@@ -199,3 +199,15 @@ def test_the_docs_table_is_the_field_table():
         return v.value if v is not None else "—"
 
     assert rows == {f.name: (col(f.create), col(f.count)) for f in s.FIELDS}
+
+
+def test_errors_under_v1_messages_take_anthropics_shape_and_no_others():
+    import services.gateway.anthropic_routes  # noqa: F401 - registers its shape
+    from services.gateway.errors import shaped
+
+    e = ApiError(500, "internal error: KeyError", code="internal")
+    for path in ("/v1/messages", "/v1/messages/count_tokens", "/v1/messages/batches"):
+        body = json.loads(shaped(path, e).body)
+        assert body["type"] == "error" and body["error"]["type"] == "api_error", path
+    for path in ("/v1/chat/completions", "/v1/messagesx", "/v1/responses"):
+        assert json.loads(shaped(path, e).body)["error"]["code"] == "internal", path
