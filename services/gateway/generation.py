@@ -211,7 +211,7 @@ class Generation:
                     for ev in self._text_events("", final=True):
                         yield ev
                     break
-            if body.finish_reason == "error" and self.resumer is not None \
+            if body.finish_reason in ("error", "abort") and self.resumer is not None \
                     and self.resumer.wants(body.error_code):
                 if self.resumer.remaining(len(self.token_ids)) <= 0:
                     finish = "length"  # nothing left to generate: as an unfaulted run ends

@@ -11,9 +11,8 @@ advanced over them (services/rank/sampling.py). The stream object keeps its plac
 the HTTP handler; only its backend and request id change (`Backend.adopt`), and the
 Generation's detokenizer, stop matcher, parsers and logprobs go on as they were.
 
-Only failures resume: a stream that ended with error_code rank_lost (the link to rank 0
-closed) or deployment_failed (the supervisor reported the deployment failed). A
-cancellation never does: a client gone, an abort, abort-all, unload, stop. Bounds:
+Only failures resume (RESUMABLE below: the stream's end carries a failure's typed code).
+A cancellation never does: a client gone, an abort, abort-all, unload, stop. Bounds:
 `resume_timeout` (0: off, today's behaviour) for a serving deployment to appear, and
 `resume_max` attempts per request; past either, the rank_lost error with its reason.
 """
@@ -31,7 +30,11 @@ from common.messages import ErrorCode, Generate
 from services.gateway.request_channel import Backend, RequestStream, Unavailable
 
 log = logging.getLogger("lockstep.gateway.resume")
-RESUMABLE = frozenset({ErrorCode.RANK_LOST, ErrorCode.DEPLOYMENT_FAILED})
+# Failures, typed: the link to rank 0 closed; the supervisor says the deployment failed;
+# rank 0 left on a failure (a graceful stop ends streams as a plain abort instead); a
+# watchdog's abort stage (a peer lost). A cancellation carries none of these.
+RESUMABLE = frozenset({ErrorCode.RANK_LOST, ErrorCode.DEPLOYMENT_FAILED,
+                       ErrorCode.RANK_STOPPED, ErrorCode.WATCHDOG_ABORT})
 POLL_S = 0.1  # how often a waiting request looks for a serving deployment
 
 

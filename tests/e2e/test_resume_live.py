@@ -1,0 +1,206 @@
+"""No request lost when a rank dies (issue 28): `lockstep up` (real supervisor, reaper,
+gateway, tiny-preset MLX ranks), five streams in flight of four kinds — greedy; seeded
+temperature 0.8 with top_p and a presence penalty; a json_schema that forces a long
+answer; n=2 seeded — then a rank SIGKILLed or SIGSTOPped mid-stream. `lockstep up`
+tears the failed launch down with proof and redeploys; every stream stays open through
+it and completes with exactly the text and finish_reason of an unfaulted run (taken on
+the same cluster first), each resumed once by the gateway's own count, and no process
+of the dead launch is left.
+
+The streams are long by construction (EOS biased away, max_tokens 400), and the fault
+comes only once every stream has streamed tokens, so each is mid-stream when it comes:
+proven, not assumed (a stream that had finished would not count a resume).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
+from tests.support.processes import interrupt, process_gone, up_argv
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_EOS = {"0": -100, "2": -100}  # the tiny preset's EOS ids: streams run to max_tokens
+LONG_JSON = {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+    "type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"},
+                                           "minItems": 40}}, "required": ["a"]}}}
+MSG = [{"role": "user", "content": "Count for me, slowly, and keep going."}]
+KINDS = {
+    "greedy": {"temperature": 0, "max_tokens": 400, "logit_bias": NO_EOS},
+    "sampled": {"temperature": 0.8, "top_p": 0.9, "presence_penalty": 0.5, "seed": 11,
+                "max_tokens": 400, "logit_bias": NO_EOS},
+    "json": {"temperature": 0, "max_tokens": 400, "response_format": LONG_JSON},
+    "n2": {"temperature": 0.7, "seed": 5, "n": 2, "max_tokens": 400, "logit_bias": NO_EOS},
+}
+STREAMS = 5  # n2 is two
+
+
+def _boot(tmp_path: Path, *extra: str) -> dict:
+    home, port = tmp_path / "home", free_port()
+    out = tmp_path / "up.out"
+    env = {**os.environ, "LOCKSTEP_PEER_ABORT_GRACE": "1", "LOCKSTEP_PROGRESS_STALL_TIMEOUT": "8"}
+    log = open(out, "wb")  # noqa: SIM115 - closed by _stop
+    proc = subprocess.Popen(up_argv(home, port, "--restarts", "6", *extra), cwd=ROOT,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=env)
+
+    def banner():
+        if proc.poll() is not None:
+            raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
+        return out.read_text().count("Press Ctrl-C")
+    poll_until(banner, 180, "lockstep up's banner", interval=0.1)
+    token = (home / "admin.token").read_text().strip()
+    return {"proc": proc, "log": log, "out": out, "url": f"http://127.0.0.1:{port}",
+            "hdr": {"Authorization": f"Bearer {token}"}, "banner": banner}
+
+
+def _stop(c: dict) -> None:
+    interrupt(c["proc"], 90)
+    c["log"].close()
+
+
+def _stream(url: str, kind: str, got: dict, lock: threading.Lock) -> None:
+    texts: dict[int, list[str]] = {}
+    finish: dict[int, str] = {}
+    body = {"model": "tiny", "messages": MSG, "stream": True, **KINDS[kind]}
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=240) as r:
+            assert r.status_code == 200, r.read()
+            for what, data in sse_lines(r):
+                if what != "data" or data == "[DONE]":
+                    continue
+                assert "error" not in data, data
+                for ch in data["choices"]:
+                    i = ch["index"]
+                    texts.setdefault(i, []).append(ch["delta"].get("content") or "")
+                    if ch.get("finish_reason"):
+                        finish[i] = ch["finish_reason"]
+                    with lock:
+                        got.setdefault("tokens", {})[f"{kind}/{i}"] = len(texts[i])
+        result = {i: ("".join(t), finish.get(i)) for i, t in texts.items()}
+    except Exception as exc:  # noqa: BLE001 - reported by the test, not lost in a thread
+        result = {"error": repr(exc)}
+    with lock:
+        got[kind] = result
+
+
+def _run_all(url: str, during=None) -> dict:
+    got: dict = {}
+    lock = threading.Lock()
+    threads = [threading.Thread(target=_stream, args=(url, k, got, lock), daemon=True)
+               for k in KINDS]
+    for t in threads:
+        t.start()
+    if during is not None:
+        def all_streaming():
+            with lock:
+                counts = dict(got.get("tokens") or {})
+                done = [k for k in KINDS if k in got]
+            assert not done, f"finished before the fault: {done}"
+            return len(counts) == STREAMS and min(counts.values()) >= 3
+        poll_until(all_streaming, 60, "every stream streaming")
+        during()
+    for t in threads:
+        t.join(240)
+        assert not t.is_alive(), "a stream never ended"
+    return {k: got[k] for k in KINDS}
+
+
+def _serving(c: dict) -> dict:
+    deps = httpx.get(c["url"] + "/admin/api/cluster/deployments", headers=c["hdr"],
+                     timeout=10).json()["deployments"]
+    return next(d for d in deps if d["state"] == "serving")
+
+
+def _resumes(c: dict) -> float:
+    text = httpx.get(c["url"] + "/metrics", timeout=10).text
+    return sum(float(v) for v in re.findall(r"^lockstep_gateway_resumes_total\{[^}]*\} (\S+)$",
+                                            text, re.M))
+
+
+def _fault(c: dict, rank: int, sig: int) -> list[int]:
+    """Send `sig` to `rank` of the serving deployment; returns its launch's rank pids."""
+    dep = _serving(c)
+    pids = [r["pid"] for r in dep["ranks"]]
+    os.kill(pids[rank], sig)
+    return pids
+
+
+def _check_resumed(c: dict, reference: dict, got: dict, before: float, pids: list[int]) -> None:
+    for kind in KINDS:
+        assert got[kind] == reference[kind], (kind, got[kind], reference[kind])
+    assert _resumes(c) - before == STREAMS  # each stream resumed exactly once
+    poll_until(lambda: all(process_gone(p) for p in pids), 60, "the dead launch's ranks gone")
+    for p in pids:  # a stopped rank was SIGKILLed by the teardown, not left stopped
+        assert not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.fixture(scope="module")
+def tp2(tmp_path_factory):
+    c = _boot(tmp_path_factory.mktemp("resume-tp2"), "--tp", "2")
+    c["reference"] = _run_all(c["url"])
+    for kind, res in c["reference"].items():
+        assert "error" not in res, (kind, res)
+        assert all(f == "length" for _, f in res.values()) or kind == "json", (kind, res)
+    yield c
+    _stop(c)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("rank, sig", [(1, signal.SIGKILL), (0, signal.SIGKILL),
+                                       (1, signal.SIGSTOP)],
+                         ids=["kill-follower", "kill-rank0", "stop-follower"])
+def test_tp2_streams_survive_a_rank_fault_token_for_token(tp2, rank, sig):
+    before, pids = _resumes(tp2), []
+
+    def fault():
+        pids.extend(_fault(tp2, rank, sig))
+    got = _run_all(tp2["url"], fault)
+    _check_resumed(tp2, tp2["reference"], got, before, pids)
+
+
+@pytest.mark.timeout(300)
+def test_pp2_streams_survive_a_follower_killed(tmp_path):
+    c = _boot(tmp_path, "--tp", "1", "--pp", "2")
+    try:
+        reference = _run_all(c["url"])
+        before, pids = _resumes(c), []
+        got = _run_all(c["url"], lambda: pids.extend(_fault(c, 1, signal.SIGKILL)))
+        _check_resumed(c, reference, got, before, pids)
+    finally:
+        _stop(c)
+
+
+@pytest.mark.timeout(300)
+def test_a_client_gone_during_recovery_is_not_resumed(tp2):
+    before = _resumes(tp2)
+    body = {"model": "tiny", "messages": MSG, "stream": True, **KINDS["greedy"]}
+    pids: list[int] = []
+    with httpx.stream("POST", tp2["url"] + "/v1/chat/completions", json=body, timeout=120) as r:
+        n = 0
+        for what, data in sse_lines(r):
+            if what == "data" and data != "[DONE]":
+                n += 1
+            if n == 5:
+                pids = _fault(tp2, 1, signal.SIGKILL)
+                break
+        # the response is closed here, while the deployment is down: the client is gone
+    poll_until(lambda: all(process_gone(p) for p in pids), 60, "the dead launch's ranks gone")
+    poll_until(lambda: _serving(tp2)["job_id"] and all(
+        r["pid"] not in pids for r in _serving(tp2)["ranks"]), 120, "the redeploy serving")
+    # nothing runs for it anywhere: no resume was counted, and every rank is idle
+    assert _resumes(tp2) == before
+    poll_until(lambda: all(r["active"] == 0 for r in _serving(tp2)["ranks"]), 20,
+               "every rank idle")
+    assert json.loads(httpx.get(tp2["url"] + "/admin/api/cluster/deployments",
+                                headers=tp2["hdr"], timeout=10).text)
