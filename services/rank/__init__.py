@@ -1,7 +1,8 @@
 """The rank service: one MLX process per rank (`python -m services.rank --spec FILE`).
 
 Map — which module owns which behaviour of DESIGN.md. Start-up to the serve release
-(§5 launch, barrier): `boot`. Threads: the main thread runs the batch (`engine`,
+(§5 launch, barrier): `boot`, with `warmup` (the generation every rank runs after the
+load so the first request pays nothing the canary did not). Threads: the main thread runs the batch (`engine`,
 `sampling`) through `leader` (rank 0: requests in, one plan per step out, tokens back)
 or `follower` (ranks 1..N-1: apply plans in order, fail closed on any divergence), both
 on `loop` (what they share: the inbox, cancel epochs and acks, one step, every way

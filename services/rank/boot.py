@@ -6,6 +6,7 @@
     → mx.distributed.init (MLX_RANK / MLX_HOSTFILE; ring, jaccl or mpi)
     → load the shard (sharded_load: tensor_group for TP, pipeline_group for PP;
       a single rank loads the whole model)
+    → warm-up: one throwaway generation, the same on every rank (services.rank.warmup)
     → plan session: followers HELLO until rank 0 WELCOMEs; rank 0 waits for all
     → marker ready + RANK_READY (re-sent until SERVE)     → SERVE → marker serving
 """
@@ -32,6 +33,7 @@ from services.rank.outbox import AnnounceReady, Served
 from services.rank.process_exit import EXIT_FAILED, EXIT_OK
 from services.rank.removals import RemovalLog, removals_path
 from services.rank.runtime import RankRuntime
+from services.rank.warmup import warm_up
 from services.rank.watchdog_thread import RankSide, Watchdogs
 from services.rank.watchdogs import Inside, WatchdogConfigError, WatchdogSettings, Where
 
@@ -128,8 +130,10 @@ def run(spec: RankSpec) -> None:
         model, tokenizer, eos_ids, vocab, max_context = load_shard(spec, group)
         engine = Engine(model, eos_ids, spec.settings,
                         grammars=RankGrammars(tokenizer, eos_ids, vocab))  # built lazily
+        rt.inside = Where(Inside.WARM_UP)  # with every peer: a lost one blocks it
+        log.info("%s", warm_up(model, engine, spec.settings, vocab).line())
     except Exception as exc:  # noqa: BLE001 - any load failure ends this rank, reported
-        log.exception("loading failed")
+        log.exception("loading or the warm-up failed")
         rt.exit(EXIT_FAILED, Phase.FAILED, f"load failed: {exc}")
     finally:
         rt.inside = None

@@ -11,7 +11,7 @@ the abort stage (every open stream ends now with `abort`, from the I/O thread; t
 requests leave the batch through a plan if the main thread reaches a step boundary);
 then, when it can answer, the main thread is asked to leave cleanly (`ExitEv`: a final
 shutdown plan, so every rank leaves at one step) and given `leave_wait_s` — launcher
-lost: unless it is in distributed init or the load; peer lost: only if it is not inside
+lost: unless it is in distributed init, the load or the warm-up; peer lost: only if it is not inside
 anything (a step with a lost peer never ends); stalled: never; last, the hard exit from
 this thread (`RankRuntime.hard_exit`: streams ended, I/O flushed, memory released when
 safe, `os._exit`), the only way out of a main thread stuck inside a collective in C.
@@ -166,7 +166,7 @@ class Watchdogs:
     def end(self, code: int, phase: Phase, reason: str, *, abort: bool,
             leave: Leave) -> float:
         """Marker → abort stage (`abort`) → the main thread asked to leave cleanly
-        (`leave`: ALWAYS — unless it is in distributed init or the load: its steps still
+        (`leave`: ALWAYS — unless in distributed init, the load or the warm-up: its steps still
         complete, e.g. the launcher is gone but every peer lives; IF_FREE — only when
         not inside anything, a step with a lost peer never ends; NEVER — it stalled) and
         given `leave_wait_s` → hard exit."""

@@ -82,6 +82,7 @@ class Inside(enum.Enum):
     LAST_STEP = "the last step"  # draining the step in flight before a clean exit
     DISTRIBUTED_INIT = "distributed init"  # a peer that never starts blocks it forever
     LOAD = "the model load"
+    WARM_UP = "the warm-up"  # a generation with every peer, before ready (warmup.py)
 
 
 @dataclass(frozen=True)
