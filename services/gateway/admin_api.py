@@ -148,7 +148,10 @@ async def status(request: Request) -> dict:
                        # seen by the gateway itself (rank_link.py): not routed to
                        "rank0_lost": {k: b.lost for k, b in gw.cluster.backends.items() if b.lost},
                        "events_seen": gw.cluster.events_seen, "event_gaps": gw.cluster.gaps.gaps,
-                       "refreshed_at": gw.cluster.refreshed_at}
+                       "refreshed_at": gw.cluster.refreshed_at,
+                       # requests resumed elsewhere, by the deployment that failed them
+                       "resumed": dict(gw.cluster.resumed_from),
+                       "resuming": len(gw.cluster.resuming)}
     # The reaper has no admin socket: its counters arrive on its events (cluster_view.py).
     data["rejections"] = [*(data.get("rejections") or []), *gw.cluster.reaper_rejections]
     return data

@@ -10,6 +10,7 @@ gap, and every `refresh_s` as a backstop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -55,6 +56,7 @@ class Cluster:
         # streams whose deployment failed, waiting to resume (services/gateway/resume.py):
         # still active, and abort-all reaches them
         self.resuming: set = set()
+        self.resumed_from: collections.Counter[str] = collections.Counter()  # by failed deployment
         self.status: dict = {}
         self.supervisor_error: str | None = "supervisor not contacted yet"
         self.refreshed_at: float | None = None  # wall clock of the last good refresh

@@ -104,6 +104,7 @@ class Resumer:
                         log.info("resume of %s on %s refused: %s", old_id, b.deployment_id, exc)
                     else:
                         self.resumes = n
+                        self.cluster.resumed_from[old.deployment_id] += 1
                         if self.metrics is not None:
                             self.metrics.resumes.labels(cause=cause).inc()
                         log.info("request %s resumed as %s on %s after %d token(s) (%s)",

@@ -132,6 +132,7 @@ def _fault(c: dict, rank: int, sig: int) -> list[int]:
     """Send `sig` to `rank` of the serving deployment; returns its launch's rank pids."""
     dep = _serving(c)
     pids = [r["pid"] for r in dep["ranks"]]
+    c["faulted"] = dep["deployment_id"]
     os.kill(pids[rank], sig)
     return pids
 
@@ -140,6 +141,9 @@ def _check_resumed(c: dict, reference: dict, got: dict, before: float, pids: lis
     for kind in KINDS:
         assert got[kind] == reference[kind], (kind, got[kind], reference[kind])
     assert _resumes(c) - before == STREAMS  # each stream resumed exactly once
+    # what the console shows on the failed deployment's incident row
+    gw = httpx.get(c["url"] + "/admin/api/cluster/status", headers=c["hdr"], timeout=10).json()
+    assert gw["gateway"]["resumed"][c["faulted"]] == STREAMS, gw["gateway"]
     poll_until(lambda: all(process_gone(p) for p in pids), 60, "the dead launch's ranks gone")
     for p in pids:  # a stopped rank was SIGKILLed by the teardown, not left stopped
         assert not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE

@@ -225,8 +225,10 @@ function incidentOf(e) {
   }
   if (e.topic === "deployment" && e.name === "state") {
     if (["failed", "teardown_failed", "stopped"].includes(e.state)) {
+      const n = e.state === "stopped" ? 0 : ((resumedFrom || {})[e.deployment_id] || 0);
+      const resumed = n ? n + " request(s) resumed elsewhere" : "";
       return {kind: e.state, cls: e.state === "stopped" ? "" : "bad", what: e.reason,
-              detail: data.teardown ? ladder(data.teardown) : ""};
+              detail: [data.teardown ? ladder(data.teardown) : "", resumed].filter(Boolean).join("; ")};
     }
     if (e.state === FIRST_EVENT) return {kind: "deploy", cls: "", what: "launched: " + e.reason, detail: ""};
     if (e.state === "serving") return {kind: "serving", cls: "ok", what: e.reason, detail: ""};
@@ -247,7 +249,10 @@ function ladder(outcome) {
   return "teardown " + path + (outcome.proven === false ? " (NOT proven)" : " (proven)") + s;
 }
 
+let resumedFrom = {};  // failed deployment → requests the gateway resumed elsewhere
+
 function renderIncidents(status) {
+  resumedFrom = (status.gateway || {}).resumed || {};
   const evs = status.events || [];
   const rows = [];
   let failedBefore = false;
