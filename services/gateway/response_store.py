@@ -53,7 +53,7 @@ class ResponseStore:
 
     def put(self, rid: str, response: dict[str, Any], items: list[dict[str, Any]]) -> bool:
         """Keep it (evicting the least recently used as needed); False: too big to keep."""
-        n = len(json.dumps(response, ensure_ascii=False)) + len(json.dumps(items, ensure_ascii=False))
+        n = len(json.dumps([response, items], ensure_ascii=False).encode())
         if n > self.max_bytes:
             return False
         with self._lock:

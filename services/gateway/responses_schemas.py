@@ -191,6 +191,10 @@ class Reasoning(_M):
     mode: Literal["standard"] | None = None
 
 
+class StreamOptions(_M):
+    include_obfuscation: bool | None = None  # harmless: no obfuscation padding is sent
+
+
 class ResponsesRequest(_M):
     model: str = Field(min_length=1, max_length=512)
     input: str | list[dict[str, Any]]
@@ -198,7 +202,7 @@ class ResponsesRequest(_M):
     previous_response_id: str | None = Field(default=None, min_length=1, max_length=256)
     store: bool | None = None
     stream: bool | None = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

@@ -115,6 +115,8 @@ def test_unknown_and_unsupported_values_are_400s_naming_them():
     assert refusal(input=[{"type": "function_call", "name": "f"}]).param.startswith("input.0.")
     assert refusal(text={"format": {"type": "json_schema"}}).param == "text.format"
     assert refusal(reasoning={"effort": "huge"}).param == "reasoning.effort"
+    assert refusal(stream_options={"include_usage": True}).param == "stream_options.include_usage"
+    assert refusal(tools=[{**TOOL, "output_schema": {}}]).param == "tools.0.output_schema"
 
 
 def test_translation_onto_a_chat_request():
