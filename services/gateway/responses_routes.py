@@ -10,9 +10,9 @@ typed event stream (responses_stream.py). Release and disconnect are as chat's: 
 that goes away mid-stream aborts the request on every rank at once; nothing of it is
 stored.
 
-`background: true` is refused (400 naming it): a response runs inside its request, so
-there is nothing to poll or to cancel later; a client that wants to stop one closes its
-stream. Errors are in OpenAI's shape; an unknown or expired id is a 404.
+`background: true` runs it past its request (responses_background.py): GET shows it,
+`POST /v1/responses/{id}/cancel` aborts it on every rank. Errors are in OpenAI's shape;
+an unknown or expired id is a 404.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from services.gateway.generation import Final
 from services.gateway.openai_routes import _ClientGone, _until_disconnect, check_api_key
 from services.gateway.request_path import admit
 from services.gateway.response_store import ResponseStore, output_as_input
+from services.gateway.responses_background import Background
 from services.gateway.responses_stream import Envelope, Output, collect, error_of, status_of, stream
 from services.gateway.streaming import EventStreamResponse
 
@@ -43,6 +44,14 @@ def store_of(app: FastAPI) -> ResponseStore:
     return st
 
 
+def background_of(app: FastAPI) -> Background:
+    """The gateway's running background responses (one per app, made on first use)."""
+    bg = getattr(app.state, "responses_background", None)
+    if bg is None:
+        bg = app.state.responses_background = Background()
+    return bg
+
+
 def not_found(rid: str, param: str | None = None) -> ApiError:
     return ApiError(404, f"Response with id {rid!r} not found (never stored, deleted, or past "
                     "the store's retention).", param=param, code="not_found")
@@ -55,6 +64,9 @@ async def get_response(rid: str, request: Request) -> dict:
         raise ApiError(400, "stream: replaying a stored response as events is not supported; "
                        "GET without it returns the response", param="stream",
                        code="unsupported_parameter")
+    running = background_of(request.app).snapshot(rid)
+    if running is not None:
+        return running
     s = store_of(request.app).get(rid)
     if s is None:
         raise not_found(rid)
@@ -72,9 +84,16 @@ async def delete_response(rid: str, request: Request) -> dict:
 @router.post("/v1/responses/{rid}/cancel")
 async def cancel_response(rid: str, request: Request) -> dict:
     check_api_key(request)
-    raise ApiError(400, "only a background response can be cancelled, and background "
-                   "responses are not supported here (close the stream to stop one)",
-                   param="response_id", code="unsupported_parameter")
+    body = await background_of(request.app).cancel(rid)
+    if body is not None:
+        return body
+    s = store_of(request.app).get(rid)
+    if s is None:
+        raise not_found(rid)
+    if not s.response.get("background"):
+        raise ApiError(400, "only a background response can be cancelled (close a stream to "
+                       "stop it)", param="response_id", code="invalid_value")
+    return s.response  # it had ended already
 
 
 @router.post("/v1/responses")
@@ -115,6 +134,10 @@ async def create_response(request: Request) -> Response:
     def keep(body: dict) -> None:
         if req.stored() and body["status"] in ("completed", "incomplete"):
             body["store"] = store.put(rid, body, conversation + output_as_input(body["output"]))
+
+    if req.background:
+        return JSONResponse(background_of(request.app).start(run, out, env, conversation, store,
+                                                             count), headers=run.headers)
 
     if req.stream:
         def on_end(final: Final, body: dict) -> None:

@@ -89,9 +89,10 @@ FIELDS: tuple[Field_, ...] = (
     Field_("prompt_cache_retention", OK, "prefix caching is automatic"),
     Field_("access_programs", OK, "one access program here"),
     Field_("image", OK, "image options; no image input is accepted (input_image → 400)"),
-    Field_("background", NO, "not supported: every response runs in its request "
-           "(stream it instead)", neutral=(None, False)),
-    Field_("background_options", NO, "no background execution (see `background`)"),
+    Field_("background", H, "runs past its request: GET shows it, `POST "
+           "/v1/responses/{id}/cancel` aborts it on every rank; needs `store`, not `stream`"),
+    Field_("background_options", NO, "no completion windows: background responses start "
+           "at once"),
     Field_("conversation", NO, "no Conversations API: chain with `previous_response_id`"),
     Field_("context_management", NO, "no server-side compaction"),
     Field_("prompt", NO, "no stored prompt templates"),
@@ -223,9 +224,9 @@ class ResponsesRequest(_M):
     prompt_cache_options: dict[str, Any] | None = None
     prompt_cache_retention: str | None = None
     access_programs: dict[str, Any] | None = None
+    background: bool | None = None
     image: dict[str, Any] | None = None
     # Refused (FIELDS): only their neutral values get this far.
-    background: Literal[False] | None = None
     background_options: None = None
     conversation: None = None
     context_management: None = None
@@ -295,6 +296,12 @@ def validate(raw: bytes, *, max_messages: int = MAX_MESSAGES,
             raise bad(f"include.{k}", f"{inc!r} is not available here (supported: "
                       f"{LOGPROBS_INCLUDE!r}, {HARMLESS_INCLUDE!r})", "unsupported_value")
     _check_tool_choice(req)
+    if req.background and not req.stored():
+        raise bad("store", "a background response is kept in the store: store false is not "
+                  "possible with background true")
+    if req.background and req.stream:
+        raise bad("stream", "a background response is not streamed here: poll GET "
+                  "/v1/responses/{id}", "unsupported_value")
     fmt = req.text.format if req.text else None
     if fmt is not None and fmt.type == "json_schema" and (fmt.schema_ is None or fmt.name is None):
         raise bad("text.format", "type 'json_schema' needs 'name' and 'schema'")

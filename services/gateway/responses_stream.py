@@ -192,7 +192,7 @@ class Envelope:
             incomplete = {"reason": "max_output_tokens"}
         return {
             "id": self.rid, "object": "response", "created_at": self.created_at,
-            "status": status, "background": False, "error": error,
+            "status": status, "background": bool(r.background), "error": error,
             "incomplete_details": incomplete, "instructions": r.instructions,
             "max_output_tokens": r.max_output_tokens, "max_tool_calls": r.max_tool_calls,
             "model": self.model, "output": json.loads(json.dumps(output)),

@@ -156,7 +156,7 @@ def test_two_step_tool_loop_and_a_cached_chain(live):
 
 def test_refusals_name_the_parameter(live):
     c = live["client"]
-    for kw, param in (({"background": True}, "background"),
+    for kw, param in (({"background": True, "stream": True}, "stream"),
                       ({"conversation": "conv_1"}, "conversation"),
                       ({"reasoning": {"effort": "high"}}, "reasoning"),  # no thinking mode
                       ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
@@ -206,3 +206,19 @@ def test_disconnect_mid_stream_is_removed_on_every_rank(live):
     assert recs[0]["n_tokens"] < 1500
     with pytest.raises(openai.NotFoundError):  # a response the client left is not stored
         c.responses.retrieve(seen["rid"])
+
+
+@pytest.mark.timeout(180)
+def test_background_cancel_is_removed_on_every_rank(live):
+    c = live["client"]
+    r = c.responses.create(model=MODES["pp"], input="Tell a long story.", background=True,
+                           max_output_tokens=1500, temperature=0)
+    assert r.status == "in_progress" and r.background is True
+    poll_until(lambda: len(c.responses.retrieve(r.id).output_text) > 0, 60,
+               "output of the background response")
+    done = c.responses.cancel(r.id)
+    assert done.status == "cancelled" and 0 < done.usage.output_tokens < 1500, done
+    recs = removal_records(live, "pp", r.id)  # both ranks, the same step and tokens
+    assert {x["reason"] for x in recs} == {"abort"}, recs
+    assert recs[0]["n_tokens"] == done.usage.output_tokens
+    assert c.responses.retrieve(r.id).status == "cancelled"

@@ -129,6 +129,34 @@ def test_store_false_keeps_nothing_and_length_is_incomplete(env):
             "model": m, "input": "count", "stream": True, "max_output_tokens": 2}) as resp:
         names = [ln.split(": ", 1)[1] for ln in resp.iter_lines() if ln.startswith("event: ")]
     assert names[-1] == "response.incomplete"
-    with pytest.raises(openai.BadRequestError) as e:
-        c.responses.create(model=m, input="x", background=True)
-    assert e.value.body["param"] == "background"
+    for kw, param in (({"stream": True}, "stream"), ({"store": False}, "store")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(model=m, input="x", background=True, **kw)
+        assert e.value.body["param"] == param
+
+
+@pytest.mark.timeout(60)
+def test_background_runs_past_its_request_and_cancel_aborts_it(env):
+    c, m, rank = env["c"], env["model"], env["rank"]
+    say(env, "a</think> " + "word " * 400)
+    rank.step_s = 0.05
+    try:
+        r = c.responses.create(model=m, input="go", background=True, max_output_tokens=1000)
+        assert r.status == "in_progress" and r.background is True
+        poll_until(lambda: c.responses.retrieve(r.id).output_text, 20, "some output via GET")
+        assert c.responses.retrieve(r.id).status == "in_progress"
+        done = c.responses.cancel(r.id)
+        assert done.status == "cancelled" and done.output_text.startswith("w")
+        assert (r.id, "cancel") in [(rid, why) for rid, why, _ in rank.aborts]
+        assert rank.finished[r.id] == "abort"
+        assert c.responses.retrieve(r.id).status == "cancelled"
+        assert c.responses.cancel(r.id).status == "cancelled"  # ended: answered as it is
+    finally:
+        rank.step_s = 0.01
+    say(env, "b</think>short")
+    r = c.responses.create(model=m, input="go", background=True)
+    poll_until(lambda: c.responses.retrieve(r.id).status == "completed", 20, "it to complete")
+    assert c.responses.retrieve(r.id).output_text == "short"
+    plain = c.responses.create(model=m, input="go")
+    with pytest.raises(openai.BadRequestError):
+        c.responses.cancel(plain.id)  # not a background response
