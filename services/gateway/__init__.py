@@ -23,7 +23,7 @@ Settings: `settings`. Anthropic's Messages API (/v1/messages, count_tokens), a
 translation onto the same request path (`request_path.admit`): its field table,
 validation and translation `anthropic_schemas`, its bodies, event stream and error
 shape `anthropic_render`, its routes `anthropic_routes`. OpenAI's Responses API
-(/v1/responses), the same way: `responses_schemas` (field table, validation,
-translation), `responses_stream` (output items, typed events), `response_store` (the
+(/v1/responses), the same way: `responses_schemas` (field table, validation),
+`responses_translate` (onto a chat request), `responses_stream` (output items, typed events), `response_store` (the
 bounded store behind `previous_response_id`), `responses_routes`.
 """

@@ -2,8 +2,9 @@
 /v1/responses/{id}`.
 
 A thin translation onto the one request path (request_path.admit): the body is
-validated and translated into a chat request (responses_schemas.py) — a
-`previous_response_id`'s stored conversation first — admitted exactly as a chat
+validated (responses_schemas.py) and translated into a chat request
+(responses_translate.py) — a `previous_response_id`'s stored conversation first —
+admitted exactly as a chat
 completion is (chat template, tool parser, grammar, logprobs, sampling defaults,
 admission, prefix cache), and its Generation's events rendered as a response object or
 typed event stream (responses_stream.py). Release and disconnect are as chat's: a client
@@ -23,6 +24,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from services.gateway import responses_schemas as schemas
+from services.gateway import responses_translate as translate
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final
 from services.gateway.openai_routes import _ClientGone, _until_disconnect, check_api_key
@@ -113,17 +115,17 @@ async def create_response(request: Request) -> Response:
             raise not_found(req.previous_response_id, "previous_response_id")
         history = prev.items
     try:
-        chat = await gw.prepare_pool.run(schemas.to_chat, req, history)
+        chat = await gw.prepare_pool.run(translate.to_chat, req, history)
         if req.reasoning is not None and req.reasoning.effort is not None:
-            schemas.apply_reasoning(chat, req, await gw.tokenizer(gw.pick(req.model)))
+            translate.apply_reasoning(chat, req, await gw.tokenizer(gw.pick(req.model)))
         run = await admit(request, chat, chat=True, rid_prefix="resp_", started=started,
                           prompt_param="messages")
     except ApiError as e:
-        raise schemas.renamed(e) from None
+        raise translate.renamed(e) from None
     gen, rid = run.gens[0], run.rid
     env = Envelope(rid, run.backend.model, req)
     out = Output(logprobs=req.wants_logprobs(), max_calls=req.max_tool_calls)
-    conversation = [*history, *schemas.input_items(req)]
+    conversation = [*history, *translate.input_items(req)]
     counted: list[bool] = []
 
     def count(final: Final | None, outcome: str | None = None) -> None:

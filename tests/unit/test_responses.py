@@ -14,6 +14,7 @@ from openai.types.responses.response_create_params import (
 )
 
 from services.gateway import responses_schemas as rs
+from services.gateway import responses_translate as rt
 from services.gateway.errors import ApiError
 from services.gateway.logprobs import TokenLogprob
 from services.gateway.request_fields import Support
@@ -136,7 +137,7 @@ def test_translation_onto_a_chat_request():
                                                        "schema": {"type": "object"},
                                                        "strict": True}},
                            include=["message.output_text.logprobs"], top_logprobs=2))
-    chat = rs.to_chat(req, history)
+    chat = rt.to_chat(req, history)
     msgs = [m.model_dump(exclude_none=True) for m in chat.messages]
     assert msgs == [
         {"role": "system", "content": "sys"},
@@ -155,20 +156,20 @@ def test_translation_onto_a_chat_request():
     assert chat.response_format == {"type": "json_schema", "json_schema": {
         "name": "p", "schema": {"type": "object"}, "strict": True}}
     assert chat.logprobs is True and chat.top_logprobs == 2
-    named = rs.to_chat(rs.validate(body(tools=[TOOL], tool_choice={"type": "function",
+    named = rt.to_chat(rs.validate(body(tools=[TOOL], tool_choice={"type": "function",
                                                                    "name": "add"})), [])
     assert named.tool_choice == {"type": "function", "function": {"name": "add"}}
-    assert rs.to_chat(rs.validate(body(tools=[TOOL], max_tool_calls=1)), []).parallel_tool_calls \
+    assert rt.to_chat(rs.validate(body(tools=[TOOL], max_tool_calls=1)), []).parallel_tool_calls \
         is False
 
 
 def test_shared_path_errors_are_renamed_to_responses_params():
-    e = rs.renamed(ApiError(400, "bad", param="response_format.json_schema.schema"))
+    e = rt.renamed(ApiError(400, "bad", param="response_format.json_schema.schema"))
     assert e.param == "text.format.schema" and e.message.startswith("text.format.schema: ")
-    assert rs.renamed(ApiError(400, "x", param="tools.0.function.parameters")).param \
+    assert rt.renamed(ApiError(400, "x", param="tools.0.function.parameters")).param \
         == "tools.0.parameters"
-    assert rs.renamed(ApiError(400, "x", param="messages")).param == "input"
-    assert rs.renamed(ApiError(400, "x", param="model")).param == "model"
+    assert rt.renamed(ApiError(400, "x", param="messages")).param == "input"
+    assert rt.renamed(ApiError(400, "x", param="model")).param == "model"
 
 
 def types(events: list[dict]) -> list[str]:
@@ -218,7 +219,7 @@ def test_output_items_continue_as_input_items():
     assert [i["type"] for i in items] == ["reasoning", "message", "function_call"]
     for i, item in enumerate(items):
         rs._item(item, f"input.{i}")  # valid input items
-    msgs = rs.chat_messages(items, None)
+    msgs = rt.chat_messages(items, None)
     assert msgs == [{"role": "assistant", "content": "hello", "reasoning_content": "r",
                      "tool_calls": [{"id": "call_1", "type": "function",
                                      "function": {"name": "add", "arguments": '{"a": 1}'}}]}]
