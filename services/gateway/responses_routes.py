@@ -4,10 +4,9 @@
 A thin translation onto the one request path (request_path.admit): the body is
 validated (responses_schemas.py) and translated into a chat request
 (responses_translate.py) — a `previous_response_id`'s stored conversation first —
-admitted exactly as a chat
-completion is (chat template, tool parser, grammar, logprobs, sampling defaults,
-admission, prefix cache), and its Generation's events rendered as a response object or
-typed event stream (responses_stream.py). Release and disconnect are as chat's: a client
+admitted exactly as a chat completion is (chat template, tool parser, grammar,
+logprobs, sampling defaults, admission, prefix cache), and its Generation's events
+rendered as a response object or typed event stream (responses_stream.py). Release and disconnect are as chat's: a client
 that goes away mid-stream aborts the request on every rank at once; nothing of it is
 stored.
 
