@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from common.home import Paths
@@ -100,6 +101,18 @@ def test_structured_output_is_schema_valid_and_ranks_agree(live, mode):
         assert r.status == "completed", r.output
         jsonschema.validate(json.loads(r.output_text), PERSON)
         assert removal_records(live, mode, r.id)[0]["reason"] == "stop"
+
+
+class Person(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=12)
+    age: int = pydantic.Field(ge=0, le=150)
+
+
+def test_sdk_parse_with_a_pydantic_text_format(live):
+    """`client.responses.parse(text_format=...)`, as the Agents SDK's output types use it."""
+    r = live["client"].responses.parse(model=MODES["tp"], input="Describe a person.",
+                                       text_format=Person, max_output_tokens=120, temperature=0)
+    assert r.status == "completed" and isinstance(r.output_parsed, Person), r.output
 
 
 def test_stream_accumulator_rebuilds_the_final_response(live):
