@@ -14,6 +14,7 @@ import pytest
 
 from common.envelope import Key
 from common.keys import ensure_cluster_key
+from common.messages import ErrorCode
 from common.tinymodel import build_model
 from services.gateway.detok import load_tokenizer
 from services.gateway.settings import GatewaySettings
@@ -160,3 +161,21 @@ def test_background_runs_past_its_request_and_cancel_aborts_it(env):
     plain = c.responses.create(model=m, input="go")
     with pytest.raises(openai.BadRequestError):
         c.responses.cancel(plain.id)  # not a background response
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_error_is_an_http_error_or_response_failed(env):
+    c, m, rank = env["c"], env["model"], env["rank"]
+    rank.refuse = lambda g: (ErrorCode.INVALID_REQUEST, "sampling params out of range")
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(model=m, input="go")
+        assert e.value.body["code"] == "invalid_request"
+        events = list(c.responses.create(model=m, input="go", stream=True))
+        assert [ev.type for ev in events] == ["response.created", "response.in_progress",
+                                              "response.failed"]
+        failed = events[-1].response
+        assert failed.status == "failed" and failed.error.code == "server_error"
+        assert "out of range" in failed.error.message
+    finally:
+        rank.refuse = None
