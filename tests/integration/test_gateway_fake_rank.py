@@ -34,7 +34,10 @@ def env(tmp_path_factory):
     settings = GatewaySettings(
         home=home, port=free_port(), admin_token=TOKEN, admin_endpoint=sup.admin_endpoint,
         events_endpoint=sup.events_endpoint, keepalive_s=0.2, orphan_grace_s=0.5,
-        request_read_timeout=READ_TIMEOUT, refresh_s=0.5, max_body_bytes=64 * 1024)
+        request_read_timeout=READ_TIMEOUT, refresh_s=0.5, max_body_bytes=64 * 1024,
+        # a failure's code ends the request at once here: this fake deployment is never
+        # redeployed, and resume has its own tests (tests/e2e/test_resume_live.py)
+        resume_timeout=0)
     gw = GatewayThread(settings, key).start()
     poll_until(lambda: gw.gw.cluster.backends, 10, "the fake deployment to be picked up")
     from services.gateway.detok import load_tokenizer
