@@ -116,3 +116,6 @@ class Stats:
     active: int
     active_ids: list[str]
     cancel_epoch: int
+    # False while rank 0's peer watchdog is in its abort stage (a peer not answering);
+    # True again once it answers: then what the abort ended may resume on this rank 0
+    peers_ok: bool = True

@@ -36,6 +36,7 @@ log = logging.getLogger("lockstep.gateway.resume")
 RESUMABLE = frozenset({ErrorCode.RANK_LOST, ErrorCode.DEPLOYMENT_FAILED,
                        ErrorCode.RANK_STOPPED, ErrorCode.WATCHDOG_ABORT})
 POLL_S = 0.1  # how often a waiting request looks for a serving deployment
+STATS_TIMEOUT_S = 1.0
 
 
 class Outcome(enum.Enum):
@@ -91,6 +92,8 @@ class Resumer:
                 if s.released or s.abort_reason is not None:
                     return Result(Outcome.CANCELLED, s.abort_reason or "client gone")
                 b = self._backend(old)
+                if b is None and code is ErrorCode.WATCHDOG_ABORT and await self._recovered(old):
+                    b = old  # the peer answered again within its grace: serving on there
                 if b is not None:
                     n = self.resumes + 1
                     gen = dataclasses.replace(
@@ -116,6 +119,19 @@ class Resumer:
                 await asyncio.sleep(POLL_S)
         finally:
             self.cluster.resuming.discard(s)
+
+    async def _recovered(self, old: Backend) -> bool:
+        """The deployment whose rank 0 aborted on a silent peer serves on: the peer
+        answered within the grace (rank 0's STATS says peers_ok again). Until then, or
+        if it fails for good (the link closes, the supervisor says failed), it is not
+        resumed there: a continuation would only be aborted again."""
+        if old.lost or old.closed or old not in self.cluster.backends.values():
+            return False
+        try:
+            stats = await old.stats(timeout=STATS_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - no answer is no proof
+            return False
+        return bool(getattr(stats, "peers_ok", False)) and stats.phase == "serving"
 
     def first_token(self) -> None:
         """The first token after a resume reached the gateway: the time since the failure."""

@@ -91,6 +91,9 @@ class RankRuntime:
         self.error: str | None = None
         self.step = 0
         self.active_ids: tuple[str, ...] = ()
+        # rank 0: False from a peer watchdog's abort stage until the peer answers again
+        # (STATS carries it: the gateway resumes what the abort ended only once it is True)
+        self.peers_ok = True
         self.pending = 0  # leader: accepted but not yet in a plan
         self.cache: CacheStats | None = None  # the prompt-cache store, after the last plan
         self.phases = PhaseClock()  # time per loop phase, one tally per thread (telemetry)

@@ -76,6 +76,7 @@ class RankHooks(Protocol):
     def last_ping_at(self) -> float | None: ...  # followers
     def mark(self, phase: Phase, reason: str) -> None: ...
     def abort_all(self, reason: str) -> None: ...
+    def peers_ok(self, ok: bool) -> None: ...  # rank 0: every peer answers (STATS says so)
     def request_exit(self, code: int, phase: Phase, reason: str) -> None: ...
     def hard_exit(self, code: int, phase: Phase, reason: str) -> None: ...
 
@@ -143,12 +144,14 @@ class Watchdogs:
             if v.what is Seen.ABORT:
                 log.error("peer watchdog: %s; abort stage: every in-flight request is "
                           "cancelled, re-probing for %gs", v.reason, self.s.peer_abort_grace)
+                self.hooks.peers_ok(False)  # first: no STATS may say ok after the abort
                 self.hooks.abort_all(f"peer lost: {v.reason}")
             elif v.what is Seen.SUSPECT:
                 log.error("peer watchdog: %s; waiting up to %gs more", v.reason,
                           self.s.peer_abort_grace)
             elif v.what is Seen.RECOVERED:
                 log.warning("peer watchdog: %s; serving on", v.reason)
+                self.hooks.peers_ok(True)  # a request it aborted may resume here
             elif v.what is Seen.LOST:
                 self.end(EXIT_FAILED, Phase.PEER_LOST, v.reason, abort=True,
                          leave=Leave.IF_FREE)
@@ -256,6 +259,9 @@ class RankSide:
 
     def abort_all(self, reason: str) -> None:
         self.rt.request_abort_all("watchdog", reason)
+
+    def peers_ok(self, ok: bool) -> None:
+        self.rt.peers_ok = ok
 
     def request_exit(self, code: int, phase: Phase, reason: str) -> None:
         self.io.inbox.put(ExitEv(code, phase, reason))

@@ -45,10 +45,11 @@ KINDS = {
 STREAMS = 5  # n2 is two
 
 
-def _boot(tmp_path: Path, *extra: str) -> dict:
+def _boot(tmp_path: Path, *extra: str, grace: float = 1) -> dict:
     home, port = tmp_path / "home", free_port()
     out = tmp_path / "up.out"
-    env = {**os.environ, "LOCKSTEP_PEER_ABORT_GRACE": "1", "LOCKSTEP_PROGRESS_STALL_TIMEOUT": "8"}
+    env = {**os.environ, "LOCKSTEP_PEER_ABORT_GRACE": str(grace),
+           "LOCKSTEP_PROGRESS_STALL_TIMEOUT": "8"}
     log = open(out, "wb")  # noqa: SIM115 - closed by _stop
     proc = subprocess.Popen(up_argv(home, port, "--restarts", "6", *extra), cwd=ROOT,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -208,3 +209,36 @@ def test_a_client_gone_during_recovery_is_not_resumed(tp2):
                "every rank idle")
     assert json.loads(httpx.get(tp2["url"] + "/admin/api/cluster/deployments",
                                 headers=tp2["hdr"], timeout=10).text)
+
+
+@pytest.mark.timeout(300)
+def test_a_follower_back_within_the_grace_resumes_on_the_same_deployment(tmp_path):
+    """SIGSTOP, then SIGCONT inside the peer-abort grace (a short partition): rank 0's
+    abort stage ended the streams, its peer answers again, and it serves on. The streams
+    resume there (rank 0's STATS: peers_ok again) — not after resume_timeout, not on
+    a redeploy — and equal the unfaulted run."""
+    c = _boot(tmp_path, "--tp", "2", grace=30)
+    try:
+        reference = _run_all(c["url"])
+        before, dep, pids = _resumes(c), _serving(c), []
+
+        def stop_then_continue():
+            pids.extend(_fault(c, 1, signal.SIGSTOP))
+
+            def waiting():  # the abort stage ended them: they wait to resume
+                st = httpx.get(c["url"] + "/admin/api/cluster/status", headers=c["hdr"],
+                               timeout=10).json()
+                return st["gateway"]["resuming"] == STREAMS
+            try:
+                poll_until(waiting, 60, "every stream waiting to resume")
+            finally:
+                os.kill(pids[1], signal.SIGCONT)
+        got = _run_all(c["url"], stop_then_continue)
+        for kind in KINDS:
+            assert got[kind] == reference[kind], (kind, got[kind], reference[kind])
+        assert _resumes(c) - before == STREAMS
+        after = _serving(c)
+        assert after["job_id"] == dep["job_id"]  # the same launch serves on
+        assert [r["pid"] for r in after["ranks"]] == pids
+    finally:
+        _stop(c)

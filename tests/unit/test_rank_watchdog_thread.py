@@ -74,6 +74,9 @@ class FakeRank:
     def abort_all(self, reason):
         self.calls.append(("abort_all", self.now))
 
+    def peers_ok(self, ok):
+        self.calls.append(("peers_ok", self.now, ok))
+
     def request_exit(self, code, phase, reason):
         self.calls.append(("request_exit", self.now, phase))
 
@@ -82,7 +85,10 @@ class FakeRank:
         raise Exited(reason)
 
     def kinds(self):
-        return [c[0] for c in self.calls if c[0] != "probe"]
+        return [c[0] for c in self.calls if c[0] not in ("probe", "peers_ok")]
+
+    def peers_ok_seen(self):
+        return [c[2] for c in self.calls if c[0] == "peers_ok"]
 
 
 SHORT = WatchdogSettings(peer_probe_interval_s=0.2, peer_probe_interval_loading_s=2.0, peer_fail_tolerance=2,
@@ -133,11 +139,14 @@ def test_thread_abort_then_recover_keeps_running():
     run_for(rank, wd, 1.0)
     rank.responsive[1] = False
     run_for(rank, wd, 1.0)  # detected, abort stage, still within the 1.5 s grace
-    assert rank.kinds() == ["abort_all"]
+    assert rank.kinds() == ["abort_all"] and rank.peers_ok_seen() == [False]
+    first = [c[0] for c in rank.calls if c[0] in ("peers_ok", "abort_all")][:2]
+    assert first == ["peers_ok", "abort_all"]  # never "ok" after the abort was posted
     rank.responsive[1] = True  # SIGCONT
     rank.step += 1
     run_for(rank, wd, 20.0, lambda now: setattr(rank, "step", rank.step + 1))
     assert rank.kinds() == ["abort_all"] and wd.ended is None
+    assert rank.peers_ok_seen() == [False, True]  # STATS says so: its aborts may resume
     probes = [c for c in rank.calls if c[0] == "probe"]
     assert len(probes) >= 20 / SHORT.peer_probe_interval_s - 2  # still probing
 
@@ -223,7 +232,7 @@ def test_thread_follower_loses_a_silent_rank_0_and_survives_a_short_silence():
     with pytest.raises(Exited):
         run_for(rank, wd, 30.0)
     assert rank.kinds() == ["mark", "abort_all", "request_exit", "hard_exit"]
-    lost = rank.calls[0][1] - silent_at
+    lost = next(c for c in rank.calls if c[0] == "mark")[1] - silent_at
     limit = (SHORT.peer_fail_tolerance + 1) * SHORT.peer_probe_interval_s + SHORT.peer_abort_grace
     assert limit - 1e-6 <= lost <= limit + 0.2
 
