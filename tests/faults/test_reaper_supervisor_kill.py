@@ -20,6 +20,7 @@ from common.home import Paths, manifest_path, marker_dir
 from common.keys import generate_key_file, load_cluster_key
 from common.records import LaunchManifest
 from tests.fakes.procwatch import poll_file, poll_for, process_gone
+from tests.support.fake_model import fake_model_dir
 from tests.support.processes import lockstep_env, reaper_once
 from tests.support.requests import RequestsClient
 from tests.support.supervisor import FAKE_RANK, PORTS_0_ENV, runtime_names
@@ -196,8 +197,7 @@ def test_unreadable_manifest_blocks_deploy(cluster: Cluster, tmp_path: Path) -> 
     cluster.supervisor(LOCKSTEP_RANK_COMMAND=FAKE_RANK)
     bad = cluster.paths.manifests / "j-broken.json"
     bad.write_text('{"schema_version": 1, "job_id": "j-broken", "ranks": [')
-    empty = tmp_path / "model"
-    empty.mkdir()
+    empty = fake_model_dir(tmp_path / "model")  # a config.json only: fake ranks load nothing
     reply = cluster.admin("deploy", "--model", str(empty), "--tp", "2", "--id", "blocked")
     assert not reply["ok"] and reply["code"] == "reap_blocked", reply
     assert str(bad) in reply["message"] and "not valid JSON" in reply["message"]
@@ -217,8 +217,7 @@ def test_supervisor_kill_loop_real_supervisor(cluster: Cluster, tmp_path: Path) 
     reap pass): zero rank processes, manifests, secrets and marker directories left."""
     from services.reaper.reap import reap_orphans
 
-    empty = tmp_path / "model"
-    empty.mkdir()
+    empty = fake_model_dir(tmp_path / "model")  # a config.json only: fake ranks load nothing
     jobs: list[LaunchManifest] = []
     for i in range(20):
         sup = cluster.supervisor(LOCKSTEP_RANK_COMMAND=FAKE_RANK,
