@@ -91,7 +91,9 @@ def model_dir(models: Path, model: str | None,
               log: Callable[[str], None]) -> tuple[str, Preset | None]:
     """(model path, its preset or None) for --model (None = the default)."""
     name = DEFAULT_MODEL if model is None else model
-    if name not in (*RANDOM_PRESETS, DEFAULT_MODEL) or Path(name).exists():
+    # a preset's name wins over a same-named folder that is no model (run from the repo,
+    # `--model bench` is not the bench/ sources)
+    if name not in (*RANDOM_PRESETS, DEFAULT_MODEL) or (Path(name) / "config.json").is_file():
         try:  # a directory, or a Hugging Face repo id in the local cache
             return str(resolve_model(name)), None
         except ModelNotFound as exc:

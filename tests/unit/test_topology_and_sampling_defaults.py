@@ -96,3 +96,14 @@ def test_the_default_presets_sampling_is_greedy_and_the_user_wins():
     assert check_overrides(SamplingOverrides(temperature=2.5, top_p=0.0, top_k=-2)) == [
         "temperature must be in [0, 2]", "top_p must be in (0, 1]",
         "top_k must be an integer in [-1, 16777216] (-1 or 0: off)"]
+
+
+def test_a_preset_name_is_not_a_same_named_folder_without_a_model(tmp_path, monkeypatch):
+    from services.up_model import model_dir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny").mkdir()  # e.g. the repo's bench/ sources for `--model bench`
+    path, preset = model_dir(tmp_path / "models", "tiny", lambda msg: None)
+    assert path == str(tmp_path / "models" / "tiny") and preset == Preset()
+    (tmp_path / "tiny" / "config.json").write_text("{}")  # a real model folder wins
+    assert model_dir(tmp_path / "models", "tiny", lambda msg: None)[0] == str(tmp_path / "tiny")
