@@ -158,7 +158,10 @@ class Soak(Faults):
                                 str(self.ports["http"]), "--admin-endpoint", self.admin_ep,
                                 "--events-endpoint", f"tcp://127.0.0.1:{self.ports['events']}",
                                 "--request-read-timeout", str(READ_TIMEOUT_S)],
-                    LOCKSTEP_ORPHAN_GRACE_S="2", LOCKSTEP_KEEPALIVE_S="2")
+                    LOCKSTEP_ORPHAN_GRACE_S="2", LOCKSTEP_KEEPALIVE_S="2",
+                    # within the clients' 60 s stream deadline: a stream whose deployment
+                    # failed resumes on the next one the soak deploys, or ends rank_lost
+                    LOCKSTEP_RESUME_TIMEOUT="20")
         self._poll("the gateway", lambda: self._http_ok("/health"), 60)
         self.deploy()
         self.clients.start()

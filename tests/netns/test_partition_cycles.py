@@ -97,8 +97,11 @@ def _start(c: NetnsCluster, tmp_path: Path, restarts: int) -> Up:
     hosts = tmp_path / "hosts.json"
     hosts.write_text(json.dumps(doc))
     port = free_port()
+    # LOCKSTEP_RESUME_TIMEOUT=0: each cycle's stream ends with the cut (the path under
+    # test is the deployment's recovery), not resumed after the heal
     env = lockstep_env(None, LOCKSTEP_RANK_TEST_SEAMS="1", LOCKSTEP_SSH_CONNECT_TIMEOUT="3",
-                       LOCKSTEP_PEER_ABORT_GRACE=str(GRACE_S), LOCKSTEP_REMOTE_POLL_S="0.3")
+                       LOCKSTEP_PEER_ABORT_GRACE=str(GRACE_S), LOCKSTEP_REMOTE_POLL_S="0.3",
+                       LOCKSTEP_RESUME_TIMEOUT="0")
     out = tmp_path / "up.out"
     with open(out, "wb") as log:
         proc = subprocess.Popen(
