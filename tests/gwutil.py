@@ -48,13 +48,14 @@ class GatewayThread:
         import uvicorn
 
         from services.gateway.app import create_app
+        from services.gateway.server import GatewayServer
 
         self.app = create_app(settings, key)
         self.port = settings.port
         self.url = f"http://127.0.0.1:{self.port}"
         cfg = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
                              access_log=False, timeout_graceful_shutdown=2)
-        self.server = uvicorn.Server(cfg)
+        self.server = GatewayServer(self.app, cfg)
         self.thread = threading.Thread(target=self.server.run, daemon=True, name="gateway")
 
     @property

@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from services.gateway.app import create_app
+    from services.gateway.server import GatewayServer
 
     where = "loopback only" if s.host in ("127.0.0.1", "localhost", "::1") else "ALL listed interfaces"
     print(f"lockstep gateway: binding {s.host}:{s.port} ({where}; --host / LOCKSTEP_HOST to change)",
@@ -48,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     if not s.resolved_admin_token():
         print("lockstep gateway: no admin token configured: the admin API is closed", flush=True)
     app = create_app(s, key)
-    server = uvicorn.Server(uvicorn.Config(app, host=s.host, port=s.port,
-                                           log_level=s.log_level.lower(), access_log=False,
-                                           timeout_graceful_shutdown=5))
+    server = GatewayServer(app, uvicorn.Config(app, host=s.host, port=s.port,
+                                               log_level=s.log_level.lower(), access_log=False,
+                                               timeout_graceful_shutdown=5))
     # uvicorn re-raises the signal that stopped it once it has shut down; with a Python
     # handler in place that is a no-op, and a SIGTERM/SIGINT stop exits 0 (clean).
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -57,6 +57,7 @@ class Cluster:
         # still active, and abort-all reaches them
         self.resuming: set = set()
         self.resumed_from: collections.Counter[str] = collections.Counter()  # by failed deployment
+        self.shutting_down = False  # set by the server (server.py): nothing resumes any more
         self.status: dict = {}
         self.supervisor_error: str | None = "supervisor not contacted yet"
         self.refreshed_at: float | None = None  # wall clock of the last good refresh

@@ -91,6 +91,8 @@ class Resumer:
             while True:
                 if s.released or s.abort_reason is not None:
                     return Result(Outcome.CANCELLED, s.abort_reason or "client gone")
+                if self.cluster.shutting_down:
+                    return self._gave_up(cause, "the gateway is shutting down")
                 b = self._backend(old)
                 if b is None and code is ErrorCode.WATCHDOG_ABORT and await self._recovered(old):
                     b = old  # the peer answered again within its grace: serving on there
