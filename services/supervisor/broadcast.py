@@ -119,7 +119,10 @@ class Broadcaster:
 
 
 def zero_evidence(rs: RankState, epoch: int) -> bool:
-    """Telemetry after the abort shows no active request on this rank."""
+    """Telemetry after the abort shows no active request on this rank, or the rank is
+    observed gone (a dead follower of a failed deployment never acks: it runs nothing)."""
+    if rs.exited:
+        return True
     if rs.active != 0 or rs.telemetry_rx == 0.0:
         return False
     if rs.cancel_epoch >= epoch:
