@@ -23,11 +23,10 @@ from services.gateway import anthropic_render as render
 from services.gateway import anthropic_schemas as schemas
 from services.gateway.errors import SHAPES
 from services.gateway.generation import Final
-from services.gateway.openai_routes import _ClientGone, _until_disconnect, check_api_key
+from services.gateway.openai_routes import check_api_key
 from services.gateway.prompts import prompt_ids
 from services.gateway.request_channel import Backend, Overloaded
-from services.gateway.request_path import admit
-from services.gateway.streaming import EventStreamResponse
+from services.gateway.request_path import ClientGone, admit
 
 ENDPOINT = "messages"  # the metrics label
 
@@ -80,51 +79,28 @@ async def count_tokens(request: Request) -> JSONResponse:
 
 @router.post("/v1/messages")
 async def messages(request: Request) -> Response:
-    gw = request.app.state.gw
     started = time.monotonic()
     req = await _parse(request, schemas.CREATE)
     chat = await _checked(request, req)
-    run = await admit(request, chat, chat=True, rid_prefix="msg_", started=started,
-                      prompt_param="messages")
+    run = await admit(request, chat, chat=True, rid_prefix="msg_", endpoint=ENDPOINT,
+                      started=started, prompt_param="messages")
     gen, rid, model = run.gens[0], run.rid, run.backend.model
     blocks = render.Blocks("lockstep." + rid, omit_thinking=schemas.omit_thinking(req))
     prompt_tokens = len(run.prompt.ids)
     headers = {**run.headers, "request-id": rid}
-    counted: list[bool] = []
-
-    def count(final: Final | None, outcome: str | None = None) -> None:
-        if not counted:  # the request's outcome is counted once
-            counted.append(True)
-            run.count(ENDPOINT, gw.metrics, final, outcome)
 
     if req.stream:
         def on_end(final: Final) -> None:
             run.streams[0].release()
-            count(final)
+            run.count(final)
 
-        def on_disconnect() -> None:
-            if any(not st.released for st in run.streams):
-                run.release_all("client_disconnect")
-                count(None, "client_disconnect")
-
-        async def body():
-            try:
-                async for chunk in render.stream(gen, blocks, rid, model, prompt_tokens, on_end):
-                    yield chunk
-            finally:
-                on_disconnect()
-
-        return EventStreamResponse(body(), on_disconnect, headers)
+        return run.stream(render.stream(gen, blocks, rid, model, prompt_tokens, on_end), headers)
 
     try:
-        final = await _until_disconnect(request, render.collect(gen, blocks))
-    except _ClientGone:
-        run.release_all("client_disconnect")
-        count(None, "client_disconnect")
+        final = await run.collect(request, render.collect(gen, blocks))
+    except ClientGone:
         return Response(status_code=499)
-    finally:
-        run.release_all("client_disconnect")  # no-op after a normal end
-    count(final)
+    run.count(final)
     error = final.error or (render.aborted(final) if final.finish_reason == "abort" else None)
     if error is not None:
         error.headers = {**headers, **(error.headers or {})}  # keeps retry-after

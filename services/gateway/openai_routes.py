@@ -8,7 +8,6 @@ client disconnect (ABORT at once), server shutdown.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import time
 from pathlib import Path
@@ -22,8 +21,8 @@ from services.gateway import choices
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final
 from services.gateway.openai_schemas import ChatRequest, CompletionRequest, validate
-from services.gateway.request_path import admit
-from services.gateway.streaming import EventStreamResponse, Shape
+from services.gateway.request_path import ClientGone, admit
+from services.gateway.streaming import Shape
 
 router = APIRouter()
 
@@ -94,7 +93,6 @@ async def completions(request: Request) -> Response:
 async def _handle(request: Request, *, chat: bool) -> Response:
     gw = request.app.state.gw
     started = time.monotonic()
-    endpoint = "chat" if chat else "completions"
     check_api_key(request)
     s = gw.settings
     # Only reading the (capped) body happens here; parsing a large one, the chat
@@ -103,57 +101,30 @@ async def _handle(request: Request, *, chat: bool) -> Response:
     req = await gw.prepare_pool.parse(len(raw), validate, ChatRequest if chat else CompletionRequest,
                                  raw, max_messages=s.max_messages, max_tools=s.max_tools)
     run = await admit(request, req, chat=chat, rid_prefix="chatcmpl-" if chat else "cmpl-",
-                      started=started)
+                      endpoint="chat" if chat else "completions", started=started)
     rid, backend, streams, gens, n = run.rid, run.backend, run.streams, run.gens, len(run.gens)
     prefix = run.prompt.echo
     shape = Shape(chat, rid, backend.model, req.include_usage(),
                   logprobs=run.message.top_logprobs >= 0)
     headers = dict(run.headers)
 
-    def done(final: Final | None, outcome: str | None = None) -> None:
-        run.count(endpoint, gw.metrics, final, outcome)
-
-    release_all = run.release_all
-
     if req.stream:
         ended: dict[int, Final] = {}
-        counted: list[bool] = []  # the request's outcome is counted once
-
-        def count(final: Final | None, outcome: str | None = None) -> None:
-            if not counted:
-                counted.append(True)
-                done(final, outcome)
 
         def on_end(i: int, final: Final) -> None:
             streams[i].release()
             ended[i] = final
             if len(ended) == n or final.error is not None:
-                count(choices.merged_final([ended[k] for k in sorted(ended)]))
+                run.count(choices.merged_final([ended[k] for k in sorted(ended)]))
 
-        def on_disconnect() -> None:
-            if any(not st.released for st in streams):
-                release_all("client_disconnect")
-                count(None, "client_disconnect")
-
-        async def body():
-            try:
-                async for chunk in choices.sse_choices(gens, shape, prefix, on_end):
-                    yield chunk
-            finally:
-                on_disconnect()
-
-        return EventStreamResponse(body(), on_disconnect, headers)
+        return run.stream(choices.sse_choices(gens, shape, prefix, on_end), headers)
 
     try:
-        results = await _until_disconnect(request, choices.collect_all(gens, prefix))
-    except _ClientGone:
-        release_all("client_disconnect")
-        done(None, "client_disconnect")
+        results = await run.collect(request, choices.collect_all(gens, prefix))
+    except ClientGone:
         return Response(status_code=499)
-    finally:
-        release_all("client_disconnect")  # no-op after a normal end
     final = choices.merged_final([f for _, _, f in results])
-    done(final)
+    run.count(final)
     if final.error is not None:
         final.error.headers = {**headers, **(final.error.headers or {})}  # keeps retry-after
         raise final.error
@@ -164,29 +135,3 @@ async def _handle(request: Request, *, chat: bool) -> Response:
 
 def _hdr(ms: float | None) -> str:
     return "" if ms is None else f"{ms:.3f}"
-
-
-class _ClientGone(Exception):
-    pass
-
-
-async def _until_disconnect(request: Request, coro):
-    """Run `coro`; if the client disconnects first, cancel it and raise _ClientGone."""
-    work = asyncio.ensure_future(coro)
-
-    async def watch() -> None:
-        while True:
-            msg = await request.receive()
-            if msg["type"] == "http.disconnect":
-                return
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if work.done():
-            return work.result()
-        raise _ClientGone()
-    finally:
-        watcher.cancel()
-        if not work.done():
-            work.cancel()

@@ -4,16 +4,20 @@ Generation per choice. Chat and text completions (openai_routes.py) and every AP
 translates into the chat form use it, so tokenizing, tool parsers, grammar, logprobs,
 sampling defaults, admission and the prefix cache are written once.
 
-From `admit`'s return the streams are open on rank 0: the caller releases every one
-exactly once (normal end, client disconnect, shutdown) — `Admitted.release_all`.
+From `admit`'s return the streams are open on rank 0, and the `Admitted` it returns
+owns what every API does with them: each stream released exactly once (normal end,
+client disconnect, shutdown), the request's outcome counted once, a client that goes
+away mid-stream or before its answer (ABORT at once, counted `client_disconnect`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 
@@ -26,7 +30,14 @@ from services.gateway.prompts import Prompt, output_parser, prompt_ids, token_li
 from services.gateway.request_channel import Backend, RequestStream
 from services.gateway.resume import Resumer
 from services.gateway.sampling_params import generate_fields
+from services.gateway.streaming import EventStreamResponse
 from services.gateway.structured import grammar_for
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its (non-streamed) answer was ready."""
 
 
 @dataclass
@@ -40,16 +51,80 @@ class Admitted:
     streams: list[RequestStream]
     gens: list[Generation]
     started: float
+    endpoint: str  # the metrics label
+    metrics: Any
     headers: dict[str, str] = field(default_factory=dict)
+    counted: bool = False
 
     def release_all(self, reason: str) -> None:
         for st in self.streams:
             st.release(reason)  # no-op for a stream already released
 
-    def count(self, endpoint: str, metrics: Any, final: Final | None,
-              outcome: str | None = None) -> None:
-        metrics.requests.labels(endpoint=endpoint, model=self.backend.model,
-                                outcome=outcome or outcome_of(final)).inc()
+    def count(self, final: Final | None, outcome: str | None = None) -> None:
+        """Count the request's outcome; only the first call counts."""
+        if self.counted:
+            return
+        self.counted = True
+        self.metrics.requests.labels(endpoint=self.endpoint, model=self.backend.model,
+                                     outcome=outcome or outcome_of(final)).inc()
+
+    def client_gone(self) -> None:
+        """The client left: ABORT every stream still running, count `client_disconnect`."""
+        self.release_all("client_disconnect")
+        self.count(None, "client_disconnect")
+
+    def on_disconnect(self) -> None:
+        """A streamed response closed (its client went away, or it ended): as
+        `client_gone` while any stream still runs, else nothing."""
+        if any(not st.released for st in self.streams):
+            self.client_gone()
+
+    def stream(self, chunks: AsyncIterator[bytes],
+               headers: dict[str, str] | None = None) -> EventStreamResponse:
+        """`chunks` as an SSE response whose close, however it comes, is `on_disconnect`."""
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                self.on_disconnect()
+
+        return EventStreamResponse(body(), self.on_disconnect,
+                                   self.headers if headers is None else headers)
+
+    async def collect(self, request: Request, work: Awaitable[T]) -> T:
+        """`work`'s result (a non-streamed answer), unless the client disconnects first:
+        then it is cancelled, `client_gone`, and ClientGone raised (the route answers 499).
+        Every stream is released when this returns."""
+        try:
+            return await until_disconnect(request, work)
+        except ClientGone:
+            self.client_gone()
+            raise
+        finally:
+            self.release_all("client_disconnect")  # no-op after a normal end
+
+
+async def until_disconnect(request: Request, coro: Awaitable[T]) -> T:
+    """Run `coro`; if the client disconnects first, cancel it and raise ClientGone."""
+    work = asyncio.ensure_future(coro)
+
+    async def watch() -> None:
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            return work.result()
+        raise ClientGone()
+    finally:
+        watcher.cancel()
+        if not work.done():
+            work.cancel()
 
 
 def outcome_of(final: Final | None) -> str:
@@ -60,10 +135,11 @@ def outcome_of(final: Final | None) -> str:
     return final.finish_reason
 
 
-async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str,
+async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endpoint: str,
                 started: float | None = None, prompt_param: str | None = None) -> Admitted:
     """Pick, tokenize, check, send GENERATE (n choices): every refusal before rank 0 is an
-    ApiError; `prompt_param` names the field a too-long or empty prompt is blamed on."""
+    ApiError; `prompt_param` names the field a too-long or empty prompt is blamed on;
+    `endpoint` labels the request's outcome in the metrics."""
     gw = request.app.state.gw
     started = time.monotonic() if started is None else started
     s = gw.settings
@@ -101,4 +177,5 @@ async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str,
                                        metrics=gw.metrics))
             for st, m in zip(streams, choices.choice_messages(msg, n), strict=True)]
     headers = {"x-lockstep-request-id": rid, "x-lockstep-deployment": backend.deployment_id}
-    return Admitted(rid, backend, prompt, msg, streams, gens, started, headers)
+    return Admitted(rid, backend, prompt, msg, streams, gens, started, endpoint, gw.metrics,
+                    headers)

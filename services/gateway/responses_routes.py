@@ -26,12 +26,11 @@ from services.gateway import responses_schemas as schemas
 from services.gateway import responses_translate as translate
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final
-from services.gateway.openai_routes import _ClientGone, _until_disconnect, check_api_key
-from services.gateway.request_path import admit
+from services.gateway.openai_routes import check_api_key
+from services.gateway.request_path import ClientGone, admit
 from services.gateway.response_store import ResponseStore, output_as_input
 from services.gateway.responses_background import Background
 from services.gateway.responses_stream import Envelope, Output, collect, error_of, status_of, stream
-from services.gateway.streaming import EventStreamResponse
 
 ENDPOINT = "responses"  # the metrics label
 router = APIRouter()
@@ -117,20 +116,14 @@ async def create_response(request: Request) -> Response:
         chat = await gw.prepare_pool.run(translate.to_chat, req, history)
         if req.reasoning is not None and req.reasoning.effort is not None:
             translate.apply_reasoning(chat, req, await gw.tokenizer(gw.pick(req.model)))
-        run = await admit(request, chat, chat=True, rid_prefix="resp_", started=started,
-                          prompt_param="messages")
+        run = await admit(request, chat, chat=True, rid_prefix="resp_", endpoint=ENDPOINT,
+                          started=started, prompt_param="messages")
     except ApiError as e:
         raise translate.renamed(e) from None
     gen, rid = run.gens[0], run.rid
     env = Envelope(rid, run.backend.model, req)
     out = Output(logprobs=req.wants_logprobs(), max_calls=req.max_tool_calls)
     conversation = [*history, *translate.input_items(req)]
-    counted: list[bool] = []
-
-    def count(final: Final | None, outcome: str | None = None) -> None:
-        if not counted:  # the request's outcome is counted once
-            counted.append(True)
-            run.count(ENDPOINT, gw.metrics, final, outcome)
 
     def keep(body: dict) -> None:
         if req.stored() and body["status"] in ("completed", "incomplete"):
@@ -138,37 +131,21 @@ async def create_response(request: Request) -> Response:
 
     if req.background:
         return JSONResponse(background_of(request.app).start(run, out, env, conversation, store,
-                                                             count), headers=run.headers)
+                                                             run.count), headers=run.headers)
 
     if req.stream:
         def on_end(final: Final, body: dict) -> None:
             run.streams[0].release()
-            count(final)
+            run.count(final)
             keep(body)
 
-        def on_disconnect() -> None:
-            if any(not st.released for st in run.streams):
-                run.release_all("client_disconnect")
-                count(None, "client_disconnect")
-
-        async def events():
-            try:
-                async for chunk in stream(gen, out, env, on_end):
-                    yield chunk
-            finally:
-                on_disconnect()
-
-        return EventStreamResponse(events(), on_disconnect, run.headers)
+        return run.stream(stream(gen, out, env, on_end))
 
     try:
-        final = await _until_disconnect(request, collect(gen, out))
-    except _ClientGone:
-        run.release_all("client_disconnect")
-        count(None, "client_disconnect")
+        final = await run.collect(request, collect(gen, out))
+    except ClientGone:
         return Response(status_code=499)
-    finally:
-        run.release_all("client_disconnect")  # no-op after a normal end
-    count(final)
+    run.count(final)
     if final.error is not None:
         final.error.headers = {**run.headers, **(final.error.headers or {})}  # retry-after
         raise final.error
