@@ -14,7 +14,10 @@ machine), `toolcalls` (mlx-lm's parsers, validated), `chat_format` (the model's 
 and parser, as mlx-lm reads them), `tokenizers` (loaded once per model); bodies
 and SSE, and abort on client disconnect (a listener next to the writer): `streaming`.
 One deployment's request channel to rank 0 — admission (`max_inflight`, 429), ABORT on
-release, drains, orphans reaped, the active counter: `request_channel`; rank 0 lost,
+release, drains, orphans reaped, the active counter: `request_channel`; one request's
+stream (its chunks in order, what they said): `request_stream`; the 429 and 503 a
+channel answers instead of a stream: `refusals`; an admitted request's release, its
+outcome counted once, its client leaving: `request_path.Admitted`; rank 0 lost,
 seen by the gateway itself (socket monitor, heartbeats) so its streams fail at once
 without waiting for the supervisor: `rank_link`. The supervisor (admin calls, events,
 deployments, one channel per serving deployment): `cluster_view`. Admin API (status,
