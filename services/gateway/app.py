@@ -22,6 +22,7 @@ from services.gateway import (
     anthropic_routes,
     console_api,
     openai_routes,
+    responses_items,
     responses_routes,
 )
 from services.gateway.catch_all import CatchAll
@@ -180,6 +181,7 @@ def create_app(settings: GatewaySettings, key: Key) -> FastAPI:
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)  # /v1/messages: Anthropic's Messages API
     app.include_router(responses_routes.router)  # /v1/responses: OpenAI's Responses API
+    app.include_router(responses_items.router)  # GET /v1/responses/{id}/input_items
     app.include_router(admin_api.router)
     app.include_router(console_api.router)  # /admin/ (the page) and its routes
 

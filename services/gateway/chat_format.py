@@ -30,6 +30,8 @@ class ChatFormat:
     # cannot honour it: the request is refused rather than silently ignored).
     template_vars: frozenset[str] = field(default_factory=frozenset)
     wrapper: Any = None  # mlx_lm TokenizerWrapper: renders the chat template as mlx-lm does
+    # The reasoning markers as token ids (start, end): what reasoning_tokens counts between.
+    think_ids: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     @property
     def has_thinking(self) -> bool:
@@ -61,7 +63,9 @@ def load_format(path: Path) -> tuple[Any, ChatFormat]:
         think_start=w.think_start, think_end=w.think_end,
         tool_start=w.tool_call_start, tool_end=w.tool_call_end,
         tool_parser=w.tool_parser, parser_name=name,
-        template_vars=_template_vars(w._tokenizer), wrapper=w)
+        template_vars=_template_vars(w._tokenizer), wrapper=w,
+        think_ids=(tuple(w.think_start_tokens), tuple(w.think_end_tokens))
+        if w.think_start_tokens and w.think_end_tokens else None)
 
 
 def _template_vars(hf: Any) -> frozenset[str]:

@@ -57,6 +57,7 @@ def merged_final(finals: list[Final]) -> Final:
         return first
     return dataclasses.replace(  # the prompt's fields (tokens, cached) from the first
         first, completion_tokens=sum(f.completion_tokens for f in finals),
+        reasoning_tokens=sum(f.reasoning_tokens for f in finals),
         model_ttft_ms=earliest(f.model_ttft_ms for f in finals),
         visible_ttft_ms=earliest(f.visible_ttft_ms for f in finals), error=err,
         tool_calls=[], logprobs=[])

@@ -20,7 +20,8 @@ from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
 from services.gateway.logprobs import TokenLogprob, from_body
 from services.gateway.metrics import Metrics
-from services.gateway.output_parser import OutputParser
+from services.gateway.output_parser import OutputParser, State
+from services.gateway.reasoning_count import for_format
 from services.gateway.request_channel import RequestStream
 from services.gateway.resume import Outcome, Resumer
 from services.gateway.stops import StopMatcher
@@ -39,11 +40,13 @@ class Final:
     abort_reason: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # asked for: every token's
     cached_tokens: int = 0  # of the prompt, served from rank 0's prefix cache
+    reasoning_tokens: int = 0  # of the completion, inside the reasoning block
 
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}  # OpenAI's
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},  # OpenAI's
+                "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
 
     def timings(self) -> dict:
         return {"ttft_model_ms": _ms(self.model_ttft_ms), "ttft_visible_ms": _ms(self.visible_ttft_ms)}
@@ -106,6 +109,8 @@ class Generation:
         self.logprobs: list[TokenLogprob] = []  # every token's, when the request asked
         self.stops = StopMatcher(stops)
         self.tools = parser  # content / reasoning / tool calls (chat); None: raw text
+        self.thinking = None if parser is None else for_format(
+            parser.fmt, parser.state is State.REASONING)  # counts reasoning tokens
         self.one_call = one_call  # parallel_tool_calls false: the first call only
         self.calls: list[ToolCall] = []
         self.reasoning: list[str] = []  # the reasoning text so far (non-streaming bodies)
@@ -198,6 +203,8 @@ class Generation:
             if tokens:
                 self.completion_tokens += len(tokens)
                 self.token_ids += tokens
+                if self.thinking is not None:
+                    self.thinking.feed(tokens)
                 if not first_attempt:
                     self.resumer.first_token()
                 for ev in self._text_events(self.detok.add(tokens)):
@@ -257,4 +264,5 @@ class Generation:
         visible = None if self.visible_at is None else (self.visible_at - self.started_at) * 1000
         yield "end", Final(finish, s.prompt_len, self.completion_tokens, self.model_ttft_ms,
                            visible, error, list(self.calls),
-                           s.abort_reason, self.logprobs, self.cached_tokens)
+                           s.abort_reason, self.logprobs, self.cached_tokens,
+                           0 if self.thinking is None else self.thinking.count)

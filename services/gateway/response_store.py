@@ -10,11 +10,15 @@ restart; with several gateways a response lives in the one that served it.
 Each entry keeps the response object and its whole conversation as input items (the
 earlier turns', its own input, its output), so a continuation needs only its direct
 predecessor, however long the chain; `instructions` are not part of it (as OpenAI's).
+Every item gets an id when first stored (`msg_`, `fc_`, `fco_`, `rs_`; an output item
+keeps its own), the same in every later response of the chain: what
+`GET /v1/responses/{id}/input_items` lists and pages by.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -25,6 +29,8 @@ from typing import Any
 MAX_ENTRIES = 1024
 MAX_BYTES = 64 * 1024 * 1024
 TTL_S = 3600.0
+ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+             "reasoning": "rs"}
 
 
 @dataclass
@@ -33,6 +39,21 @@ class Stored:
     items: list[dict[str, Any]]  # the conversation, as input items, through this response
     at: float
     nbytes: int
+
+    def input_items(self) -> list[dict[str, Any]]:
+        """The items this response was generated from: the chain's earlier turns and
+        its own input (its own output items, which end `items`, excluded)."""
+        n = len(output_as_input(self.response.get("output") or []))
+        return self.items[:len(self.items) - n]
+
+
+def with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every item given an id if it has none, in place: a background response stores its
+    conversation twice (running, then ended), and both must list the same ids."""
+    for it in items:
+        if not it.get("id"):
+            it["id"] = f"{ID_PREFIX.get(it.get('type') or 'message', 'item')}_{secrets.token_hex(12)}"
+    return items
 
 
 class ResponseStore:
@@ -53,6 +74,7 @@ class ResponseStore:
 
     def put(self, rid: str, response: dict[str, Any], items: list[dict[str, Any]]) -> bool:
         """Keep it (evicting the least recently used as needed); False: too big to keep."""
+        items = with_ids(items)
         n = len(json.dumps([response, items], ensure_ascii=False).encode())
         if n > self.max_bytes:
             return False
@@ -96,12 +118,12 @@ def output_as_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for it in output:
         if it["type"] == "message":
-            out.append({"type": "message", "role": "assistant", "content": [
+            out.append({"id": it["id"], "type": "message", "role": "assistant", "content": [
                 {"type": "output_text", "text": p.get("text", "")} for p in it["content"]]})
         elif it["type"] == "function_call":
-            out.append({"type": "function_call", "call_id": it["call_id"], "name": it["name"],
+            out.append({"id": it["id"], "type": "function_call", "call_id": it["call_id"], "name": it["name"],
                         "arguments": it["arguments"]})
         elif it["type"] == "reasoning":
-            out.append({"type": "reasoning", "summary": [], "content": [
+            out.append({"id": it["id"], "type": "reasoning", "summary": [], "content": [
                 {"type": "reasoning_text", "text": p.get("text", "")} for p in it["content"]]})
     return out

@@ -169,7 +169,7 @@ def usage(final: Final | None) -> dict | None:
     return {"input_tokens": final.prompt_tokens,
             "input_tokens_details": {"cached_tokens": final.cached_tokens},
             "output_tokens": final.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": final.reasoning_tokens},
             "total_tokens": final.prompt_tokens + final.completion_tokens}
 
 

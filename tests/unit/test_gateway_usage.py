@@ -10,7 +10,8 @@ from services.gateway.streaming import Shape
 def test_usage_carries_cached_tokens_in_openais_shape():
     f = Final("stop", prompt_tokens=40, completion_tokens=7, cached_tokens=32)
     assert f.usage() == {"prompt_tokens": 40, "completion_tokens": 7, "total_tokens": 47,
-                         "prompt_tokens_details": {"cached_tokens": 32}}
+                         "prompt_tokens_details": {"cached_tokens": 32},
+                         "completion_tokens_details": {"reasoning_tokens": 0}}
     assert Final("stop", 3, 1).usage()["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
