@@ -162,6 +162,12 @@ def test_two_step_tool_loop_and_a_cached_chain(live):
     assert second.usage.input_tokens > first.usage.input_tokens
     # The second turn's prompt starts with the first's, which rank 0's prefix cache holds.
     assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    # Its input items: the chain (first's input, its call under the same id), then its own.
+    items = c.responses.input_items.list(second.id, order="asc").data
+    assert [i.type for i in items] == ["message", *(o.type for o in first.output),
+                                       "function_call_output"]
+    assert [i.id for i in items[1:-1]] == [o.id for o in first.output]
+    assert items[-1].call_id == calls[0].call_id
     c.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         c.responses.create(model=MODES["tp"], previous_response_id=first.id, input="again")
