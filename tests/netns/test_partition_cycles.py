@@ -17,98 +17,30 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
-from common.home import Paths
-from common.procs import ProcessIdentity, identify, snapshot_children
-from tests.netns.hosts import REPO_ROOT, NetnsCluster
-from tests.netns.remote_support import hosts_doc
+from common.procs import identify
+from tests.netns.hosts import NetnsCluster
+from tests.netns.up_hosts import B, Up, start, stop, wait_banner
 from tests.support.polling import poll_for
-from tests.support.ports import free_port
-from tests.support.processes import lockstep_env, process_gone, up_argv
+from tests.support.processes import process_gone
 
 pytestmark = pytest.mark.netns
 
-A, B = 0, 1
 CYCLES = 2
 SOAK_CYCLES = 10
 CUT_S = 8.0  # the fault's length, as in the issue
-GRACE_S = 2.0  # peer_abort_grace: rank 0's verdict comes well inside the cut
 RECOVER_S = 150.0  # link back → a new deployment serving (teardown proof, launch, canary)
-# rank 0 sleeps this long before each step (test seam): the long request is in flight
-STEP_DELAY = "LOCKSTEP_TEST_STEP_DELAY_S=0.02"
-PROMPT = "hello"
-
-
-@dataclass
-class Up:
-    """A running `lockstep up --hosts FILE`, seen from outside: its output, HTTP."""
-
-    proc: subprocess.Popen
-    out: Path
-    home: Path
-    url: str
-    ranks: list[ProcessIdentity] = field(default_factory=list)  # of every deployment
-
-    def text(self) -> str:
-        return self.out.read_text(errors="replace")
-
-    def logs(self) -> str:
-        """For a failure message: the end of up's output and of the supervisor's log."""
-        sup = self.home / "runtime" / "logs" / "supervisor.log"
-        tail = sup.read_text(errors="replace")[-4000:] if sup.exists() else "(no log)"
-        return f"{self.text()[-2000:]}\n--- supervisor.log ---\n{tail}"
-
-    def banners(self) -> int:
-        return self.text().count("Press Ctrl-C")
-
-    def deployments(self) -> list[dict]:
-        token = (self.home / "admin.token").read_text().strip()
-        r = httpx.get(self.url + "/admin/api/cluster/deployments", timeout=10,
-                      headers={"authorization": f"Bearer {token}"})
-        r.raise_for_status()
-        return r.json()["deployments"]
-
-    def serving(self) -> dict:
-        deps = [d for d in self.deployments() if d["state"] == "serving"]
-        assert len(deps) == 1, deps
-        return deps[0]
-
-    def completion(self, model: str) -> str | None:
-        """The greedy completion of PROMPT, or None while it is not served."""
-        try:
-            r = httpx.post(self.url + "/v1/completions", timeout=60, json={
-                "model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0})
-        except httpx.HTTPError:
-            return None
-        return r.json()["choices"][0]["text"] if r.status_code == 200 else None
 
 
 def _start(c: NetnsCluster, tmp_path: Path, restarts: int) -> Up:
-    home = tmp_path / "home"
-    doc = hosts_doc(c, [A, B])
-    doc["envs"] = [STEP_DELAY]
-    hosts = tmp_path / "hosts.json"
-    hosts.write_text(json.dumps(doc))
-    port = free_port()
-    # LOCKSTEP_RESUME_TIMEOUT=0: each cycle's stream ends with the cut (the path under
-    # test is the deployment's recovery), not resumed after the heal
-    env = lockstep_env(None, LOCKSTEP_RANK_TEST_SEAMS="1", LOCKSTEP_SSH_CONNECT_TIMEOUT="3",
-                       LOCKSTEP_PEER_ABORT_GRACE=str(GRACE_S), LOCKSTEP_REMOTE_POLL_S="0.3",
-                       LOCKSTEP_RESUME_TIMEOUT="0")
-    out = tmp_path / "up.out"
-    with open(out, "wb") as log:
-        proc = subprocess.Popen(
-            up_argv(home, port, "--hosts", str(hosts), "--restarts", str(restarts)),
-            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
-    return Up(proc, out, home, f"http://127.0.0.1:{port}")
+    # resume off: each cycle's stream ends with the cut (the path under test is the
+    # deployment's recovery), not resumed after the heal (test_resume_partition.py)
+    return start(c, tmp_path, restarts, resume_timeout=0)
 
 
 def _stream_cut_heal(c: NetnsCluster, u: Up, model: str) -> tuple[str, float]:
@@ -160,28 +92,15 @@ def _cycle(c: NetnsCluster, u: Up, model: str, reference: str, i: int) -> str:
             "after the heal")
 
 
-def _stop(u: Up) -> None:
-    """Ctrl-C: exit 0, every process of `up` and every rank gone, no manifest left."""
-    tree = snapshot_children(u.proc.pid)
-    u.proc.send_signal(signal.SIGINT)
-    assert u.proc.wait(90) == 0, u.logs()
-    poll_for(lambda: all(process_gone(p.pid, p.start_time) for p in tree + u.ranks), 15,
-             "every process of lockstep up and every rank")
-    assert "every process stopped" in u.text()
-    assert not list(Paths(u.home).manifests.glob("*.json"))
-
-
 def _run(c: NetnsCluster, tmp_path: Path, cycles: int) -> None:
     u = _start(c, tmp_path, restarts=cycles + 1)
     try:
-        poll_for(lambda: u.banners() == 1 or u.proc.poll() is not None, 300,
-                 "the first banner", interval=0.5)
-        assert u.proc.poll() is None, u.logs()
+        wait_banner(u, 1, 300)
         model = httpx.get(u.url + "/v1/models", timeout=10).json()["data"][0]["id"]
         reference = poll_for(lambda: u.completion(model), 30, "the first completion")
         report = [_cycle(c, u, model, reference, i) for i in range(cycles)]
         u.ranks += [identify(r["pid"]) for r in u.serving()["ranks"]]
-        _stop(u)
+        stop(u)
         print("\n" + "\n".join(report))
     finally:
         c.link_up(B)
