@@ -57,9 +57,12 @@ CLIENT = ("bench/sse_http.py: asyncio streams, one HTTP/1.1 connection per reque
           "client CPU per streamed token on the 2 cores the server under test shares)")
 
 
-async def chat(url: str, model: str, messages: list[dict], max_tokens: int) -> Reply:
+async def chat(url: str, model: str, messages: list[dict], max_tokens: int,
+               tools: list[dict] | None = None) -> Reply:
     body = {"model": model, "messages": messages, "max_tokens": max_tokens,
             "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    if tools:
+        body["tools"] = tools
     r = Reply(time.monotonic())
     parts: list[str] = []
     async with asyncio.timeout(REQUEST_TIMEOUT_S):
