@@ -11,17 +11,24 @@ import pytest
 from common.messages import ErrorCode, Tokens
 from common.schema import SchemaError, decode_into, to_wire
 from services.gateway.errors import TYPES
-from services.gateway.generation import NO_CODE, RANK_ERRORS, rank_error
+from services.gateway.generation import NO_CODE, rank_error
 from services.rank.errors import StepCause, step_cause
 from services.rank.watchdog_thread import Leave, may_ask
 from services.rank.watchdogs import Inside, Where
 
 
-def test_every_error_code_has_exactly_one_row():
-    assert set(RANK_ERRORS) == set(ErrorCode)
-    for code, shape in RANK_ERRORS.items():
-        assert shape.status in TYPES, code  # a status the gateway knows how to render
-        assert shape.code and shape.lead, code
+@pytest.mark.parametrize("code", list(ErrorCode))
+def test_every_error_code_renders_as_an_openai_error(code):
+    """Whatever code rank 0 sends on an error chunk (decoded from the wire as the gateway
+    receives it) becomes an OpenAI-shaped error the gateway renders: a status it knows, a
+    stable code, a sentence before the rank's own text."""
+    chunk = Tokens("r1", [], 0, finish_reason="error", error="its own words", error_code=code)
+    got = decode_into(Tokens, msgpack.unpackb(msgpack.packb(to_wire(chunk))))
+    err = rank_error(got.error_code, got.error)
+    assert err.status in TYPES and err.code and err.type, code
+    assert err.message.endswith("its own words") and err.message != "its own words", code
+    body = err.body()["error"]
+    assert (body["code"], body["type"]) == (err.code, err.type)
 
 
 @pytest.mark.parametrize(("code", "status", "openai_code", "openai_type"), [
