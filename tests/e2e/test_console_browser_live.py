@@ -1,113 +1,47 @@
 """The operator console (/admin/) in a real browser: Debian's chromium, headless, driven
-by selenium through the system chromedriver (no browser download), against a live TP=2
-`lockstep up` shared by the module. Tests run in file order: login from the fragment →
+by selenium through the system chromedriver (no browser download), against the shared
+live TP=2 `lockstep up` (tests/support/live_cluster.py). Login from the fragment →
 serving; a long stream in the requests table, aborted from the page (finish_reason
-"abort", every rank's removal record); a follower SIGKILLed → the incident and the
-redeploy. Screenshots of each state go to the module's tmp dir."""
+"abort", every rank's removal record); the page at scale (a stub of fetch). A follower
+SIGKILLed → the incident and the redeploy, and `lockstep admin watch`, are in
+test_up_restart.py, on a cluster of their own. Screenshots of each state go to the
+module's tmp dir."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import signal
-import subprocess
 import threading
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
-from tests.support.processes import interrupt, process_gone, up_argv
+from tests.gwutil import poll_until, sse_lines
+from tests.support import live_cluster as lc
+from tests.support.console_browser import cells, needs_chromium, open_browser, ranks_serving
+from tests.support.console_browser import shot as _shot
 
-ROOT = Path(__file__).resolve().parents[2]
-READY_S = 240.0
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="chromium is not installed (apt-get install chromium chromium-driver; "
-           "`make test` installs them through `make system-deps`)")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    home = tmp_path_factory.mktemp("uphome")
-    port = free_port()
-    log = open(home / "up.out", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(up_argv(home, port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    st = {"proc": proc, "home": home, "url": url, "out": home / "up.out",
-          "shots": tmp_path_factory.mktemp("screenshots")}
-    try:
-        def ready():
-            if proc.poll() is not None:
-                raise GaveUp(f"lockstep up exited: {st['out'].read_text()[-3000:]}")
-            return httpx.get(url + "/ready", timeout=5).status_code == 200
-        poll_until(ready, READY_S, "lockstep up to be ready", interval=0.05)
-        st["token"] = (home / "admin.token").read_text().strip()
-        # the login link `lockstep up` prints (to the terminal only, not to up.log)
-        st["link"] = poll_until(lambda: next((ln.split(": ", 1)[1] for ln in
-                                              st["out"].read_text().splitlines()
-                                              if "cluster console: " in ln), None), 10,
-                                "the console's login link")
-        assert st["token"] not in (home / "runtime" / "logs" / "up.log").read_text()
-        st["hdr"] = {"authorization": f"Bearer {st['token']}"}
-        st["dep"] = serving(st)
-        yield st
-    finally:
-        interrupt(proc, 90)
-        log.close()
+def shots(tmp_path_factory):
+    return tmp_path_factory.mktemp("screenshots")
 
 
-def serving(live) -> dict:
-    deps = httpx.get(live["url"] + "/admin/api/cluster/deployments", headers=live["hdr"],
-                     timeout=10).json()["deployments"]
-    return next(d for d in deps if d["state"] == "serving")
+@pytest.fixture
+def live(live_cluster, shots):
+    c = live_cluster
+    return {"proc": c.proc, "home": c.home, "url": c.url, "out": c.out, "shots": shots,
+            "token": c.token, "link": c.link, "hdr": c.hdr, "dep": c.deps[lc.TP_MODEL]}
 
 
 @pytest.fixture(scope="module")
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-              "--window-size=1500,1100", "--disable-extensions", "--no-first-run"):
-        opts.add_argument(a)
-    drv = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    try:
+    with open_browser() as drv:
         yield drv
-    finally:
-        drv.quit()
 
 
-def shot(live, drv, name: str) -> Path:
-    p = live["shots"] / f"console-{name}.png"
-    drv.save_screenshot(str(p))
-    return p
-
-
-def cells(drv, table: str, key: str) -> list[str] | None:
-    """The texts of the row keyed `key` in `table` (None: no such row)."""
-    return drv.execute_script(
-        "const tr = Array.from(document.querySelectorAll(arguments[0] + ' tbody tr'))"
-        ".find((r) => r.dataset.key === arguments[1]);"
-        "return tr ? Array.from(tr.cells).map((c) => c.textContent) : null;", table, key)
-
-
-def kinds(drv) -> list[str]:
-    return drv.execute_script("return Array.from(document.querySelectorAll('#incidents tbody tr'))"
-                              ".map((r) => r.dataset.kind);")
-
-
-def ranks_serving(drv, dep_id: str, world: int) -> bool:
-    rows = [cells(drv, "#ranks", f"{dep_id}/{r}") for r in range(world)]
-    return all(row is not None and row[4] == "serving" for row in rows)
+def shot(live, drv, name: str):
+    return _shot(live["shots"], drv, name)
 
 
 @pytest.mark.timeout(60)
@@ -144,6 +78,7 @@ def test_wrong_token_shows_login(live, browser):
 def test_login_from_fragment_shows_serving(live, browser):
     dep = live["dep"]
     assert live["link"] == live["url"] + "/admin/#token=" + live["token"]
+    assert live["token"] not in (live["home"] / "runtime" / "logs" / "up.log").read_text()
     browser.get(live["link"])
     poll_until(lambda: (cells(browser, "#deployments", dep["deployment_id"]) or [""] * 6)[5]
                == "serving", 15, "the deployment serving on the page")
@@ -172,19 +107,6 @@ def _long_stream(live, sink: dict) -> None:
     sink["done"] = True
 
 
-def removals(live, dep: dict, rid: str) -> dict[int, dict]:
-    d = live["home"] / "runtime" / "markers" / dep["deployment_id"]
-    out = {}
-    for r in range(dep["world_size"]):
-        p = d / f"rank-{r}.removals.jsonl"
-        if p.exists():
-            for line in p.read_text().splitlines():
-                rec = json.loads(line)
-                if rec["request_id"] == rid:
-                    out[r] = rec
-    return out
-
-
 @pytest.mark.timeout(90)
 def test_abort_from_the_requests_table(live, browser):
     from selenium.webdriver.common.by import By
@@ -202,60 +124,10 @@ def test_abort_from_the_requests_table(live, browser):
     t.join(30)
     assert sink.get("done") and sink.get("finish") == "abort", sink
     recs = poll_until(lambda: (lambda r: r if len(r) == 2 else None)(
-        removals(live, live["dep"], rid)), 15, "every rank's removal record of the aborted request")
+        lc.removals(live["home"], live["dep"], rid)), 15, "every rank's removal record of the aborted request")
     assert {r["reason"] for r in recs.values()} == {"abort"}, recs
     assert len({r["step"] for r in recs.values()}) == 1, recs  # the same step on every rank
     poll_until(lambda: cells(browser, "#requests", rid) is None, 10, "the row gone")
-
-
-@pytest.mark.timeout(120)
-def test_follower_sigkill_shows_incident_and_redeploy(live, browser):
-    dep = live["dep"]
-    pid = dep["ranks"][1]["pid"]
-    os.kill(pid, signal.SIGKILL)
-    poll_until(lambda: process_gone(pid), 10, "the follower gone")
-    poll_until(lambda: "rank_lost" in kinds(browser), 20, "the rank_lost incident on the page")
-    poll_until(lambda: "redeploy" in kinds(browser), 30, "the redeploy on the page")
-    new = poll_until(lambda: (lambda d: d if d["deployment_id"] != dep["deployment_id"] else None)(
-        serving(live)), 90, "a new deployment serving")
-    poll_until(lambda: ranks_serving(browser, new["deployment_id"], 2), 20,
-               "the new deployment's ranks serving on the page")
-    poll_until(lambda: (cells(browser, "#deployments", new["deployment_id"]) or [""] * 6)[5]
-               == "serving", 15, "the new deployment serving on the page")
-    ks = kinds(browser)
-    # newest first: the redeploy is above the loss, the teardown of the old one between
-    assert ks.index("redeploy") < ks.index("rank_lost"), ks
-    text = browser.find_element("css selector", "#incidents").text
-    assert f"rank 1 (pid {pid})" in text, text
-    # the teardown after the failure, with its ladder path (the follower was gone already)
-    assert ks.index("teardown") < ks.index("rank_lost"), ks
-    assert "teardown shutdown" in text or "teardown sigterm" in text, text
-    shot(live, browser, "incident")
-
-
-@pytest.mark.timeout(60)
-def test_admin_watch_redraws_and_exits_0_on_ctrl_c(live):
-    """`lockstep admin watch` against the same cluster: redrawn in place (a screen clear
-    per refresh), the last incidents shown, Ctrl-C (SIGINT) exits 0 — also when it was
-    started with SIGINT ignored, as a shell's background job is (it is started so here,
-    whatever disposition this test run inherited)."""
-    out = live["home"] / "watch.out"
-    with open(out, "wb") as f:
-        p = subprocess.Popen([*up_argv(live["home"], 0)[:3], "admin", "--home", str(live["home"]),
-                              "watch"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-        try:
-            poll_until(lambda: out.read_bytes().count(b"\x1b[H\x1b[2J") >= 2, 20, "two redraws")
-            p.send_signal(signal.SIGINT)
-            assert p.wait(10) == 0
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    last = out.read_text().split("\x1b[H\x1b[2J")[-1]
-    assert "last incidents (newest first):" in last and "rank_lost" in last, last
-    assert "redeploy" in last and "steps/s" in last, last
-    assert serving(live)["deployment_id"] + "  serving up " in last, last
 
 
 # 8 deployments of 2 ranks and 64 requests in flight, served to the page by a stub of

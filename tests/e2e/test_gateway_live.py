@@ -1,86 +1,29 @@
-"""The gateway against a live TP=2 deployment: `lockstep up` (real supervisor, reaper,
-gateway and two MLX ranks over the ring backend) in a subprocess on free ports, shared
-by the whole module. Tests run in file order; the last two unload the deployment and
-stop `lockstep up` with SIGINT."""
+"""The gateway against a live TP=2 deployment: the shared `lockstep up` (real supervisor,
+reaper, gateway and two MLX ranks over the ring backend; tests/support/live_cluster.py),
+idle before and after each test. Unloading a deployment and stopping `up` with SIGINT
+are in test_up_restart.py, on a cluster of their own."""
 
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import openai
-import psutil
 import pytest
-import zmq
 
-from common.bus import Channel, new_request_id
-from common.keys import load_cluster_key, requests_key_of
-from common.messages import REQUESTS_OUT, StatsRequest
-from common.procs import snapshot_children
-from common.rpc_client import SyncRpcClient
-from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
-from tests.support.processes import interrupt, up_argv
-from tests.support.requests import supervisor_record
-
-ROOT = Path(__file__).resolve().parents[2]
-READY_S = 240.0
+from tests.gwutil import poll_until, sse_lines
+from tests.support import live_cluster as lc
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    home = tmp_path_factory.mktemp("uphome")
-    port = free_port()
-    log = open(home / "up.out", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(up_argv(home, port), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    st = {"proc": proc, "home": home, "url": url, "out": home / "up.out"}
-    try:
-        def ready():
-            if proc.poll() is not None:
-                raise GaveUp(f"lockstep up exited: {st['out'].read_text()[-3000:]}")
-            return httpx.get(url + "/ready", timeout=5).status_code == 200
-        poll_until(ready, READY_S, "lockstep up to be ready", interval=0.05)
-        st["ready_body"] = httpx.get(url + "/ready", timeout=5).json()
-        st["burst"] = first_burst(url)  # the first requests ever, right after /ready
-        poll_until(lambda: "Press Ctrl-C" in st["out"].read_text(), 10, "the banner")
-        st["token"] = (home / "admin.token").read_text().strip()
-        st["hdr"] = {"authorization": f"Bearer {st['token']}"}
-        deps = httpx.get(url + "/admin/api/cluster/deployments", headers=st["hdr"],
-                         timeout=10).json()["deployments"]
-        st["dep"] = next(d for d in deps if d["state"] == "serving")
-        st["model"] = st["dep"]["model"]
-        yield st
-    finally:
-        interrupt(proc, 90)
-        log.close()
-
-
-def first_burst(url: str, n: int = 8) -> list[tuple[int, str]]:
-    """n concurrent first requests (chat and completions mixed): (status, body) each."""
-    model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
-    go = threading.Barrier(n)
-    out: list[tuple[int, str]] = []
-
-    def one(i: int) -> None:
-        body = ({"messages": [{"role": "user", "content": f"hi {i}"}]} if i % 2
-                else {"prompt": f"hello {i}"})
-        go.wait(10)
-        r = httpx.post(url + ("/v1/chat/completions" if i % 2 else "/v1/completions"), timeout=120,
-                       json={"model": model, "max_tokens": 4, **body})
-        out.append((r.status_code, r.text))
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(150)
-    return out
+@pytest.fixture
+def live(live_cluster):
+    c = live_cluster
+    dep = c.deps[lc.TP_MODEL]
+    return {"proc": c.proc, "home": c.home, "url": c.url, "out": c.out,
+            "ready_body": c.ready_body, "burst": c.burst, "token": c.token, "hdr": c.hdr,
+            "dep": dep, "model": dep["model"]}
 
 
 def client(live) -> openai.OpenAI:
@@ -88,29 +31,11 @@ def client(live) -> openai.OpenAI:
 
 
 def rank0_stats(live):
-    dep = supervisor_record(live["dep"])  # without the gateway's own fields
-    ch = Channel("test", "requests", sender="test", accept=REQUESTS_OUT,
-                 send_key=requests_key_of(dep, load_cluster_key(
-                     live["home"] / "keys" / "cluster.key")))
-    ctx = zmq.Context.instance()
-    c = SyncRpcClient(ctx, dep["requests_endpoint"], ch)
-    try:
-        return c.call(StatsRequest(request_id=new_request_id()), 5.0).body
-    finally:
-        c.close()
+    return lc.rank0_stats(live["home"], live["dep"])
 
 
 def removals(live, rid: str) -> dict[int, dict]:
-    d = live["home"] / "runtime" / "markers" / live["dep"]["deployment_id"]
-    out = {}
-    for r in range(live["dep"]["world_size"]):
-        p = d / f"rank-{r}.removals.jsonl"
-        if p.exists():
-            for line in p.read_text().splitlines():
-                rec = json.loads(line)
-                if rec["request_id"] == rid:
-                    out[r] = rec
-    return out
+    return lc.removals(live["home"], live["dep"], rid)
 
 
 def gateway_active(live) -> int:
@@ -140,13 +65,15 @@ def test_up_ready_and_completion(live):
 
 
 def _phase_seconds(live) -> dict[tuple[str, str], float]:
-    """(rank, phase) → lockstep_rank_phase_seconds_total, from the gateway's /metrics."""
+    """(rank, phase) → lockstep_rank_phase_seconds_total of the TP=2 deployment, from the
+    gateway's /metrics."""
     out = {}
     for ln in httpx.get(live["url"] + "/metrics", timeout=10).text.splitlines():
         if ln.startswith("lockstep_rank_phase_seconds_total{"):
             head, value = ln.rsplit(" ", 1)
             labels = dict(part.split("=", 1) for part in head[head.index("{") + 1:-1].split(","))
-            out[labels["rank"].strip('"'), labels["phase"].strip('"')] = float(value)
+            if labels["deployment"].strip('"') == live["dep"]["deployment_id"]:
+                out[labels["rank"].strip('"'), labels["phase"].strip('"')] = float(value)
     return out
 
 
@@ -334,46 +261,3 @@ def test_admin_routes_live(live):
     missing = httpx.post(u + "/deployments/nope/unload", headers=h, json={}, timeout=30)
     assert missing.status_code == 404
     assert httpx.get(live["url"] + "/ready", timeout=10).status_code == 200  # untouched
-
-
-@pytest.mark.timeout(180)
-def test_unload_refused_then_forced_live(live):
-    dep_id = live["dep"]["deployment_id"]
-    res: dict = {}
-    t = threading.Thread(target=lambda: res.update(r=httpx.post(
-        live["url"] + "/v1/completions", timeout=120,
-        json={"model": live["model"], "prompt": "the library", "max_tokens": 3000})))
-    t.start()
-    poll_until(lambda: rank0_stats(live).active >= 1, 30, "an active request")
-    url = f"{live['url']}/admin/api/cluster/deployments/{dep_id}/unload"
-    r = httpx.post(url, headers=live["hdr"], json={}, timeout=60)
-    assert r.status_code == 409 and r.json()["error"]["code"] == "active_requests"
-    assert rank0_stats(live).active >= 1  # refused: still serving
-    r = httpx.post(url, headers=live["hdr"], json={"force": True}, timeout=180)
-    assert r.status_code == 200, r.text
-    body = r.json()
-    assert body["evidence"]["zero_active"] is True
-    assert all(v == 0 for v in body["evidence"]["ranks"].values())
-    assert body["teardown"]["outcome"]["proven"] is True
-    t.join(60)
-    assert res["r"].json()["choices"][0]["finish_reason"] == "abort"
-    for rk in live["dep"]["ranks"]:
-        assert not psutil.pid_exists(rk["pid"]) or psutil.Process(rk["pid"]).status() == "zombie"
-    r = httpx.get(live["url"] + "/ready", timeout=10)
-    assert r.status_code == 503
-
-
-@pytest.mark.timeout(120)
-def test_sigint_stops_everything(live):
-    proc = live["proc"]
-    tree = snapshot_children(proc.pid)
-    assert len(tree) >= 4  # up, supervisor, reaper, gateway
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(90) == 0, live["out"].read_text()[-3000:]
-    def gone(i):
-        try:
-            return psutil.Process(i.pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-    poll_until(lambda: all(gone(i) for i in tree), 10, "every process of lockstep up to be gone")
-    assert "every process stopped" in live["out"].read_text()

@@ -1,6 +1,7 @@
 """The Anthropic Messages API end to end with the real `anthropic` client: `lockstep up`
 serving the embedded random-weight model at TP=2 ("tiny") and, deployed beside it
-through the admin API, a copy at PP=2 ("tiny-pp"). One boot for the module.
+through the admin API, a copy at PP=2 ("tiny-pp"): the shared cluster
+(tests/support/live_cluster.py), idle before and after each test.
 
 A random-weight model never calls a tool on its own: calls are forced with tool_choice
 (constrained decoding), which also makes its arguments valid for the tool's schema; the
@@ -11,68 +12,40 @@ sequence byte by byte are in tests/integration/test_messages_fake_rank.py."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import threading
-from pathlib import Path
 
 import anthropic
 import httpx
 import jsonschema
 import pytest
 
-from common.home import Paths
 from services.gateway import anthropic_schemas as s
 from services.gateway.request_fields import Support
-from tests.e2e.test_gateway_live import rank0_stats, removals
 from tests.e2e.test_structured_live import PERSON, WEATHER, ranks_agree
-from tests.gwutil import GaveUp, free_port, poll_until
-from tests.support.processes import interrupt, up_argv
+from tests.gwutil import poll_until
+from tests.support import live_cluster as lc
 from tests.unit.test_anthropic_messages import SAMPLES
 
-ROOT = Path(__file__).resolve().parents[2]
-MODES = {"tp": "tiny", "pp": "tiny-pp"}
+MODES = {"tp": lc.TP_MODEL, "pp": lc.PP_MODEL}
 MSGS = [{"role": "user", "content": "Tell me about the red train."}]
 TOOLS = [{"name": "get_weather", "description": "the weather in a city",
           "input_schema": WEATHER}]
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    home = tmp_path_factory.mktemp("uphome")
-    port = free_port()
-    out = home / "up.out"
-    with open(out, "wb") as log:
-        proc = subprocess.Popen(up_argv(home, port, "--tp", "2"), cwd=ROOT, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
-            return httpx.get(url + "/ready", timeout=5).status_code == 200
+@pytest.fixture
+def live(live_cluster):
+    c = live_cluster
+    client = anthropic.Anthropic(base_url=c.url, api_key="none", max_retries=0, timeout=120)
+    return {"client": client, "home": c.home, "url": c.url, "hdr": c.hdr,
+            "deps": {m: d["deployment_id"] for m, d in c.deps.items()}, "dep": c.deps[lc.TP_MODEL]}
 
-        poll_until(ready, 240, "lockstep up to be ready", interval=0.2)
-        hdr = {"authorization": f"Bearer {(home / 'admin.token').read_text().strip()}"}
-        pp_model = home / "pp-model" / MODES["pp"]
-        shutil.copytree(Paths(home).models / "tiny", pp_model)
-        r = httpx.post(url + "/admin/api/cluster/deployments", headers=hdr, timeout=300,
-                       json={"model_path": str(pp_model), "tp": 1, "pp": 2, "wait": True})
-        assert r.status_code == 200, r.text
-        deps = {}
 
-        def serving() -> bool:
-            ds = httpx.get(url + "/admin/api/cluster/deployments", headers=hdr,
-                           timeout=10).json()["deployments"]
-            deps.update({d["model"]: d for d in ds if d["state"] == "serving"})
-            return set(MODES.values()) <= set(deps)
+def rank0_stats(live):
+    return lc.rank0_stats(live["home"], live["dep"])
 
-        poll_until(serving, 240, "both deployments to serve", interval=0.2)
-        client = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=120)
-        yield {"client": client, "home": home, "url": url, "hdr": hdr,
-               "deps": {m: d["deployment_id"] for m, d in deps.items()}, "dep": deps["tiny"]}
-    finally:
-        interrupt(proc, 90)
+
+def removals(live, rid: str) -> dict[int, dict]:
+    return lc.removals(live["home"], live["dep"], rid)
 
 
 def text_of(message) -> str:

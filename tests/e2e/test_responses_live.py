@@ -1,6 +1,7 @@
 """The Responses API end to end with the real `openai` client: `lockstep up` serving the
 embedded random-weight model at TP=2 ("tiny") and, deployed next to it through the admin
-API, a copy at PP=2 ("tiny-pp"). `client.responses.create` and `.stream` (whose
+API, a copy at PP=2 ("tiny-pp"): the shared cluster (tests/support/live_cluster.py), idle
+before and after each test. `client.responses.create` and `.stream` (whose
 accumulator must rebuild the final response), structured output (`text.format`) valid
 for its schema on both topologies with both ranks agreeing, a two-step tool loop over
 the store (a random model calls no tool on its own: tool_choice forces it), a
@@ -10,25 +11,17 @@ mid-stream removed on every rank at the same step."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import threading
-from pathlib import Path
 
-import httpx
 import jsonschema
 import openai
 import pydantic
 import pytest
 
-from common.home import Paths
-from services.rank.removals import read_removals, removals_path
-from tests.e2e.test_gateway_live import rank0_stats
-from tests.gwutil import GaveUp, free_port, poll_until
-from tests.support.processes import interrupt, up_argv
+from tests.gwutil import poll_until
+from tests.support import live_cluster as lc
 
-ROOT = Path(__file__).resolve().parents[2]
-MODES = {"tp": "tiny", "pp": "tiny-pp"}
+MODES = {"tp": lc.TP_MODEL, "pp": lc.PP_MODEL}
 pytestmark = pytest.mark.timeout(600)
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
@@ -41,55 +34,16 @@ TOOLS = [{"type": "function", "name": "get_weather", "parameters": WEATHER, "str
 FORMAT = {"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}}
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    home = tmp_path_factory.mktemp("uphome")
-    port = free_port()
-    out = home / "up.out"
-    with open(out, "wb") as log:
-        proc = subprocess.Popen(up_argv(home, port, "--tp", "2"), cwd=ROOT, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def serving(model: str) -> bool:
-            if proc.poll() is not None:
-                raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
-            r = httpx.post(url + "/v1/completions", timeout=30,
-                           json={"model": model, "prompt": "hi", "max_tokens": 1})
-            return r.status_code == 200
-
-        poll_until(lambda: serving(MODES["tp"]), 240, "lockstep up to serve", interval=0.2)
-        hdr = {"authorization": f"Bearer {(home / 'admin.token').read_text().strip()}"}
-        pp_model = home / "pp-model" / MODES["pp"]  # the same weights, another name, PP=2
-        shutil.copytree(Paths(home).models / "tiny", pp_model)
-        r = httpx.post(url + "/admin/api/cluster/deployments", headers=hdr, timeout=300,
-                       json={"model_path": str(pp_model), "tp": 1, "pp": 2, "wait": True})
-        assert r.status_code == 200, r.text
-        poll_until(lambda: serving(MODES["pp"]), 240, "the PP=2 deployment to serve",
-                   interval=0.2)
-        deps = httpx.get(url + "/admin/api/cluster/deployments", headers=hdr,
-                         timeout=10).json()["deployments"]
-        by_model = {d["model"]: d for d in deps if d["state"] == "serving"}
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
-        yield {"client": client, "home": home, "deps": by_model, "url": url, "hdr": hdr}
-    finally:
-        interrupt(proc, 90)
+@pytest.fixture
+def live(live_cluster):
+    c = live_cluster
+    client = openai.OpenAI(base_url=c.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    return {"client": client, "home": c.home, "deps": c.deps, "url": c.url, "hdr": c.hdr}
 
 
 def removal_records(live, mode: str, rid: str) -> list[dict]:
-    """Both ranks' removal record of `rid` (polled: a rank writes it when it removes the
-    request), equal in every field the ranks share."""
-    paths, dep = Paths(live["home"]), live["deps"][MODES[mode]]["deployment_id"]
-
-    def records():
-        got = [[r for r in read_removals(removals_path(paths, dep, k)) if r["request_id"] == rid]
-               for k in (0, 1)]
-        return got if all(got) else None
-
-    r0, r1 = poll_until(records, 30, f"both ranks' removal record of {rid}")
-    keys = ("uid", "step", "reason", "n_tokens", "tokens_sha")
-    assert [{k: r[k] for k in keys} for r in r0] == [{k: r[k] for k in keys} for r in r1]
-    return [r0[0], r1[0]]
+    """Both ranks' removal record of `rid`, equal in every field the ranks share."""
+    return lc.ranks_agree(live["home"], live["deps"][MODES[mode]]["deployment_id"], rid)
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -190,7 +144,7 @@ def test_refusals_name_the_parameter(live):
 @pytest.mark.timeout(180)
 def test_disconnect_mid_stream_is_removed_on_every_rank(live):
     c = live["client"]
-    dep = {"dep": live["deps"][MODES["tp"]], "home": live["home"]}
+    dep = live["deps"][MODES["tp"]]
     seen: dict = {}
 
     def victim() -> None:
@@ -209,7 +163,7 @@ def test_disconnect_mid_stream_is_removed_on_every_rank(live):
                 seen["rid"] = ev.response.id
             deltas += ev.type == "response.output_text.delta"
             if deltas >= 8:
-                seen["step_at_close"] = rank0_stats(dep).step
+                seen["step_at_close"] = lc.rank0_stats(live["home"], dep).step
                 stream.close()  # the client leaves mid-stream
                 return
 

@@ -1,6 +1,7 @@
 """Structured output end to end with the real `openai` client: `lockstep up` serving the
 embedded random-weight model at TP=2 ("tiny") and, deployed next to it through the admin
-API, a copy at PP=2 ("tiny-pp"). Constrained decoding makes even random weights emit
+API, a copy at PP=2 ("tiny-pp"): the shared cluster (tests/support/live_cluster.py), idle
+before and after each test. Constrained decoding makes even random weights emit
 JSON valid for the schema asked for (checked with `jsonschema`), a required tool call
 whose arguments validate against the tool's parameters, and both ranks of each
 deployment emit the same tokens (their removal records' tokens_sha). A schema
@@ -9,22 +10,14 @@ llguidance cannot compile is a 400 naming it, before any rank sees it."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-from pathlib import Path
 
-import httpx
 import jsonschema
 import openai
 import pytest
 
-from common.home import Paths
-from services.rank.removals import read_removals, removals_path
-from tests.gwutil import GaveUp, free_port, poll_until
-from tests.support.processes import interrupt, up_argv
+from tests.support import live_cluster as lc
 
-ROOT = Path(__file__).resolve().parents[2]
-MODES = {"tp": "tiny", "pp": "tiny-pp"}
+MODES = {"tp": lc.TP_MODEL, "pp": lc.PP_MODEL}
 pytestmark = pytest.mark.timeout(600)
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
@@ -42,57 +35,17 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 ASK = [{"role": "user", "content": "What is the weather in Paris? Answer in JSON."}]
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    home = tmp_path_factory.mktemp("uphome")
-    port = free_port()
-    out = home / "up.out"
-    with open(out, "wb") as log:
-        proc = subprocess.Popen(up_argv(home, port, "--tp", "2"), cwd=ROOT, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def serving(model: str) -> bool:
-            if proc.poll() is not None:
-                raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
-            r = httpx.post(url + "/v1/completions", timeout=30,
-                           json={"model": model, "prompt": "hi", "max_tokens": 1})
-            return r.status_code == 200
-
-        poll_until(lambda: httpx.get(url + "/ready", timeout=5).status_code == 200, 240,
-                   "lockstep up to be ready", interval=0.2)
-        hdr = {"authorization": f"Bearer {(home / 'admin.token').read_text().strip()}"}
-        # The same weights under another name, deployed at PP=2 beside the TP=2 one.
-        pp_model = home / "pp-model" / MODES["pp"]
-        shutil.copytree(Paths(home).models / "tiny", pp_model)
-        r = httpx.post(url + "/admin/api/cluster/deployments", headers=hdr, timeout=300,
-                       json={"model_path": str(pp_model), "tp": 1, "pp": 2, "wait": True})
-        assert r.status_code == 200, r.text
-        poll_until(lambda: serving(MODES["pp"]) and serving(MODES["tp"]), 240,
-                   "both deployments to serve", interval=0.2)
-        deps = httpx.get(url + "/admin/api/cluster/deployments", headers=hdr,
-                         timeout=10).json()["deployments"]
-        by_model = {d["model"]: d["deployment_id"] for d in deps if d["state"] == "serving"}
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
-        yield {"client": client, "home": home, "deps": by_model, "url": url}
-    finally:
-        interrupt(proc, 90)
+@pytest.fixture
+def live(live_cluster):
+    c = live_cluster
+    client = openai.OpenAI(base_url=c.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    return {"client": client, "home": c.home, "url": c.url,
+            "deps": {m: d["deployment_id"] for m, d in c.deps.items()}}
 
 
 def ranks_agree(live, mode: str, rid: str) -> dict:
-    """Both ranks' removal record of `rid` (polled: a rank writes it when it removes the
-    request), equal in every field the ranks share."""
-    paths, dep = Paths(live["home"]), live["deps"][MODES[mode]]
-
-    def records():
-        got = [[r for r in read_removals(removals_path(paths, dep, k)) if r["request_id"] == rid]
-               for k in (0, 1)]
-        return got if all(got) else None
-
-    r0, r1 = poll_until(records, 30, f"both ranks' removal record of {rid}")
-    keys = ("uid", "step", "reason", "n_tokens", "tokens_sha")
-    assert [{k: r[k] for k in keys} for r in r0] == [{k: r[k] for k in keys} for r in r1]
-    return r0[0]
+    """Both ranks' removal record of `rid`, equal in every field the ranks share: rank 0's."""
+    return lc.ranks_agree(live["home"], live["deps"][MODES[mode]], rid)[0]
 
 
 def chat(live, mode: str, **kw):

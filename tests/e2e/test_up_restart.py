@@ -1,64 +1,189 @@
-"""`lockstep up` keeps serving after a rank dies: the failed deployment is torn down with
-proof and redeployed; Ctrl-C afterwards still stops everything (real supervisor, reaper,
-gateway and TP=2 MLX ranks)."""
+"""`lockstep up` (real supervisor, reaper, gateway and TP=2 MLX ranks) after a rank dies,
+on a cluster of its own (the tests change it; the read-only ones share
+tests/support/live_cluster.py). Tests run in file order: a follower SIGKILLed → the
+failed deployment torn down with proof and redeployed, watched live on the operator
+console (/admin/, headless chromium) when it is installed; the console's incidents;
+`lockstep admin watch`; an unload refused while a request runs, then forced; Ctrl-C
+stops everything."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-from pathlib import Path
+import threading
 
 import httpx
+import psutil
 import pytest
 
 from common.procs import snapshot_children
-from tests.gwutil import free_port, poll_until
-from tests.support.processes import process_gone, up_argv
+from tests.gwutil import GaveUp, free_port, poll_until
+from tests.support import live_cluster as lc
+from tests.support.console_browser import (
+    CHROMEDRIVER,
+    CHROMIUM,
+    cells,
+    kinds,
+    needs_chromium,
+    open_browser,
+    ranks_serving,
+    shot,
+)
+from tests.support.processes import REPO, interrupt, process_gone, up_argv
 
-ROOT = Path(__file__).resolve().parents[2]
+READY_S = 240.0
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    home = tmp_path_factory.mktemp("uphome")
+    port = free_port()
+    out = home / "up.out"
+    with open(out, "wb") as log:
+        proc = subprocess.Popen(up_argv(home, port, "--restarts", "1"), cwd=REPO, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    st = {"proc": proc, "home": home, "url": url, "out": out,
+          "text": lambda: out.read_text(errors="replace"),
+          "shots": tmp_path_factory.mktemp("screenshots")}
+    try:
+        def banner() -> bool:
+            if proc.poll() is not None:
+                raise GaveUp(f"lockstep up exited: {st['text']()[-3000:]}")
+            return st["text"]().count("Press Ctrl-C") == 1
+        poll_until(banner, READY_S, "the first banner", 0.5)
+        st["token"] = (home / "admin.token").read_text().strip()
+        st["hdr"] = {"authorization": f"Bearer {st['token']}"}
+        st["link"] = next(ln.split(": ", 1)[1] for ln in st["text"]().splitlines()
+                          if "cluster console: " in ln)
+        st["first"] = serving(st)
+        yield st
+    finally:
+        interrupt(proc, 90)
+
+
+def serving(up) -> dict:
+    deps = httpx.get(up["url"] + "/admin/api/cluster/deployments", headers=up["hdr"],
+                     timeout=10).json()["deployments"]
+    return next(d for d in deps if d["state"] == "serving")
+
+
+@pytest.fixture(scope="module")
+def page(up):
+    """The console logged in from `up`'s link, showing the first deployment serving (None
+    without chromium: the tests that need the page are skipped, the others run)."""
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        yield None
+        return
+    with open_browser() as drv:
+        dep = up["first"]
+        drv.get(up["link"])
+        poll_until(lambda: ranks_serving(drv, dep["deployment_id"], 2), 30,
+                   "both ranks serving on the page")
+        yield drv
 
 
 @pytest.mark.timeout(300)
-def test_up_redeploys_after_a_rank_dies_then_stops_cleanly(tmp_path):
-    port = free_port()
-    out = tmp_path / "up.out"
-    cmd = up_argv(tmp_path / "home", port, "--restarts", "1")
-    with open(out, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    text = lambda: out.read_text(errors="replace")  # noqa: E731
-    try:
-        poll_until(lambda: text().count("Press Ctrl-C") == 1, 240, "the first banner", 0.5)
-        token = (tmp_path / "home" / "admin.token").read_text().strip()
-        hdr = {"authorization": f"Bearer {token}"}
-        deps = httpx.get(url + "/admin/api/cluster/deployments", headers=hdr,
-                         timeout=10).json()["deployments"]
-        first = next(d for d in deps if d["state"] == "serving")
-        pids = [r["pid"] for r in first["ranks"]]
-        os.kill(pids[1], signal.SIGKILL)
+def test_a_follower_killed_is_torn_down_and_redeployed(up, page):
+    first = up["first"]
+    pids = [r["pid"] for r in first["ranks"]]
+    os.kill(pids[1], signal.SIGKILL)
+    poll_until(lambda: process_gone(pids[1]), 10, "the follower gone")
+    if page is not None:  # seen live on the page, as an operator watching it would
+        poll_until(lambda: "rank_lost" in kinds(page), 20, "the rank_lost incident on the page")
+        poll_until(lambda: "redeploy" in kinds(page), 30, "the redeploy on the page")
+    poll_until(lambda: up["text"]().count("Press Ctrl-C") == 2, 240, "the redeploy's banner", 0.5)
+    assert "redeploying (0 restart(s) left)" in up["text"]()
+    poll_until(lambda: all(process_gone(p) for p in pids), 30,
+               "the failed launch's ranks to be gone")
+    r = httpx.post(up["url"] + "/v1/completions", timeout=60,
+                   json={"model": first["model"], "prompt": "a", "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 4
+    assert serving(up)["deployment_id"] != first["deployment_id"]
 
-        poll_until(lambda: text().count("Press Ctrl-C") == 2, 240, "the redeploy's banner", 0.5)
-        assert "redeploying (0 restart(s) left)" in text()
-        poll_until(lambda: all(process_gone(p) for p in pids), 30,
-                   "the failed launch's ranks to be gone")
-        r = httpx.post(url + "/v1/completions", timeout=60,
-                       json={"model": first["model"], "prompt": "a", "max_tokens": 4})
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == 4
-        deps = httpx.get(url + "/admin/api/cluster/deployments", headers=hdr,
-                         timeout=10).json()["deployments"]
-        assert [d["deployment_id"] for d in deps if d["state"] == "serving"] != [
-            first["deployment_id"]]
 
-        tree = snapshot_children(proc.pid)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(90) == 0, text()[-3000:]
-        poll_until(lambda: all(process_gone(i.pid) for i in tree), 15,
-                   "every process of lockstep up")
-        assert "every process stopped" in text()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+@needs_chromium
+@pytest.mark.timeout(120)
+def test_the_console_shows_the_incident_and_the_redeploy(up, page):
+    first, new = up["first"], serving(up)
+    pid = first["ranks"][1]["pid"]
+    poll_until(lambda: ranks_serving(page, new["deployment_id"], 2), 20,
+               "the new deployment's ranks serving on the page")
+    poll_until(lambda: (cells(page, "#deployments", new["deployment_id"]) or [""] * 6)[5]
+               == "serving", 15, "the new deployment serving on the page")
+    ks = kinds(page)
+    # newest first: the redeploy is above the loss, the teardown of the old one between
+    assert ks.index("redeploy") < ks.index("rank_lost"), ks
+    text = page.find_element("css selector", "#incidents").text
+    assert f"rank 1 (pid {pid})" in text, text
+    # the teardown after the failure, with its ladder path (the follower was gone already)
+    assert ks.index("teardown") < ks.index("rank_lost"), ks
+    assert "teardown shutdown" in text or "teardown sigterm" in text, text
+    shot(up["shots"], page, "incident")
+
+
+@pytest.mark.timeout(60)
+def test_admin_watch_redraws_and_exits_0_on_ctrl_c(up):
+    """`lockstep admin watch` against the same cluster: redrawn in place (a screen clear
+    per refresh), the last incidents shown, Ctrl-C (SIGINT) exits 0 — also when it was
+    started with SIGINT ignored, as a shell's background job is (it is started so here,
+    whatever disposition this test run inherited)."""
+    out = up["home"] / "watch.out"
+    with open(out, "wb") as f:
+        p = subprocess.Popen([*up_argv(up["home"], 0)[:3], "admin", "--home", str(up["home"]),
+                              "watch"], cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        try:
+            poll_until(lambda: out.read_bytes().count(b"\x1b[H\x1b[2J") >= 2, 20, "two redraws")
+            p.send_signal(signal.SIGINT)
+            assert p.wait(10) == 0
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    last = out.read_text().split("\x1b[H\x1b[2J")[-1]
+    assert "last incidents (newest first):" in last and "rank_lost" in last, last
+    assert "redeploy" in last and "steps/s" in last, last
+    assert serving(up)["deployment_id"] + "  serving up " in last, last
+
+
+@pytest.mark.timeout(180)
+def test_unload_refused_then_forced_live(up):
+    dep = serving(up)
+    dep_id = dep["deployment_id"]
+    res: dict = {}
+    t = threading.Thread(target=lambda: res.update(r=httpx.post(
+        up["url"] + "/v1/completions", timeout=120,
+        json={"model": dep["model"], "prompt": "the library", "max_tokens": 3000})))
+    t.start()
+    poll_until(lambda: lc.rank0_stats(up["home"], dep).active >= 1, 30, "an active request")
+    url = f"{up['url']}/admin/api/cluster/deployments/{dep_id}/unload"
+    r = httpx.post(url, headers=up["hdr"], json={}, timeout=60)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "active_requests"
+    assert lc.rank0_stats(up["home"], dep).active >= 1  # refused: still serving
+    r = httpx.post(url, headers=up["hdr"], json={"force": True}, timeout=180)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["evidence"]["zero_active"] is True
+    assert all(v == 0 for v in body["evidence"]["ranks"].values())
+    assert body["teardown"]["outcome"]["proven"] is True
+    t.join(60)
+    assert res["r"].json()["choices"][0]["finish_reason"] == "abort"
+    for rk in dep["ranks"]:
+        assert not psutil.pid_exists(rk["pid"]) or psutil.Process(rk["pid"]).status() == "zombie"
+    r = httpx.get(up["url"] + "/ready", timeout=10)
+    assert r.status_code == 503
+
+
+@pytest.mark.timeout(120)
+def test_sigint_stops_everything(up):
+    proc = up["proc"]
+    tree = snapshot_children(proc.pid)
+    assert len(tree) >= 4  # up, supervisor, reaper, gateway
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(90) == 0, up["text"]()[-3000:]
+    poll_until(lambda: all(process_gone(i.pid, i.start_time) for i in tree), 10,
+               "every process of lockstep up to be gone")
+    assert "every process stopped" in up["text"]()
