@@ -66,6 +66,9 @@ class DeploymentInfo:
     ranks: list[RankInfo]
     # what a request that names no temperature/top_p/top_k/min_p/repetition_penalty gets
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+    # one of `replicas` deployments of this model, served under one name
+    replica: int = 0
+    replicas: int = 1
 
 
 def read_deployment_info(d: Any) -> DeploymentInfo:

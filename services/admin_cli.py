@@ -2,7 +2,7 @@
 
     lockstep admin [--home DIR] [--endpoint EP] [--timeout S] [--json] COMMAND ...
       ping | status | watch | deployments | reap
-      deploy [--model PATH] [--tp N] [--pp N] [--hosts FILE] [--backend B] [--id ID]
+      deploy [--model PATH] [--tp N] [--pp N] [--replicas N] [--hosts FILE] [--backend B] [--id ID]
              [--no-wait]
       stop ID [--force]
       cancel ID [--scope all|requests] [--request-id RID ...] [--reason TEXT]
@@ -125,6 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts")
     p.add_argument("--backend", choices=("auto", "ring", "jaccl", "mpi"))
     p.add_argument("--id", dest="deployment_id")
+    p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--no-wait", dest="wait", action="store_false")
     for flag, tp in (("--temperature", float), ("--top-p", float), ("--top-k", int),
                      ("--min-p", float), ("--repetition-penalty", float)):
@@ -159,7 +160,8 @@ def build_request(ns: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     a: dict[str, Any] = {}
     if cmd == "deploy":
         a = {"model_path": ns.model_path, "tp": ns.tp, "pp": ns.pp,
-             "deployment_id": ns.deployment_id, "wait": ns.wait, **_hosts_args(ns.hosts)}
+             "deployment_id": ns.deployment_id, "wait": ns.wait, "replicas": ns.replicas,
+             **_hosts_args(ns.hosts)}
         if ns.backend:
             a["backend"] = ns.backend
         given = {k: getattr(ns, k) for k in SAMPLING_FIELDS if getattr(ns, k) is not None}

@@ -1,7 +1,7 @@
 """`lockstep up` — serve a model on this machine with one command.
 
     lockstep up [--port 8000] [--home ~/.lockstep] [--model PATH] [--tp 2] [--pp 1]
-                [--hosts FILE] [--backend auto|ring|jaccl|mpi] [--host 127.0.0.1]
+                [--replicas 1] [--hosts FILE] [--backend auto|ring|jaccl|mpi] [--host 127.0.0.1]
                 [--prompt-cache-entries 32] [--prompt-cache-bytes 0] [--prefill-stall-ratio 3]
                 [--prefill-long-prompt 2048] [--temperature T] [--top-p P] [--top-k K]
                 [--min-p P] [--repetition-penalty R]
@@ -16,6 +16,9 @@ refused before anything starts (services/supervisor/topology.py). --temperature,
 --top-k, --min-p, --repetition-penalty: what requests that name none are sampled with
 (over the model's generation_config.json; common/sampling_defaults.py). If the deployment fails on its own (a rank died, a peer was lost) it is
 torn down with proof and redeployed, up to --restarts times (default 3).
+--replicas N: N deployments of the model behind the one gateway, each on the next tp×pp
+rank slots of --hosts (services/up_replicas.py); a failed one is redeployed while the
+others serve, and the gateway resumes its requests on them at once.
 Ctrl-C / SIGTERM / SIGHUP (a closed terminal): abort_all, verified teardown of every
 deployment, then SIGTERM → SIGKILL each service; exit 0 only when every process it
 started (and every rank) is proven gone. Messages also go to runtime/logs/up.log, and a
@@ -91,6 +94,7 @@ class UpSettings:
     ready_timeout: PositiveSeconds = 600.0
     stop_timeout: PositiveSeconds = 15.0
     restarts: Count = 3  # redeploys after a deployment fails (a rank died, a peer was lost)
+    replicas: AtLeastOne = 1  # deployments of the model behind the gateway (up_replicas.py)
     # The supervisor's settings of the same names, handed to it as its flags (every rank
     # gets them through its spec): 0 entries = prefix cache off; 0 bytes = auto.
     prompt_cache_entries: Count = 32
@@ -223,7 +227,7 @@ class Up:
         hosts, envs, backend = self.hosts()
         if hosts is not None:  # as many rank slots as tp x pp, before anything starts
             try:
-                members_from_host_records(hosts, slots=self.s.tp * self.s.pp)
+                members_from_host_records(hosts, slots=self.s.tp * self.s.pp * self.s.replicas)
             except HostsError as exc:
                 raise UpError(f"--hosts {self.s.hosts}: {exc}") from None
         sup = self.spawn("supervisor", ["--admin-port", str(s.admin_port), "--events-port",
@@ -242,6 +246,10 @@ class Up:
         if s.reaper_events_port:  # port 0 = a free port only the reaper knows
             gw_args += ["--reaper-events-endpoint", f"tcp://127.0.0.1:{s.reaper_events_port}"]
         self.spawn("gateway", gw_args)
+        if s.replicas > 1:
+            from services.up_replicas import ReplicaSet
+
+            return ReplicaSet(self, model, hosts, envs, backend).run()
         restarts_left = s.restarts
         while True:
             dep_id = self.deploy_and_wait(model, hosts, envs, backend)
@@ -266,13 +274,20 @@ class Up:
         self.check_children()
         dep = self.admin.deployment(dep_id)
         if dep is not None:
-            for r in dep.ranks:
-                # a remote rank's pid is another host's: the supervisor proves it there
-                if r.pid and not r.remote and r.pid not in self.rank_ids:
-                    self.rank_ids[r.pid] = identify(r.pid)
+            self.note_ranks(dep)
             # "stopped" is an operator's unload through the admin API: not ours to undo
             if dep.state in ("failed", "teardown_failed"):
                 raise DeploymentDown(dep_id, dep.state, dep.error)
+
+    def note_ranks(self, dep) -> None:
+        for r in dep.ranks:
+            # a remote rank's pid is another host's: the supervisor proves it there
+            if r.pid and not r.remote and r.pid not in self.rank_ids:
+                self.rank_ids[r.pid] = identify(r.pid)
+
+    def local_url(self) -> str:
+        s = self.s
+        return f"http://{'127.0.0.1' if s.host in ('0.0.0.0', '::') else s.host}:{s.port}"
 
     def deploy_and_wait(self, model: str, hosts, envs, backend: str) -> str | None:
         s = self.s
@@ -282,7 +297,7 @@ class Up:
                                timeout=120.0)
         dep_id = data["deployment_id"]
         self.log(f"deploying {model_id(model)} as {dep_id} (tp={s.tp}, pp={s.pp}, backend={backend})")
-        url = f"http://{'127.0.0.1' if s.host in ('0.0.0.0', '::') else s.host}:{s.port}"
+        url = self.local_url()
         deadline = time.monotonic() + s.ready_timeout
         while not self.stop_flag.is_set():  # this deployment serving, not a stale /ready
             self.progress(dep_id)
@@ -364,7 +379,7 @@ def _parser() -> argparse.ArgumentParser:
                      ("--admin-port", int), ("--events-port", int), ("--control-port", int),
                      ("--report-port", int), ("--reaper-events-port", int),
                      ("--ready-timeout", float), ("--stop-timeout", float),
-                     ("--restarts", int), ("--prompt-cache-entries", int),
+                     ("--restarts", int), ("--replicas", int), ("--prompt-cache-entries", int),
                      ("--prompt-cache-bytes", int), ("--prefill-stall-ratio", float),
                      ("--prefill-long-prompt", int), ("--temperature", float),
                      ("--top-p", float), ("--top-k", int), ("--min-p", float),

@@ -61,6 +61,8 @@ class DeployArgs(_Args):
     wait: bool = False  # HTTP default: answer at once, watch /ready or GET /deployments
     envs: list[str] = Field(default_factory=list)
     sampling: SamplingArgs | None = None
+    replicas: int = Field(default=1, ge=1, le=16)  # N deployments of the model, one name
+    replica: int | None = Field(default=None, ge=0, le=15)  # only that one of `replicas`
 
 
 class UnloadArgs(_Args):

@@ -49,7 +49,7 @@ def _backend(request: Request, model: str) -> Backend:
     still answers count_tokens)."""
     gw = request.app.state.gw
     try:
-        return gw.pick(model)
+        return gw.pick(model)[0]
     except Overloaded:
         from services.gateway.app import names  # app imports this module
 

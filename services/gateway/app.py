@@ -32,6 +32,7 @@ from services.gateway.errors import ApiError, shaped
 from services.gateway.metrics import Metrics
 from services.gateway.prepare_pool import PreparePool
 from services.gateway.request_channel import Backend
+from services.gateway.router import Router
 from services.gateway.settings import GatewaySettings
 
 log = logging.getLogger("lockstep.gateway")
@@ -50,16 +51,22 @@ class Gateway:
         self.cluster = Cluster(settings, key, self.metrics)
         self.metrics.cluster = self.cluster
         self.prepare_pool = PreparePool(settings.prepare_threads)
+        self.router = Router(settings.route_imbalance, settings.route_index, self.metrics)
         self._probe_lock = asyncio.Lock()
 
-    def pick(self, model: str) -> Backend:
+    def pick(self, model: str, n: int = 1) -> list[Backend]:
+        """The serving deployments (replicas) of `model` that have room for `n` more
+        requests; the router (router.py) chooses among them once the prompt is tokenized."""
         c = self.cluster
         cands = [b for b in c.backends.values() if names(b, model)]
-        live = [b for b in cands if not b.lost]
+        live = sorted((b for b in cands if not b.lost), key=lambda b: b.deployment_id)
         if live:
-            b = min(live, key=lambda b: b.active)
-            b.check_room()  # 429 before any tokenizing: the cheapest refusal under overload
-            return b
+            # one model path: replicas of one model share its tokenizer
+            live = [b for b in live if b.model_path == live[0].model_path]
+            roomy = [b for b in live if not b.full(n)]
+            if not roomy:  # 429 before any tokenizing: the cheapest refusal under overload
+                min(live, key=lambda b: b.active).check_room(n)
+            return roomy
         if cands:  # rank 0 lost, seen by the gateway itself (rank_link.py)
             b = cands[0]
             raise ApiError(503, f"model {model!r} is not serving: deployment {b.deployment_id}: "

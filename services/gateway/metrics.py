@@ -63,6 +63,10 @@ class Metrics:
             "lockstep_gateway_resume_first_token_seconds",
             "From a request's failure to its first token after resuming",
             buckets=TTFT_BUCKETS + (120,), registry=r)
+        self.routes = Counter("lockstep_gateway_routes",
+                              "Requests routed to a deployment, by the rule that chose it "
+                              "(services/gateway/router.py)", ["deployment", "reason"],
+                              registry=r)
         self.admin_calls = Counter("lockstep_gateway_admin_calls", "Admin API calls by outcome",
                                    ["command", "code"], registry=r)
         self.cluster = None  # set by the app: the Cluster whose state is exported

@@ -92,6 +92,9 @@ class Backend:
     def active(self) -> int:
         return len(self.streams)
 
+    def full(self, more: int = 1) -> bool:
+        return bool(self.max_inflight) and len(self.streams) + more > self.max_inflight
+
     def check_room(self, more: int = 1) -> None:
         """Raise Overloaded if `more` requests would exceed the bound on in flight."""
         n = len(self.streams)

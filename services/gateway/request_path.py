@@ -54,6 +54,7 @@ class Admitted:
     endpoint: str  # the metrics label
     metrics: Any
     headers: dict[str, str] = field(default_factory=dict)
+    router: Any = None  # services/gateway/router.py: told what the model finished
     counted: bool = False
 
     def release_all(self, reason: str) -> None:
@@ -65,6 +66,10 @@ class Admitted:
         if self.counted:
             return
         self.counted = True
+        if self.router is not None and final is not None:
+            for g in self.gens:  # what rank 0 keeps in its cache (a resumed one: where it ended)
+                if g.stream.finish_reason in ("stop", "length"):
+                    self.router.finished(g.stream.backend, [*self.message.prompt, *g.token_ids])
         self.metrics.requests.labels(endpoint=self.endpoint, model=self.backend.model,
                                      outcome=outcome or outcome_of(final)).inc()
 
@@ -144,8 +149,9 @@ async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endp
     started = time.monotonic() if started is None else started
     s = gw.settings
     param = prompt_param or ("messages" if chat else "prompt")
-    backend = gw.pick(req.model)
-    tok = await gw.tokenizer(backend)
+    n = req.n or 1
+    cands = gw.pick(req.model, n)
+    tok = await gw.tokenizer(cands[0])
     prompt = await gw.prepare_pool.run(prompt_ids, req, tok, s.input_bytes_per_token)
     ids = prompt.ids
     if not ids:
@@ -156,6 +162,10 @@ async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endp
                        param=param, code="context_length_exceeded")
     limit = token_limit(req.limit(), s.default_max_tokens, ctx, len(ids))
     grammar = await gw.prepare_pool.run(grammar_for, req, tok) if chat else ""  # structured output
+    # Replicas: the router chooses now that the prompt's tokens are known; no await
+    # between this and the streams' registration, so the next request sees their load.
+    route = gw.router.choose([b for b in cands if not b.lost and not b.closed] or cands, ids)
+    backend = route.backend
     rid = rid_prefix + secrets.token_hex(12)
     # The seed is drawn here when the client named none (not by rank 0): a request that
     # resumes elsewhere goes on with the same one (services/gateway/resume.py).
@@ -164,8 +174,9 @@ async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endp
         seed=secrets.randbits(63) if req.seed is None else req.seed % (2**63),
         stop_token_ids=list(tok.eos_ids), client="gateway", grammar=grammar,
         **generate_fields(req, tok, backend.sampling, chat=chat))
-    n = req.n or 1
     streams = await choices.open_streams(backend, msg, n)  # 503: retry-after
+    for st in streams:
+        st.route_cached = route.cached  # its expected prefill, for the router's load
     gens = [Generation(st, tok, model=backend.model, stops=req.stops(),
                        parser=output_parser(req, tok, prompt) if chat else None,
                        started_at=started, read_timeout=s.request_read_timeout,
@@ -178,4 +189,4 @@ async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endp
             for st, m in zip(streams, choices.choice_messages(msg, n), strict=True)]
     headers = {"x-lockstep-request-id": rid, "x-lockstep-deployment": backend.deployment_id}
     return Admitted(rid, backend, prompt, msg, streams, gens, started, endpoint, gw.metrics,
-                    headers)
+                    headers, router=gw.router)

@@ -115,7 +115,7 @@ async def create_response(request: Request) -> Response:
     try:
         chat = await gw.prepare_pool.run(translate.to_chat, req, history)
         if req.reasoning is not None and req.reasoning.effort is not None:
-            translate.apply_reasoning(chat, req, await gw.tokenizer(gw.pick(req.model)))
+            translate.apply_reasoning(chat, req, await gw.tokenizer(gw.pick(req.model)[0]))
         run = await admit(request, chat, chat=True, rid_prefix="resp_", endpoint=ENDPOINT,
                           started=started, prompt_param="messages")
     except ApiError as e:

@@ -153,4 +153,5 @@ class Deployment:
             "canary_at": self.canary_at, "error": self.error, "teardown": self.teardown,
             "ranks": [self.ranks[r].to_wire() for r in sorted(self.ranks)],
             "sampling": to_wire(self.plan.sampling),
+            "replica": self.plan.replica, "replicas": self.plan.replicas,
         }

@@ -23,6 +23,7 @@ from common.messages import REQUESTS_OUT, Shutdown, Stats, StatsRequest
 from common.rpc_client import AsyncRpcClient
 from common.sampling_defaults import SamplingOverrides
 from services.supervisor import job_launch, readiness, remote_ops
+from services.supervisor import replicas as replicas_mod
 from services.supervisor.canary import run_canary
 from services.supervisor.deployment import LIVE, Deployment
 from services.supervisor.deployment_state import Claim
@@ -64,13 +65,22 @@ def get(sup: Supervisor, deployment_id: str) -> Deployment:
 
 async def deploy(sup: Supervisor, *, model_path: str | None, tp: int, pp: int, hosts, backend: str,
                  deployment_id: str | None, wait: bool, envs: list[str],
-                 sampling: SamplingOverrides | None = None) -> dict[str, Any]:
-    dep_id = deployment_id or new_id("d-")
-    if not ID_RE.fullmatch(dep_id):
-        raise AdminError("bad_request", f"deployment_id: {dep_id!r} must match {ID_RE.pattern}")
-    old = sup.deployments.get(dep_id)
-    if old is not None and (old.state in LIVE or old.state == S.TEARDOWN_FAILED or old.busy):
-        raise AdminError("conflict", f"deployment {dep_id} exists ({old.state}); stop it first")
+                 sampling: SamplingOverrides | None = None, replicas: int = 1,
+                 replica: int | None = None) -> dict[str, Any]:
+    """One deployment; with `replicas` > 1 and no `replica`, every replica (ids
+    `<id>-r<i>`, the reply lists them); with `replica`, that one alone (as `up` does, to
+    redeploy one replica while the others serve)."""
+    replicas_mod.check(replicas, replica)
+    base = deployment_id or new_id("d-")
+    which = [replica] if replica is not None else list(range(replicas))
+    ids = [base if replicas == 1 or replica is not None else replicas_mod.replica_id(base, r)
+           for r in which]
+    for dep_id in ids:
+        if not ID_RE.fullmatch(dep_id):
+            raise AdminError("bad_request", f"deployment_id: {dep_id!r} must match {ID_RE.pattern}")
+        old = sup.deployments.get(dep_id)
+        if old is not None and (old.state in LIVE or old.state == S.TEARDOWN_FAILED or old.busy):
+            raise AdminError("conflict", f"deployment {dep_id} exists ({old.state}); stop it first")
     if model_path is None:
         model_path = await default_model(sup)
     if hosts is None and sup.default_hosts is not None:  # `lockstep supervisor --hosts FILE`
@@ -78,8 +88,19 @@ async def deploy(sup: Supervisor, *, model_path: str | None, tp: int, pp: int, h
         envs = [*sup.default_hosts["envs"], *envs]
         if backend == "auto" and sup.default_hosts["backend"]:
             backend = str(sup.default_hosts["backend"])
-    plan = make_plan(model_path, tp, pp, hosts, backend, envs, sampling)
-    return await start(sup, dep_id, plan, wait=wait)
+    # every plan before anything starts: a bad placement refuses the whole request
+    plans = [make_plan(model_path, tp, pp, replicas_mod.place(hosts, r, replicas, tp * pp)
+                       if replicas > 1 else hosts, backend, envs, sampling,
+                       replica=r, replicas=replicas) for r in which]
+    if len(ids) == 1:
+        return await start(sup, ids[0], plans[0], wait=wait)
+    results = [await start(sup, i, p, wait=False) for i, p in zip(ids, plans, strict=True)]
+    if wait:
+        await asyncio.gather(*(asyncio.shield(sup.deployments[i].launch_task) for i in ids
+                               if sup.deployments[i].launch_task is not None))
+        results = [{"deployment_id": i, "job_id": sup.deployments[i].job_id,
+                    "state": sup.deployments[i].state.value} for i in ids]
+    return {**results[0], "deployments": results}
 
 
 async def start(sup: Supervisor, dep_id: str, plan: DeployPlan, *, wait: bool) -> dict[str, Any]:
@@ -315,7 +336,8 @@ async def replan(sup: Supervisor, deployment_id: str, backend: str, sig: str | N
     if dep.busy:
         raise AdminError("conflict", f"deployment {deployment_id} is busy ({dep.state})")
     p = dep.plan
-    plan = make_plan(p.model_path, p.tp, p.pp, p.hosts, backend, p.envs, p.sampling_given)
+    plan = make_plan(p.model_path, p.tp, p.pp, p.hosts, backend, p.envs, p.sampling_given,
+                     replica=p.replica, replicas=p.replicas)
     expected = signature(sup.cluster_key.secret, deployment_id, dep.job_id, plan)
     if sig is None:
         return {"preview": True, "plan": plan.to_wire(), "current": p.to_wire(),

@@ -48,6 +48,8 @@ class DeployPlan:
     envs: list[str] = field(default_factory=list)
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
     sampling_given: SamplingOverrides | None = None  # the operator's, kept for a replan
+    replica: int = 0  # which of the model's `replicas` deployments (services/supervisor/replicas.py)
+    replicas: int = 1
 
     @property
     def world_size(self) -> int:
@@ -58,7 +60,8 @@ class DeployPlan:
                 "backend": self.backend, "requested_backend": self.requested_backend,
                 "world_size": self.world_size, "hosts": self.hosts,
                 "members": [m.to_wire() for m in self.members], "blockers": self.blockers,
-                "envs": self.envs, "sampling": to_wire(self.sampling)}
+                "envs": self.envs, "sampling": to_wire(self.sampling),
+                "replica": self.replica, "replicas": self.replicas}
 
 
 def selection_for(hosts: list[dict[str, Any]] | None, backend: str,
@@ -78,7 +81,8 @@ def selection_for(hosts: list[dict[str, Any]] | None, backend: str,
 
 def make_plan(model_path: str, tp: int, pp: int, hosts: list[dict[str, Any]] | None,
               backend: str, envs: list[str] | None = None,
-              sampling: SamplingOverrides | None = None) -> DeployPlan:
+              sampling: SamplingOverrides | None = None, *, replica: int = 0,
+              replicas: int = 1) -> DeployPlan:
     if tp < 1 or pp < 1:
         raise AdminError("bad_request", "tp and pp must be >= 1")
     if sampling is not None and (bad := check_overrides(sampling)):
@@ -107,7 +111,8 @@ def make_plan(model_path: str, tp: int, pp: int, hosts: list[dict[str, Any]] | N
                                         "launcher does not do that yet (use ring or jaccl)")
     return DeployPlan(str(Path(model_path).resolve()), tp, pp, backend_used, backend,
                       hosts, sel.members, sel.blockers, list(envs or []),
-                      sampling=resolve_sampling(model_path, sampling), sampling_given=sampling)
+                      sampling=resolve_sampling(model_path, sampling), sampling_given=sampling,
+                      replica=replica, replicas=replicas)
 
 
 def signature(key: bytes, deployment_id: str, job_id: str, plan: DeployPlan) -> str:

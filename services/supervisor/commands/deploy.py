@@ -8,8 +8,12 @@ wait for the readiness barrier, release serve, pass the canary.
               backend: "auto"|"ring"|"jaccl"|"mpi" = "auto", deployment_id: str|null,
               wait: bool=true, envs: ["K=V"]=[],
               sampling: {temperature?, top_p?, top_k?, min_p?, repetition_penalty?}|null
-              (defaults for requests that name none; over the model's generation_config.json)}
-    reply    {deployment_id, job_id, state}   (wait=true: state "serving")
+              (defaults for requests that name none; over the model's generation_config.json),
+              replicas: int=1 (N deployments of the model, ids <id>-r<i>, each on the next
+              tp*pp rank slots of the hosts: services/supervisor/replicas.py),
+              replica: int|null (deploy only that replica of `replicas`)}
+    reply    {deployment_id, job_id, state}   (wait=true: state "serving"); with several
+             replicas also deployments: [{deployment_id, job_id, state}] (the first above)
     errors   bad_request, conflict (deployment exists), reap_blocked, launch_failed
              (data: {error, rank, teardown, teardown_error?}: the launch error first, a
              failed teardown after it)
@@ -43,14 +47,17 @@ class Args:
     wait: bool = True
     envs: list[str] = field(default_factory=list)
     sampling: SamplingOverrides | None = None
+    replicas: int = 1
+    replica: int | None = None
 
 
 async def run(sup: Supervisor, args: Args) -> dict:
     result = await lifecycle.deploy(sup, model_path=args.model_path, tp=args.tp, pp=args.pp,
                               hosts=args.hosts, backend=args.backend,
                               deployment_id=args.deployment_id, wait=args.wait, envs=args.envs,
-                                    sampling=args.sampling)
-    if args.wait:
+                                    sampling=args.sampling, replicas=args.replicas,
+                                    replica=args.replica)
+    if args.wait and "deployments" not in result:
         dep = sup.deployments.get(result["deployment_id"])
         if dep is not None and dep.job_id == result["job_id"] and dep.state != S.SERVING:
             raise lifecycle.launch_failure(dep)

@@ -1,0 +1,107 @@
+"""`lockstep up --replicas N`: N deployments of one model behind the one gateway, each on
+its own tp×pp rank slots (services/supervisor/replicas.py places them), served under one
+model name and routed between by the gateway (services/gateway/router.py).
+
+A replica that fails on its own is torn down with proof and redeployed here, while the
+others serve: the gateway has already resumed its in-flight requests on them
+(services/gateway/resume.py) and routes new ones around it; it rejoins once its canary
+passed. The restarts budget (--restarts) is shared by the replicas. One replica that
+cannot be torn down (teardown_failed), or no restarts left, stops `up` as with one.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from common.model_ref import model_id
+from common.schema import to_wire
+from services.up_admin import DeploymentDown, UpError
+
+if TYPE_CHECKING:
+    from services.up import Up
+
+DOWN = ("failed", "teardown_failed")
+
+
+@dataclass
+class Replica:
+    index: int
+    dep_id: str
+    serving: bool = False  # its canary passed (since its last (re)deploy)
+
+
+class ReplicaSet:
+    def __init__(self, up: Up, model: str, hosts, envs: list[str], backend: str) -> None:
+        self.up, self.model, self.hosts, self.envs, self.backend = up, model, hosts, envs, backend
+        self.n = up.s.replicas
+        self.restarts_left = up.s.restarts
+        self.replicas: list[Replica] = []
+
+    def deploy(self, r: int) -> str:
+        s = self.up.s
+        dep_id = f"d-{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}-r{r}"
+        self.up.admin.call("deploy", {
+            "model_path": self.model, "tp": s.tp, "pp": s.pp, "hosts": self.hosts,
+            "backend": self.backend, "wait": False, "envs": self.envs,
+            "sampling": to_wire(self.up.sampling), "deployment_id": dep_id,
+            "replicas": self.n, "replica": r}, timeout=120.0)
+        self.up.log(f"deploying replica {r} of {model_id(self.model)} as {dep_id} "
+                    f"(tp={s.tp}, pp={s.pp}, backend={self.backend})")
+        return dep_id
+
+    def run(self) -> int:
+        up, s = self.up, self.up.s
+        self.replicas = [Replica(r, self.deploy(r)) for r in range(self.n)]
+        deadline = time.monotonic() + s.ready_timeout
+        while not all(r.serving for r in self.replicas):  # every replica's canary first
+            if up.stop_flag.wait(0.25):
+                return 0
+            self.check(starting=True)
+            if time.monotonic() > deadline:
+                slow = [r.dep_id for r in self.replicas if not r.serving]
+                raise UpError(f"replica(s) {', '.join(slow)} not serving after "
+                              f"{s.ready_timeout:.0f}s")
+        url = up.local_url()
+        from services.up import wait_http_ready
+
+        wait_http_ready(url + "/ready", max(1.0, deadline - time.monotonic()), up.stop_flag,
+                        lambda: self.check(starting=True))
+        if up.stop_flag.is_set():
+            return 0
+        first = up.admin.deployment(self.replicas[0].dep_id)
+        up.print_banner(url, model_id(self.model),
+                        f"{self.n} replicas: " + ", ".join(r.dep_id for r in self.replicas),
+                        first)
+        while not up.stop_flag.wait(1.0):
+            self.check(starting=False)
+        return 0
+
+    def check(self, *, starting: bool) -> None:
+        """Every replica's state: note its ranks, redeploy the failed ones."""
+        self.up.check_children()
+        for rep in self.replicas:
+            dep = self.up.admin.deployment(rep.dep_id)
+            if dep is None:
+                continue
+            self.up.note_ranks(dep)
+            if dep.state == "serving" and not rep.serving:
+                rep.serving = True
+                if not starting:
+                    self.up.log(f"replica {rep.index} serving again as {rep.dep_id}")
+            elif dep.state in DOWN:
+                self.redeploy(rep, dep.state, dep.error)
+
+    def redeploy(self, rep: Replica, state: str, error: str | None) -> None:
+        if state == "teardown_failed" or self.restarts_left <= 0:
+            raise DeploymentDown(rep.dep_id, state, error)
+        self.restarts_left -= 1
+        self.up.log(f"replica {rep.index}: deployment {rep.dep_id} is {state}: {error}; the "
+                    f"others serve on; redeploying it ({self.restarts_left} restart(s) left)")
+        out = self.up.admin.call("stop", {"deployment_id": rep.dep_id, "force": True},
+                                 timeout=120.0)
+        path = "/".join(out.get("outcome", {}).get("path") or []) or "its ranks were already gone"
+        self.up.log(f"replica {rep.index}: old deployment torn down ({path})")
+        rep.dep_id, rep.serving = self.deploy(rep.index), False
