@@ -11,14 +11,7 @@ import json
 import openai
 import pytest
 
-from common.envelope import Key
-from common.keys import ensure_cluster_key
-from common.tinymodel import build_model
-from services.gateway.detok import load_tokenizer
-from services.gateway.settings import GatewaySettings
-from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
-from tests.gwutil import GatewayThread, free_port, poll_until
-from tests.support.thinker_model import thinker_model
+from tests.support.fake_gateway import say, thinker_gateway
 
 CALL = "<tool_call>\n<function=add>\n<parameter=a>\n{}\n</parameter>\n</function>\n</tool_call>"
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
@@ -28,31 +21,10 @@ MSGS = [{"role": "user", "content": "add 7"}]
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    home = tmp_path_factory.mktemp("gwhome")
-    key: Key = ensure_cluster_key(home / "keys" / "cluster.key")
-    tiny = build_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny")
-    model = thinker_model(tiny, tmp_path_factory.mktemp("t") / "thinker", coder=True)
-    rank = FakeRank0(key).start()
-    sup = FakeSupervisor(key, rank, str(model)).start()
-    settings = GatewaySettings(home=home, port=free_port(), admin_endpoint=sup.admin_endpoint,
-                               events_endpoint=sup.events_endpoint, refresh_s=0.5)
-    gw = GatewayThread(settings, key).start()
-    poll_until(lambda: gw.gw.cluster.backends, 10, "the fake deployment to be picked up")
-    tok = load_tokenizer(model)
-    assert tok.fmt.parser_name == "qwen3_coder" and tok.fmt.has_thinking
-    c = openai.OpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0, timeout=20)
-    yield {"rank": rank, "tok": tok, "c": c, "model": model.name}
-    gw.stop()
-    sup.stop()
-    rank.stop()
-
-
-def say(env, text: str) -> None:
-    tok = env["tok"]
-    pieces = text.replace("</think>", "\0</think>\0").split("\0")  # markers as their token
-    ids = [i for p in pieces for i in (tok.hf.convert_tokens_to_ids([p]) if p == "</think>"
-                                       else tok.encode(p))]
-    env["rank"].script = lambda g: list(ids)
+    with thinker_gateway(tmp_path_factory, coder=True) as g:
+        assert g.tok.fmt.parser_name == "qwen3_coder" and g.tok.fmt.has_thinking
+        c = openai.OpenAI(base_url=g.url + "/v1", api_key="none", max_retries=0, timeout=20)
+        yield {"rank": g.rank, "tok": g.tok, "c": c, "model": g.model.name}
 
 
 def chat(env, **kw):

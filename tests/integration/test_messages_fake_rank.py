@@ -15,14 +15,9 @@ import anthropic
 import httpx
 import pytest
 
-from common.envelope import Key
-from common.keys import ensure_cluster_key
-from common.tinymodel import build_model
-from services.gateway.detok import load_tokenizer
-from services.gateway.settings import GatewaySettings
-from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
 from tests.gwutil import GatewayThread, free_port, poll_until, sse_lines
-from tests.support.thinker_model import thinker_model
+from tests.support import fake_gateway
+from tests.support.fake_gateway import thinker_gateway
 
 CALL = '<tool_call>\n{{"name": "add", "arguments": {{"a": {}}}}}\n</tool_call>'
 TOOLS = [{"name": "add", "description": "add a number",
@@ -32,33 +27,15 @@ MSGS = [{"role": "user", "content": "add 7"}]
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    home = tmp_path_factory.mktemp("gwhome")
-    key: Key = ensure_cluster_key(home / "keys" / "cluster.key")
-    tiny = build_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny")
-    model = thinker_model(tiny, tmp_path_factory.mktemp("t") / "thinker")
-    rank = FakeRank0(key).start()
-    sup = FakeSupervisor(key, rank, str(model)).start()
-    settings = GatewaySettings(home=home, port=free_port(), admin_endpoint=sup.admin_endpoint,
-                               events_endpoint=sup.events_endpoint, refresh_s=0.5)
-    gw = GatewayThread(settings, key).start()
-    poll_until(lambda: gw.gw.cluster.backends, 10, "the fake deployment to be picked up")
-    tok = load_tokenizer(model)
-    assert tok.fmt.has_thinking and tok.fmt.parser_name == "json_tools"
-    c = anthropic.Anthropic(base_url=gw.url, api_key="none", max_retries=0, timeout=20)
-    yield {"rank": rank, "tok": tok, "c": c, "model": model.name, "url": gw.url, "gw": gw,
-           "settings": settings, "key": key}
-    gw.stop()
-    sup.stop()
-    rank.stop()
+    with thinker_gateway(tmp_path_factory, coder=False) as g:
+        assert g.tok.fmt.has_thinking and g.tok.fmt.parser_name == "json_tools"
+        c = anthropic.Anthropic(base_url=g.url, api_key="none", max_retries=0, timeout=20)
+        yield {"rank": g.rank, "tok": g.tok, "c": c, "model": g.model.name, "url": g.url,
+               "gw": g.gw, "settings": g.settings, "key": g.key}
 
 
 def say(env, text: str, cached: int = 0) -> None:
-    tok = env["tok"]
-    pieces = text.replace("</think>", "\0</think>\0").split("\0")  # markers as their token
-    ids = [i for p in pieces for i in (tok.hf.convert_tokens_to_ids([p]) if p == "</think>"
-                                       else tok.encode(p))]
-    env["rank"].script = lambda g: list(ids)
-    env["rank"].cached = lambda g: cached
+    fake_gateway.say(env, text, cached)
 
 
 def create(env, **kw):
