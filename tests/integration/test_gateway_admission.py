@@ -14,13 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.config import ConfigError
-from common.envelope import Key
-from common.keys import ensure_cluster_key
-from common.tinymodel import build_model
 from services.gateway import settings as gw_settings
-from services.gateway.settings import GatewaySettings
-from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
-from tests.gwutil import GatewayThread, free_port, poll_until, sse_lines
+from tests.gwutil import poll_until, sse_lines
+from tests.support.fake_gateway import fake_gateway
 
 BOUND = 4
 EXTRA = 3
@@ -30,21 +26,9 @@ HOLD_S = 600.0  # the fake's delay before a first token: "held" until release_he
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    home = tmp_path_factory.mktemp("gwhome")
-    key: Key = ensure_cluster_key(home / "keys" / "cluster.key")
-    model = build_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny")
-    rank = FakeRank0(key).start()
-    sup = FakeSupervisor(key, rank, str(model)).start()
-    settings = GatewaySettings(
-        home=home, port=free_port(), admin_endpoint=sup.admin_endpoint,
-        events_endpoint=sup.events_endpoint, keepalive_s=0.2, orphan_grace_s=0.5,
-        refresh_s=0.5, max_inflight=BOUND, overload_retry_after_s=RETRY_AFTER)
-    gw = GatewayThread(settings, key).start()
-    poll_until(lambda: gw.gw.cluster.backends, 10, "the fake deployment to be picked up")
-    yield {"gw": gw, "rank": rank, "model": model.name, "url": gw.url}
-    gw.stop()
-    sup.stop()
-    rank.stop()
+    with fake_gateway(tmp_path_factory, keepalive_s=0.2, orphan_grace_s=0.5, refresh_s=0.5,
+                      max_inflight=BOUND, overload_retry_after_s=RETRY_AFTER) as g:
+        yield {"gw": g.gw, "rank": g.rank, "model": g.model.name, "url": g.url}
 
 
 @pytest.fixture(autouse=True)

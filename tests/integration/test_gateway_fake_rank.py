@@ -12,13 +12,12 @@ import httpx
 import openai
 import pytest
 
-from common.envelope import Key
 from common.keys import ensure_cluster_key
 from common.messages import ErrorCode
-from common.tinymodel import build_model
 from services.gateway.settings import GatewaySettings
-from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
+from tests.fakes.gateway_fakes import FakeSupervisor
 from tests.gwutil import GatewayThread, free_port, poll_until, sse_lines
+from tests.support.fake_gateway import fake_gateway
 
 TOKEN = "admin-secret-token"
 READ_TIMEOUT = 1.5
@@ -26,27 +25,18 @@ READ_TIMEOUT = 1.5
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    home = tmp_path_factory.mktemp("gwhome")
-    key: Key = ensure_cluster_key(home / "keys" / "cluster.key")
-    model = build_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny")
-    rank = FakeRank0(key).start()
-    sup = FakeSupervisor(key, rank, str(model)).start()
-    settings = GatewaySettings(
-        home=home, port=free_port(), admin_token=TOKEN, admin_endpoint=sup.admin_endpoint,
-        events_endpoint=sup.events_endpoint, keepalive_s=0.2, orphan_grace_s=0.5,
-        request_read_timeout=READ_TIMEOUT, refresh_s=0.5, max_body_bytes=64 * 1024,
-        # a failure's code ends the request at once here: this fake deployment is never
-        # redeployed, and resume has its own tests (tests/e2e/test_resume_live.py)
-        resume_timeout=0)
-    gw = GatewayThread(settings, key).start()
-    poll_until(lambda: gw.gw.cluster.backends, 10, "the fake deployment to be picked up")
-    from services.gateway.detok import load_tokenizer
+    with fake_gateway(tmp_path_factory, admin_token=TOKEN, keepalive_s=0.2, orphan_grace_s=0.5,
+                      request_read_timeout=READ_TIMEOUT, refresh_s=0.5,
+                      max_body_bytes=64 * 1024,
+                      # a failure's code ends the request at once here: this fake deployment
+                      # is never redeployed, and resume has its own tests
+                      # (tests/e2e/test_resume_live.py)
+                      resume_timeout=0) as g:
+        from services.gateway.detok import load_tokenizer
 
-    tok = load_tokenizer(model)
-    yield {"gw": gw, "rank": rank, "sup": sup, "tok": tok, "model": model.name, "url": gw.url}
-    gw.stop()
-    sup.stop()
-    rank.stop()
+        tok = load_tokenizer(g.model)
+        yield {"gw": g.gw, "rank": g.rank, "sup": g.sup, "tok": tok, "model": g.model.name,
+               "url": g.url}
 
 
 @pytest.fixture(autouse=True)

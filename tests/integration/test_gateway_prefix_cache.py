@@ -12,12 +12,9 @@ import httpx
 import openai
 import pytest
 
-from common.keys import ensure_cluster_key
 from common.messages import AdminCode, AdminReply, CacheStats
-from common.tinymodel import build_model
-from services.gateway.settings import GatewaySettings
-from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
-from tests.gwutil import GatewayThread, free_port, poll_until, sse_lines
+from tests.gwutil import sse_lines
+from tests.support.fake_gateway import fake_gateway
 
 TOKEN = "admin-secret-token"
 HDR = {"authorization": f"Bearer {TOKEN}"}
@@ -26,22 +23,11 @@ CACHED = 5
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    home = tmp_path_factory.mktemp("gwhome")
-    key = ensure_cluster_key(home / "keys" / "cluster.key")
-    model = build_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny")
-    rank = FakeRank0(key).start()
-    sup = FakeSupervisor(key, rank, str(model),
-                         rank_cache=CacheStats(entries=3, tokens=120, bytes=4096, stored=7,
-                                               evicted=4, hits=2, misses=5, hit_tokens=10)).start()
-    settings = GatewaySettings(home=home, port=free_port(), admin_token=TOKEN,
-                               admin_endpoint=sup.admin_endpoint,
-                               events_endpoint=sup.events_endpoint, refresh_s=0.2)
-    gw = GatewayThread(settings, key).start()
-    poll_until(lambda: gw.gw.cluster.backends, 10, "the fake deployment to be picked up")
-    yield {"gw": gw, "rank": rank, "sup": sup, "model": model.name, "url": gw.url}
-    gw.stop()
-    sup.stop()
-    rank.stop()
+    stats = CacheStats(entries=3, tokens=120, bytes=4096, stored=7, evicted=4, hits=2, misses=5,
+                       hit_tokens=10)
+    with fake_gateway(tmp_path_factory, supervisor={"rank_cache": stats}, admin_token=TOKEN,
+                      refresh_s=0.2) as g:
+        yield {"gw": g.gw, "rank": g.rank, "sup": g.sup, "model": g.model.name, "url": g.url}
 
 
 @pytest.fixture(autouse=True)
