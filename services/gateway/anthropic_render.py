@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse
 
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Generation
+from services.gateway.streaming import run_to_end
 from services.gateway.toolcalls import ToolCall
 
 # HTTP status → Anthropic error type (https://docs.claude.com/en/api/errors). Statuses
@@ -185,14 +186,7 @@ def sse(name: str, data: dict) -> bytes:
 
 async def collect(gen: Generation, blocks: Blocks) -> Final:
     """Run a generation to its end, building its blocks (non-streaming)."""
-    async for kind, val in gen.events():
-        if kind == "end":
-            blocks.close()
-            gen.mark_visible()  # the whole body is the first visible byte
-            val.visible_ttft_ms = (gen.visible_at - gen.started_at) * 1000
-            return val
-        blocks.feed(kind, val)
-    raise RuntimeError("generation ended without a final event")
+    return await run_to_end(gen, blocks.feed, blocks.close)
 
 
 async def stream(gen: Generation, blocks: Blocks, rid: str, model: str, prompt_tokens: int,

@@ -31,6 +31,7 @@ from typing import Any
 from services.gateway import logprobs as lp
 from services.gateway.generation import Final, Generation
 from services.gateway.responses_schemas import ResponsesRequest
+from services.gateway.streaming import run_to_end
 from services.gateway.toolcalls import ToolCall
 
 KEEPALIVE = b": keep-alive\n\n"
@@ -230,14 +231,7 @@ def error_of(final: Final) -> dict | None:
 
 async def collect(gen: Generation, out: Output) -> Final:
     """Run a generation to its end, building its items (non-streaming)."""
-    async for kind, val in gen.events():
-        if kind == "end":
-            out.close()
-            gen.mark_visible()  # the whole body is the first visible byte
-            val.visible_ttft_ms = (gen.visible_at - gen.started_at) * 1000
-            return val
-        out.feed(kind, val)
-    raise RuntimeError("generation ended without a final event")
+    return await run_to_end(gen, out.feed, out.close)
 
 
 async def stream(gen: Generation, out: Output, env: Envelope, on_end):

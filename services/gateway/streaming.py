@@ -15,6 +15,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from starlette.responses import Response
 
@@ -98,17 +99,27 @@ class Shape:
                 "choices": [choice], "usage": final.usage(), "lockstep": final.timings()}
 
 
-async def collect(gen: Generation, prefix: str = "") -> tuple[str, Final]:
-    """Run a generation to its end (non-streaming)."""
-    parts = [prefix] if prefix else []
+async def run_to_end(gen: Generation, feed: Callable[[str, Any], Any],
+                     close: Callable[[], Any] | None = None) -> Final:
+    """Run a generation to its end for a non-streamed answer: every event before the
+    final one to `feed(kind, value)`, then `close()`; the final event's Final, whose
+    visible TTFT is now (the whole body is the first visible byte)."""
     async for kind, val in gen.events():
-        if kind == "text":
-            parts.append(val)
-        elif kind == "end":
-            gen.mark_visible()  # the whole body is the first visible byte
+        if kind == "end":
+            if close is not None:
+                close()
+            gen.mark_visible()
             val.visible_ttft_ms = (gen.visible_at - gen.started_at) * 1000
-            return "".join(parts), val
+            return val
+        feed(kind, val)
     raise RuntimeError("generation ended without a final event")
+
+
+async def collect(gen: Generation, prefix: str = "") -> tuple[str, Final]:
+    """Run a generation to its end (non-streaming): its text after `prefix`, its Final."""
+    parts = [prefix] if prefix else []
+    final = await run_to_end(gen, lambda kind, val: parts.append(val) if kind == "text" else None)
+    return "".join(parts), final
 
 
 async def sse_events(gen: Generation, shape: Shape, prefix: str = "",
