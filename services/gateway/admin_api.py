@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from services.gateway.cluster_view import AdminTimeout, SupervisorUnavailable
 from services.gateway.errors import ADMIN_STATUS, ApiError
 from services.gateway.openai_schemas import parse_json
+from services.gateway.router import load as route_load
 
 router = APIRouter(prefix="/admin/api/cluster")
 DEPLOY_WAIT_S = 600.0
@@ -147,12 +148,16 @@ async def status(request: Request) -> dict:
     data = await call(request, "status")
     data["gateway"] = {"active": gw.cluster.active,
                        "backends": {k: b.active for k, b in gw.cluster.backends.items()},
+                       # replicas: each one's load (router.py) and requests routed there
+                       "routing": {k: {"load": route_load(b), "routed": gw.router.routed[k]}
+                                   for k, b in gw.cluster.backends.items()},
                        # seen by the gateway itself (rank_link.py): not routed to
                        "rank0_lost": {k: b.lost for k, b in gw.cluster.backends.items() if b.lost},
                        "events_seen": gw.cluster.events_seen, "event_gaps": gw.cluster.gaps.gaps,
                        "refreshed_at": gw.cluster.refreshed_at,
                        # requests resumed elsewhere, by the deployment that failed them
                        "resumed": dict(gw.cluster.resumed_from),
+                       "recent_resumes": list(gw.cluster.resume_log),  # where each went
                        "resuming": len(gw.cluster.resuming)}
     # The reaper has no admin socket: its counters arrive on its events (cluster_view.py).
     data["rejections"] = [*(data.get("rejections") or []), *gw.cluster.reaper_rejections]

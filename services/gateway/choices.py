@@ -29,13 +29,14 @@ def choice_messages(msg: Generate, n: int) -> list[Generate]:
             for i in range(n)]
 
 
-async def open_streams(backend: Backend, msg: Generate, n: int) -> list[RequestStream]:
+async def open_streams(backend: Backend, msg: Generate, n: int,
+                       cached: int = 0) -> list[RequestStream]:
     """GENERATE each choice; if one cannot be sent, the ones sent are aborted."""
     backend.check_room(n)
     streams: list[RequestStream] = []
     try:
         for m in choice_messages(msg, n):
-            streams.append(await backend.generate(m))
+            streams.append(await backend.generate(m, cached))
     except BaseException:
         for s in streams:
             s.release("client")

@@ -57,6 +57,8 @@ class Cluster:
         # still active, and abort-all reaches them
         self.resuming: set = set()
         self.resumed_from: collections.Counter[str] = collections.Counter()  # by failed deployment
+        # the last resumes, each {request_id, as, from, to, tokens, cause, at}: where each went
+        self.resume_log: collections.deque[dict] = collections.deque(maxlen=256)
         self.shutting_down = False  # set by the server (server.py): nothing resumes any more
         self.status: dict = {}
         self.supervisor_error: str | None = "supervisor not contacted yet"

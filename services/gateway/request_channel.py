@@ -102,13 +102,16 @@ class Backend:
             self.overloads["gateway"] += 1
             raise Overloaded(self, "gateway", n)
 
-    async def generate(self, gen: Generate) -> RequestStream:
+    async def generate(self, gen: Generate, cached: int = 0) -> RequestStream:
+        """Send `gen`; `cached`: the prompt tokens the router expects rank 0's cache to
+        hold (services/gateway/router.py counts the rest as this deployment's load)."""
         if self.closed:
             raise Unavailable(self, "the deployment is gone")
         if self.lost:
             raise Unavailable(self, self.lost)
         self.check_room()  # no await before the stream is registered: the bound holds
         s = RequestStream(self, gen.request_id, len(gen.prompt))
+        s.route_cached = cached
         self.client.open_stream(gen.request_id, s.queue)
         self.streams[gen.request_id] = s
         self._drained.clear()

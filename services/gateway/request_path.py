@@ -174,9 +174,7 @@ async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endp
         seed=secrets.randbits(63) if req.seed is None else req.seed % (2**63),
         stop_token_ids=list(tok.eos_ids), client="gateway", grammar=grammar,
         **generate_fields(req, tok, backend.sampling, chat=chat))
-    streams = await choices.open_streams(backend, msg, n)  # 503: retry-after
-    for st in streams:
-        st.route_cached = route.cached  # its expected prefill, for the router's load
+    streams = await choices.open_streams(backend, msg, n, route.cached)  # 503: retry-after
     gens = [Generation(st, tok, model=backend.model, stops=req.stops(),
                        parser=output_parser(req, tok, prompt) if chat else None,
                        started_at=started, read_timeout=s.request_read_timeout,

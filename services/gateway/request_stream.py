@@ -92,6 +92,7 @@ class RequestStream:
         self.cached_tokens = 0
         self.model_ttft_ms: float | None = None
         self.first_token_at: float | None = None  # monotonic, as the gateway took it
+        self.route_cached = 0  # prompt tokens the router expected cached (router.py load)
 
     async def next(self, timeout: float) -> Tokens | None:
         """The next chunk from rank 0, or None if none arrived within `timeout`."""

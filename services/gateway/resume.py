@@ -110,6 +110,10 @@ class Resumer:
                     else:
                         self.resumes = n
                         self.cluster.resumed_from[old.deployment_id] += 1
+                        self.cluster.resume_log.append({
+                            "request_id": old_id, "as": gen.request_id,
+                            "from": old.deployment_id, "to": b.deployment_id,
+                            "tokens": len(produced), "cause": cause, "at": time.time()})
                         if self.metrics is not None:
                             self.metrics.resumes.labels(cause=cause).inc()
                         log.info("request %s resumed as %s on %s after %d token(s) (%s)",

@@ -8,7 +8,11 @@ The rule, per request (after tokenizing: the prompt's tokens decide):
 2. Each replica's cached prefix of this prompt, from its prefix index: the precise one
    (rank 0's own cache events, cache_index.py) where the backend has it and it is
    chosen, else the approximate one (what this gateway routed where, route_index.py).
-3. The replica with the longest cached prefix (at least MIN_MATCH tokens) takes it,
+3. The replica with the longest cached prefix takes it — if that saves something: it
+   holds at least MIN_GAIN more of the prompt than the replica holding least (a chat
+   template's or a default system prompt's few shared tokens must not pull every new
+   conversation onto one replica: SGLang's cache_threshold guards the same thing with a
+   share of the prompt, which a short conversation's second turn fails) —
    unless its load exceeds the least loaded replica's by more than `imbalance`: then the
    least loaded takes it (the cache would save less than the queue costs), preferring,
    among the least loaded, a longer cached prefix. Without a useful match: least loaded.
@@ -31,7 +35,7 @@ from services.gateway.request_channel import Backend
 from services.gateway.route_index import RoutedIndex
 
 DECODE_COST = 128  # prefill tokens one decoding request weighs (a step of the batch each)
-MIN_MATCH = 8  # rank 0's own floor for a cache hit (services/rank/prefix_cache.py)
+MIN_GAIN = 32  # tokens: less is a shared template's worth, not a conversation's
 INDEXES = ("approx", "precise")
 
 
@@ -53,7 +57,7 @@ def load(b: Backend) -> int:
     pending = decoding = 0
     for s in b.streams.values():
         if s.first_token_at is None:
-            pending += max(0, s.prompt_len - getattr(s, "route_cached", 0))
+            pending += max(0, s.prompt_len - s.route_cached)
         else:
             decoding += 1
     return pending + DECODE_COST * decoding
@@ -94,7 +98,7 @@ class Router:
 
         best = min(cands, key=lambda b: (-match[b.deployment_id], *calm(b)))
         least = min(loads.values())
-        if match[best.deployment_id] < MIN_MATCH:
+        if match[best.deployment_id] - min(match.values()) < MIN_GAIN:
             b = min(cands, key=calm)
             return Route(b, match[b.deployment_id], Reason.LOAD)
         if loads[best.deployment_id] - least <= self.imbalance:

@@ -1,0 +1,249 @@
+"""Replicas behind one gateway (issue 31) with real ranks: `lockstep up --replicas 2
+--tp 1` (tiny preset), two deployments of one model under one name.
+
+- 8 conversations of 6 turns, concurrently: every turn from the second reports
+  cached_tokens at least the previous turn's prompt tokens (the router sent it back to
+  the replica holding its prefix);
+- 16 distinct prompts at once split no worse than 10/6;
+- SIGKILL of one replica's rank during 6 streams spread over both: every stream
+  completes with its unfaulted text, resumed on the other replica (the gateway's own
+  record says where) without waiting for the redeploy; the killed replica serves again
+  afterwards; Ctrl-C leaves no process of either replica.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
+from tests.support.processes import interrupt, process_gone, up_argv
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_EOS = {"0": -100, "2": -100}  # the tiny preset's EOS ids: streams run to max_tokens
+WORDS = ["amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "heath",
+         "inlet", "juniper", "kestrel", "lagoon", "meadow", "nectar", "orchid", "prairie"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("replicas")
+    home, port, out = tmp / "home", free_port(), tmp / "up.out"
+    # rank 0 sleeps 10 ms a step (test seam): a 300-token stream is surely mid-stream
+    # when the fault comes
+    env = {**os.environ, "LOCKSTEP_PEER_ABORT_GRACE": "1", "LOCKSTEP_RANK_TEST_SEAMS": "true",
+           "LOCKSTEP_TEST_STEP_DELAY_S": "0.01"}
+    log = open(out, "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(up_argv(home, port, "--tp", "1", "--replicas", "2", "--restarts", "4"),
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, env=env)
+
+    def banner():
+        if proc.poll() is not None:
+            raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
+        return "Press Ctrl-C" in out.read_text()
+    poll_until(banner, 240, "lockstep up's banner", interval=0.2)
+    token = (home / "admin.token").read_text().strip()
+    c = {"proc": proc, "out": out, "url": f"http://127.0.0.1:{port}",
+         "hdr": {"Authorization": f"Bearer {token}"}, "pids": set()}
+    try:
+        yield c
+        # Ctrl-C: exit 0 and every process of up and of every replica (old and new) gone
+        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        c["pids"] |= {r["pid"] for d in _deployments(c) for r in d["ranks"]}
+        interrupt(proc, 120)
+        assert proc.returncode == 0, out.read_text()[-3000:]
+        poll_until(lambda: all(process_gone(p) for p in [*tree, *c["pids"]]), 20,
+                   "every process of up and of every replica gone")
+    finally:
+        interrupt(proc, 30)
+        log.close()
+
+
+def _deployments(c: dict) -> list[dict]:
+    return httpx.get(c["url"] + "/admin/api/cluster/deployments", headers=c["hdr"],
+                     timeout=10).json()["deployments"]
+
+
+def _serving(c: dict) -> list[dict]:
+    return sorted((d for d in _deployments(c) if d["state"] == "serving"),
+                  key=lambda d: d["replica"])
+
+
+def _status(c: dict) -> dict:
+    return httpx.get(c["url"] + "/admin/api/cluster/status", headers=c["hdr"],
+                     timeout=10).json()["gateway"]
+
+
+def test_one_model_name_and_two_serving_replicas(cluster):
+    deps = _serving(cluster)
+    assert [d["replica"] for d in deps] == [0, 1] and {d["replicas"] for d in deps} == {2}
+    assert {d["model"] for d in deps} == {"tiny"}
+    models = httpx.get(cluster["url"] + "/v1/models", timeout=10).json()["data"]
+    assert [m["id"] for m in models] == ["tiny"]
+
+
+def _chat(c: dict, messages: list[dict], **kw) -> httpx.Response:
+    body = {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 8, **kw}
+    r = httpx.post(c["url"] + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r
+
+
+@pytest.mark.timeout(300)
+def test_each_conversation_turn_hits_its_own_replicas_cache(cluster):
+    got: dict[int, list] = {}
+
+    def conversation(i: int) -> None:
+        msgs: list[dict] = []
+        turns = []
+        try:
+            for t in range(6):
+                # a realistic turn (~50 tokens): a conversation's history soon outweighs
+                # what every replica shares (the chat template), as the router requires
+                msgs.append({"role": "user", "content": f"part {t} of {WORDS[i]}: " + " ".join(
+                    WORDS[(i * 3 + t + k) % 16] for k in range(40))})
+                r = _chat(cluster, msgs)
+                body = r.json()
+                usage = body["usage"]
+                turns.append((usage["prompt_tokens"],
+                              (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+                              r.headers["x-lockstep-deployment"]))
+                msgs.append({"role": "assistant",
+                             "content": body["choices"][0]["message"]["content"]})
+            got[i] = turns
+        except Exception as exc:  # noqa: BLE001 - reported below, not lost in a thread
+            got[i] = [repr(exc)]
+
+    threads = [threading.Thread(target=conversation, args=(i,), daemon=True) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+        assert not t.is_alive()
+    for i, turns in got.items():
+        assert all(isinstance(x, tuple) for x in turns), (i, turns)
+        for k in range(1, 6):
+            prev_prompt, (_, cached, _) = turns[k - 1][0], turns[k]
+            assert cached >= prev_prompt, (i, k, turns)
+    # the conversations themselves spread over both replicas
+    where = collections.Counter(turns[0][2] for turns in got.values())
+    assert len(where) == 2, where
+
+
+@pytest.mark.timeout(300)
+def test_distinct_prompts_split_between_the_replicas(cluster):
+    where: list[str] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        text = " ".join(WORDS[(i + k) % 16] for k in range(40)) + f" number {i}"
+        r = _chat(cluster, [{"role": "user", "content": text}], max_tokens=16)
+        with lock:
+            where.append(r.headers["x-lockstep-deployment"])
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+        assert not t.is_alive()
+    split = sorted(collections.Counter(where).values())
+    assert len(where) == 16 and len(split) == 2 and split[0] >= 6, where
+
+
+def _stream(c: dict, i: int, got: dict, lock: threading.Lock) -> None:
+    body = {"model": "tiny", "stream": True, "max_tokens": 300, "temperature": 0.8,
+            "seed": 100 + i, "logit_bias": NO_EOS,
+            "messages": [{"role": "user", "content": f"story {WORDS[i]} and {WORDS[i + 8]}"}]}
+    text, finish = [], None
+    try:
+        with httpx.stream("POST", c["url"] + "/v1/chat/completions", json=body,
+                          timeout=120) as r:
+            assert r.status_code == 200, r.read()
+            with lock:
+                got.setdefault("where", {})[i] = r.headers["x-lockstep-deployment"]
+            for what, data in sse_lines(r):
+                if what != "data" or data == "[DONE]":
+                    continue
+                assert "error" not in data, data
+                for ch in data["choices"]:
+                    text.append(ch["delta"].get("content") or "")
+                    finish = ch.get("finish_reason") or finish
+                with lock:
+                    got.setdefault("chunks", {})[i] = len(text)
+        result = ("".join(text), finish)
+    except Exception as exc:  # noqa: BLE001 - reported by the test
+        result = ("error", repr(exc))
+    with lock:
+        got[i] = result
+
+
+def _six(c: dict, fault=None) -> dict:
+    got: dict = {}
+    lock = threading.Lock()
+    threads = [threading.Thread(target=_stream, args=(c, i, got, lock), daemon=True)
+               for i in range(6)]
+    for t in threads:
+        t.start()
+    if fault is not None:
+        def streaming():
+            with lock:
+                done = [i for i in range(6) if i in got]
+                counts = dict(got.get("chunks") or {})
+            if done:
+                raise GaveUp(f"a stream finished before the fault: {done}")
+            return len(counts) == 6 and min(counts.values()) >= 3
+        poll_until(streaming, 60, "all six streaming")
+        fault(got["where"])
+    for t in threads:
+        t.join(180)
+        assert not t.is_alive(), "a stream never ended"
+    return got
+
+
+@pytest.mark.timeout(420)
+def test_a_killed_replicas_streams_resume_on_the_other_at_once(cluster):
+    c = cluster
+    reference = _six(c)
+    assert all(reference[i][1] == "length" for i in range(6)), reference
+    where = collections.Counter(reference["where"].values())
+    assert len(where) == 2, where  # spread over both
+    deps = {d["deployment_id"]: d for d in _serving(c)}
+    c["pids"] |= {r["pid"] for d in deps.values() for r in d["ranks"]}
+    seen = len(_status(c)["recent_resumes"])
+    killed: dict = {}
+
+    def kill(where_now: dict) -> None:
+        counts = collections.Counter(where_now.values())
+        victim = max(sorted(counts), key=lambda d: counts[d])  # the replica with more streams
+        killed["id"] = victim
+        killed["streams"] = sorted(i for i, d in where_now.items() if d == victim)
+        os.kill(deps[victim]["ranks"][0]["pid"], signal.SIGKILL)
+
+    got = _six(c, kill)
+    other = next(d for d in deps if d != killed["id"])
+    resumes = _status(c)["recent_resumes"][seen:]
+    for i in range(6):
+        if got[i] != reference[i]:  # where it diverged, and where each stream ran
+            a, b = got[i][0], reference[i][0]
+            at = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), None)
+            raise AssertionError(f"stream {i} diverges at char {at}: {got[i]!r} != "
+                                 f"{reference[i]!r}; killed {killed}, resumes {resumes}, "
+                                 f"where {got['where']} (unfaulted {reference['where']})")
+    assert sorted((r["from"], r["to"]) for r in resumes) == \
+        [(killed["id"], other)] * len(killed["streams"]), resumes
+    # and the killed replica comes back, redeployed by up, as a new deployment
+    back = poll_until(lambda: (lambda s: s if len(s) == 2 and killed["id"] not in
+                               {d["deployment_id"] for d in s} else None)(_serving(c)),
+                      180, "the killed replica serving again")
+    assert {d["replica"] for d in back} == {0, 1}
+    assert process_gone(deps[killed["id"]]["ranks"][0]["pid"])
