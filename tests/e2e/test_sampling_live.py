@@ -1,7 +1,7 @@
 """Sampling fields and logprobs through the real `openai` client, against live TP=2 and
-PP=2 deployments of the embedded model: a real supervisor (in this process) with real
-MLX ranks over the ring backend, a real gateway in front. One deployment per mode,
-shared by the module's tests (module-scoped, TP first then PP).
+PP=2 deployments of the embedded model: the shared cluster (tests/support/live_cluster.py:
+`lockstep up`, real MLX ranks over the ring backend, its gateway in front), idle before
+and after each test.
 
 Each field is shown to change the output the way it should against the same request
 without it; every request's tokens are then compared across the ranks (each rank's
@@ -9,52 +9,40 @@ removal record carries the digest of the tokens it fed: services/rank/removals.p
 
 from __future__ import annotations
 
+import functools
 import math
-import time
-from dataclasses import replace
 
 import httpx
 import openai
 import pytest
 
 from services.gateway.detok import load_tokenizer
-from services.gateway.settings import GatewaySettings
 from services.rank.removals import read_removals, removals_path
 from tests.e2e.rank_harness import model_dir
-from tests.gwutil import GatewayThread, free_port, poll_until, sse_lines
-from tests.support.supervisor import RunningSupervisor, fake_settings
+from tests.gwutil import poll_until, sse_lines
+from tests.support import live_cluster as lc
 
 PROMPT = "the cat sat on the"
 N = 12
 
 
-@pytest.fixture(scope="module", params=["tp", "pp"])
-def live(request, tmp_path_factory):
+MODES = {"tp": lc.TP_MODEL, "pp": lc.PP_MODEL}
+RIDS: dict[str, list[str]] = {mode: [] for mode in MODES}  # every request, per mode
+
+
+@functools.cache
+def tokenizer():
+    return load_tokenizer(model_dir())  # the same preset and seed as the cluster's
+
+
+@pytest.fixture(params=list(MODES))
+def live(request, live_cluster):
     mode = request.param
-    home = tmp_path_factory.mktemp(f"sampling-{mode}")
-    settings = replace(fake_settings(home), rank_command="", load_timeout=150.0,
-                       canary_window_s=1.0, canary_timeout_s=60.0, stop_timeout=10.0,
-                       rank_telemetry_interval_s=0.5)
-    t0 = time.monotonic()
-    rs = RunningSupervisor(settings)
-    gw = None
-    dep_id = f"sampling-{mode}"
-    try:
-        rs.ok("deploy", timeout=220, model_path=str(model_dir()), deployment_id=dep_id,
-              **{mode: 2})
-        sk = rs.sup.sockets
-        gw = GatewayThread(GatewaySettings(home=home, port=free_port(), refresh_s=0.5,
-                                           admin_endpoint=sk.admin_endpoint,
-                                           events_endpoint=sk.events_endpoint), rs.key).start()
-        poll_until(lambda: gw.gw.cluster.backends, 30, "the gateway to see the deployment")
-        c = openai.OpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0, timeout=120)
-        print(f"\n{mode}: deployed and gateway ready in {time.monotonic() - t0:.1f}s")
-        yield {"mode": mode, "client": c, "model": c.models.list().data[0].id, "url": gw.url,
-               "home": home, "dep": dep_id, "tok": load_tokenizer(model_dir()), "rids": []}
-    finally:
-        if gw is not None:
-            gw.stop()
-        rs.close()
+    c = live_cluster
+    client = openai.OpenAI(base_url=c.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    return {"mode": mode, "client": client, "model": MODES[mode], "url": c.url,
+            "home": c.home, "dep": c.deps[MODES[mode]]["deployment_id"], "tok": tokenizer(),
+            "rids": RIDS[mode]}
 
 
 def completion(live, **kw):

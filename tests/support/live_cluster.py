@@ -2,9 +2,10 @@
 supervisor, reaper and gateway processes serving the random-weight "tiny" model at TP=2
 (`up`'s own deployment) and, deployed beside it through the admin API, a copy named
 "tiny-pp" at PP=2. test_gateway_live, test_console_browser_live, test_messages_live,
-test_responses_live, test_structured_live and faults/test_rogue_secret_grep use it
-through the `live_cluster` fixture (tests/conftest.py); tests that kill ranks, unload a
-deployment or stop `up` keep a cluster of their own.
+test_responses_live, test_structured_live, test_sampling_live and
+faults/test_rogue_secret_grep use it through the `live_cluster` fixture
+(tests/conftest.py), which runs them one after another; tests that kill ranks, unload a
+deployment, stop `up` or need other settings keep a cluster of their own.
 
 Each test starts and ends on a clean cluster: the same two deployments serving, nothing
 in flight at the gateway or on either rank 0 (`check_idle`). After the last test that uses
