@@ -75,15 +75,18 @@ class Cluster:
         assert out.stdout, out.stderr
         return json.loads(out.stdout)
 
-    def deploy_tp2(self, model: Path, dep_id: str) -> tuple[dict, LaunchManifest]:
+    def deploy_tp2(self, model: Path, dep_id: str,
+                   info: bool = True) -> tuple[dict | None, LaunchManifest]:
+        """Deploy through the CLI; its manifest, and (with `info`) its DeploymentInfo."""
         reply = self.admin("deploy", "--model", str(model), "--tp", "2", "--id", dep_id)
         assert reply["ok"] and reply["data"]["state"] == "serving", reply
         m = LaunchManifest.from_dict(read_json(manifest_path(self.paths, reply["data"]["job_id"])))
         assert len(m.ranks) == 2 and not any(r.remote for r in m.ranks)
         self.ranks += [(r.pid, r.start_time) for r in m.ranks]
-        info = next(d for d in self.admin("deployments")["data"]["deployments"]
-                    if d["deployment_id"] == dep_id)
-        return info, m
+        if not info:
+            return None, m
+        return next(d for d in self.admin("deployments")["data"]["deployments"]
+                    if d["deployment_id"] == dep_id), m
 
     def close(self) -> None:
         for p in self.procs:
@@ -223,7 +226,7 @@ def test_supervisor_kill_loop_real_supervisor(cluster: Cluster, tmp_path: Path) 
         sup = cluster.supervisor(LOCKSTEP_RANK_COMMAND=FAKE_RANK,
                                  LOCKSTEP_RANK_TELEMETRY_INTERVAL_S="0.2",
                                  LOCKSTEP_CANARY_WINDOW_S="0.1", LOCKSTEP_CANARY_RUNS="1")
-        _, m = cluster.deploy_tp2(empty, f"loop-{i}")
+        _, m = cluster.deploy_tp2(empty, f"loop-{i}", info=False)
         jobs.append(m)
         sup.kill()
         sup.wait(timeout=10)
