@@ -10,13 +10,16 @@ gateway's own evidence:
   gate. With active requests it is refused (409 `active_requests`) unless `force`,
   which runs abort-all for that deployment and needs zero-active evidence from every
   rank (DELETE with force falls back on verified teardown as the proof); then the
-  supervisor's verified teardown.
+  supervisor's verified teardown. While another replica of the model serves (or with
+  `drain: true`) it drains first: the router sends nothing new there and in-flight
+  requests finish there, up to `drain_timeout_s` (120).
 `POST /deployments/{id}/cache-clear` empties every rank's prefix cache through the plan
 (the supervisor's `cache_clear`: rank 0 confirms the step; 504 `timeout` if it did not).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from typing import Any, Literal
@@ -28,6 +31,8 @@ from services.gateway.cluster_view import AdminTimeout, SupervisorUnavailable
 from services.gateway.errors import ADMIN_STATUS, ApiError
 from services.gateway.openai_schemas import parse_json
 from services.gateway.router import load as route_load
+
+TELEMETRY_SETTLE_S = 5.0  # after a drain, for every rank's telemetry to show it
 
 router = APIRouter(prefix="/admin/api/cluster")
 DEPLOY_WAIT_S = 600.0
@@ -69,6 +74,10 @@ class DeployArgs(_Args):
 class UnloadArgs(_Args):
     force: bool = False
     timeout_s: float | None = Field(default=None, gt=0, le=300)
+    # replicas: with another replica of the model serving (drain null), or drain true, new
+    # requests go elsewhere and in-flight ones finish here first, up to drain_timeout_s
+    drain: bool | None = None
+    drain_timeout_s: float = Field(default=120.0, gt=0, le=3600)
 
 
 class AbortAllArgs(_Args):
@@ -149,7 +158,8 @@ async def status(request: Request) -> dict:
     data["gateway"] = {"active": gw.cluster.active,
                        "backends": {k: b.active for k, b in gw.cluster.backends.items()},
                        # replicas: each one's load (router.py) and requests routed there
-                       "routing": {k: {"load": route_load(b), "routed": gw.router.routed[k]}
+                       "routing": {k: {"load": route_load(b), "routed": gw.router.routed[k],
+                                       "draining": b.draining}
                                    for k, b in gw.cluster.backends.items()},
                        # seen by the gateway itself (rank_link.py): not routed to
                        "rank0_lost": {k: b.lost for k, b in gw.cluster.backends.items() if b.lost},
@@ -218,13 +228,20 @@ async def abort_all_route(request: Request) -> dict:
 
 
 async def _unload(request: Request, dep_id: str, force: bool, timeout_s: float | None,
-                  teardown_is_proof: bool) -> dict:
+                  teardown_is_proof: bool, drain: bool | None = None,
+                  drain_timeout_s: float = 120.0) -> dict:
     gw = request.app.state.gw
-    data = await call(request, "deployments")
-    info = next((d for d in data.get("deployments") or [] if d.get("deployment_id") == dep_id), None)
-    if info is None:
-        raise ApiError(404, f"no deployment {dep_id!r}", code="not_found")
     b = gw.cluster.backends.get(dep_id)
+    drained = None  # first, so that what follows sees the ranks after the drain
+    if b is not None and (drain or (drain is None and _other_replica(gw, b))):
+        drained = await _drain(b, drain_timeout_s)
+    info = await _info(request, dep_id)
+    if drained is not None and not drained["left"]:
+        # drained at the gateway: the ranks' telemetry says so within its period
+        settle = time.monotonic() + TELEMETRY_SETTLE_S
+        while any(r.get("active") for r in info.get("ranks") or []) and time.monotonic() < settle:
+            await asyncio.sleep(0.2)
+            info = await _info(request, dep_id)
     ranks = {str(r.get("rank")): r.get("active", 0) for r in info.get("ranks") or []}
     rank0 = None
     if b is not None:
@@ -236,6 +253,8 @@ async def _unload(request: Request, dep_id: str, force: bool, timeout_s: float |
     busy = active["gateway_active"] or any(ranks.values()) or rank0
     evidence = None
     if busy and not force:
+        if b is not None:
+            b.draining = False  # not unloading after all: it serves again
         raise ApiError(409, f"deployment {dep_id} has active requests; abort them first or "
                        "unload with force=true", code="active_requests", data=active)
     if busy or force:
@@ -249,7 +268,33 @@ async def _unload(request: Request, dep_id: str, force: bool, timeout_s: float |
                           timeout=STOP_WAIT_S)
     await _refresh(gw)
     return {"deployment_id": dep_id, "active_before": active, "evidence": evidence,
-            "teardown": teardown}
+            "drained": drained, "teardown": teardown}
+
+
+async def _info(request: Request, dep_id: str) -> dict:
+    data = await call(request, "deployments")
+    info = next((d for d in data.get("deployments") or [] if d.get("deployment_id") == dep_id), None)
+    if info is None:
+        raise ApiError(404, f"no deployment {dep_id!r}", code="not_found")
+    return info
+
+
+def _other_replica(gw, b) -> bool:
+    """Another deployment of b's model serves: b's requests can be routed there."""
+    return any(o is not b and o.model == b.model and not o.lost and not o.closed
+               and not o.draining for o in gw.cluster.backends.values())
+
+
+async def _drain(b, timeout_s: float) -> dict:
+    """No new requests to `b` (the router skips it); wait for its in-flight ones to
+    finish there, up to `timeout_s`. A stop is a cancellation for whatever it then ends,
+    never a failure to resume."""
+    b.draining = True
+    t0 = time.monotonic()
+    before = b.active
+    while b.active and time.monotonic() - t0 < timeout_s:
+        await asyncio.sleep(0.1)
+    return {"in_flight": before, "left": b.active, "waited_s": round(time.monotonic() - t0, 3)}
 
 
 async def _refresh(gw) -> None:
@@ -263,7 +308,8 @@ async def _refresh(gw) -> None:
 async def unload(dep_id: str, request: Request) -> dict:
     require_admin(request)
     a = await _args(request, UnloadArgs)
-    return await _unload(request, dep_id, a.force, a.timeout_s, teardown_is_proof=False)
+    return await _unload(request, dep_id, a.force, a.timeout_s, teardown_is_proof=False,
+                         drain=a.drain, drain_timeout_s=a.drain_timeout_s)
 
 
 @router.delete("/deployments/{dep_id}")

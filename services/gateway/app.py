@@ -59,7 +59,8 @@ class Gateway:
         requests; the router (router.py) chooses among them once the prompt is tokenized."""
         c = self.cluster
         cands = [b for b in c.backends.values() if names(b, model)]
-        live = sorted((b for b in cands if not b.lost), key=lambda b: b.deployment_id)
+        live = sorted((b for b in cands if not b.lost and not b.draining),
+                      key=lambda b: b.deployment_id)
         if live:
             # one model path: replicas of one model share its tokenizer
             live = [b for b in live if b.model_path == live[0].model_path]

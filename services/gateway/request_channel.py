@@ -73,6 +73,7 @@ class Backend:
         # Rank 0 lost is seen here, at once (rank_link.py): its streams fail in-band.
         self.link = LinkWatch(self.client.sock, self.endpoint, self.fail_lost)
         self.lost: str | None = None  # why rank 0 is lost: not routed to any more
+        self.draining = False  # an operator's unload: no new requests, in-flight ones finish
         self.streams: dict[str, RequestStream] = {}
         self.orphan_grace_s = orphan_grace_s
         self.max_inflight = max_inflight  # 0: no bound

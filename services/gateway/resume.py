@@ -71,7 +71,8 @@ class Resumer:
 
     def _backend(self, exclude: Backend) -> Backend | None:
         live = [b for b in self.cluster.backends.values()
-                if b is not exclude and not b.lost and not b.closed and b.model == self.model
+                if b is not exclude and not b.lost and not b.closed and not b.draining
+                and b.model == self.model
                 and b.model_path == self.model_path]
         # least loaded; ties by id, so equal loads do not pile onto one deployment
         return min(live, key=lambda b: (b.active, b.deployment_id)) if live else None
