@@ -26,7 +26,7 @@
 | abort_all_timeout_s | 15 | bound on abort-all's wait for zero active everywhere |
 | resume_timeout | 120 | a request whose deployment failed waits this long for a serving deployment of its model to go on (token for token); 0 = off: it ends with rank_lost at once |
 | resume_max | 2 | resumes per request; past it, rank_lost |
-| route_imbalance | 4096 | replicas: a request goes to the replica caching most of its prompt unless that replica's load (prefill-token equivalents) exceeds the least loaded one's by more than this (services/gateway/router.py) |
+| route_imbalance | 1024 | replicas: a request goes to the replica caching most of its prompt unless that replica's load (prefill-token equivalents) exceeds the least loaded one's by more than this (services/gateway/router.py) |
 | route_index | approx | replicas: which prefix index routing reads: `approx` (what the gateway routed where) or `precise` (rank 0's cache events) |
 """
 
@@ -81,7 +81,7 @@ class GatewaySettings:
     abort_all_timeout_s: Seconds = 15.0
     resume_timeout: Seconds = 120.0  # 0 = off (services/gateway/resume.py)
     resume_max: Count = 2
-    route_imbalance: Count = 4096  # services/gateway/router.py
+    route_imbalance: Count = 1024  # services/gateway/router.py
     route_index: str = "approx"  # approx | precise
     log_level: str = "info"
 

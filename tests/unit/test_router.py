@@ -114,3 +114,16 @@ def test_routed_index_matches_as_rank_0_does():
     ix.add([9, 9, 9])
     ix.add([8, 8, 8])  # over the bound: the least recent goes
     assert len(ix) == 2 and ix.longest_prefix([1, 2, 3, 4, 5, 6]) == 0
+
+
+def test_a_shared_template_prefix_does_not_pull_distinct_prompts_onto_one_replica():
+    a, b = Replica("d-a"), Replica("d-b")
+    r = Router(imbalance=1024)
+    template = list(range(5000, 5030))  # a chat template's 30 shared tokens
+
+    def distinct(i: int) -> list[int]:
+        return [*template, *range(10_000 + 1000 * i, 10_000 + 1000 * i + 300)]
+
+    routes = [r.choose([a, b], distinct(i)) for i in range(16)]  # one at a time: loads 0
+    assert Counter(x.backend.deployment_id for x in routes) == {"d-a": 8, "d-b": 8}
+    assert {x.reason for x in routes} == {Reason.LOAD}
