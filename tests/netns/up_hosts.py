@@ -58,9 +58,13 @@ class Up:
         return self.admin_get("deployments")["deployments"]
 
     def serving(self) -> dict:
-        deps = [d for d in self.deployments() if d["state"] == "serving"]
+        deps = self.all_serving()
         assert len(deps) == 1, deps
         return deps[0]
+
+    def all_serving(self) -> list[dict]:
+        return sorted((d for d in self.deployments() if d["state"] == "serving"),
+                      key=lambda d: d["replica"])
 
     def completion(self, model: str) -> str | None:
         """The greedy completion of PROMPT, or None while it is not served."""
@@ -72,13 +76,15 @@ class Up:
         return r.json()["choices"][0]["text"] if r.status_code == 200 else None
 
 
-def start(c: NetnsCluster, tmp_path: Path, restarts: int, *, resume_timeout: float) -> Up:
-    """`up --hosts` over hosts A and B; `resume_timeout` 0 ends a cut's streams."""
+def start(c: NetnsCluster, tmp_path: Path, restarts: int, *, resume_timeout: float,
+          hosts: tuple[int, ...] = (A, B), extra: tuple[str, ...] = ()) -> Up:
+    """`up --hosts` over `hosts` (rank slots in order); `resume_timeout` 0 ends a cut's
+    streams; `extra`: more of up's flags."""
     home = tmp_path / "home"
-    doc = hosts_doc(c, [A, B])
+    doc = hosts_doc(c, list(hosts))
     doc["envs"] = [STEP_DELAY]
-    hosts = tmp_path / "hosts.json"
-    hosts.write_text(json.dumps(doc))
+    hosts_file = tmp_path / "hosts.json"
+    hosts_file.write_text(json.dumps(doc))
     port = free_port()
     env = lockstep_env(None, LOCKSTEP_RANK_TEST_SEAMS="1", LOCKSTEP_SSH_CONNECT_TIMEOUT="3",
                        LOCKSTEP_PEER_ABORT_GRACE=str(GRACE_S), LOCKSTEP_REMOTE_POLL_S="0.3",
@@ -86,7 +92,7 @@ def start(c: NetnsCluster, tmp_path: Path, restarts: int, *, resume_timeout: flo
     out = tmp_path / "up.out"
     with open(out, "wb") as log:
         proc = subprocess.Popen(
-            up_argv(home, port, "--hosts", str(hosts), "--restarts", str(restarts)),
+            up_argv(home, port, "--hosts", str(hosts_file), "--restarts", str(restarts), *extra),
             cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
     return Up(proc, out, home, f"http://127.0.0.1:{port}")
