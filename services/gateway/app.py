@@ -51,7 +51,8 @@ class Gateway:
         self.cluster = Cluster(settings, key, self.metrics)
         self.metrics.cluster = self.cluster
         self.prepare_pool = PreparePool(settings.prepare_threads)
-        self.router = Router(settings.route_imbalance, settings.route_index, self.metrics)
+        self.router = Router(settings.route_imbalance, settings.route_index, self.metrics,
+                             settings.route_policy)
         self._probe_lock = asyncio.Lock()
 
     def pick(self, model: str, n: int = 1) -> list[Backend]:

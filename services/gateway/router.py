@@ -37,6 +37,7 @@ from services.gateway.route_index import RoutedIndex
 DECODE_COST = 128  # prefill tokens one decoding request weighs (a step of the batch each)
 MIN_GAIN = 32  # tokens: less is a shared template's worth, not a conversation's
 INDEXES = ("approx", "precise")
+POLICIES = ("cache", "round_robin")  # round_robin: the baseline the bench compares with
 
 
 class Reason(enum.Enum):
@@ -44,6 +45,7 @@ class Reason(enum.Enum):
     CACHE = "cache"  # the longest cached prefix, within the imbalance bound
     IMBALANCED = "imbalanced"  # a cache match, but its replica was too loaded
     LOAD = "load"  # no useful match: least loaded
+    ROUND_ROBIN = "round_robin"  # route_policy round_robin: in turn, whatever the cache
 
 
 @dataclass(frozen=True)
@@ -64,10 +66,14 @@ def load(b: Backend) -> int:
 
 
 class Router:
-    def __init__(self, imbalance: int, index: str = "approx", metrics: Any = None) -> None:
+    def __init__(self, imbalance: int, index: str = "approx", metrics: Any = None,
+                 policy: str = "cache") -> None:
         if index not in INDEXES:
             raise ValueError(f"route_index: must be one of {', '.join(INDEXES)}")
+        if policy not in POLICIES:
+            raise ValueError(f"route_policy: must be one of {', '.join(POLICIES)}")
         self.imbalance, self.index_kind, self.metrics = imbalance, index, metrics
+        self.policy = policy
         self.routed: collections.Counter[str] = collections.Counter()  # by deployment
         self.approx: dict[str, RoutedIndex] = {}
 
@@ -80,6 +86,9 @@ class Router:
     def choose(self, cands: Sequence[Backend], ids: Sequence[int]) -> Route:
         if len(cands) == 1:
             route = Route(cands[0], self.index_of(cands[0]).longest_prefix(ids), Reason.ONLY)
+        elif self.policy == "round_robin":
+            b = min(cands, key=lambda b: (self.routed[b.deployment_id], b.deployment_id))
+            route = Route(b, self.index_of(b).longest_prefix(ids), Reason.ROUND_ROBIN)
         else:
             route = self._choose(cands, ids)
         self.routed[route.backend.deployment_id] += 1

@@ -27,6 +27,7 @@
 | resume_timeout | 120 | a request whose deployment failed waits this long for a serving deployment of its model to go on (token for token); 0 = off: it ends with rank_lost at once |
 | resume_max | 2 | resumes per request; past it, rank_lost |
 | route_imbalance | 1024 | replicas: a request goes to the replica caching most of its prompt unless that replica's load (prefill-token equivalents) exceeds the least loaded one's by more than this (services/gateway/router.py) |
+| route_policy | cache | replicas: `cache` (the rule in services/gateway/router.py) or `round_robin` (in turn, the baseline the bench compares with) |
 | route_index | approx | replicas: which prefix index routing reads: `approx` (what the gateway routed where) or `precise` (rank 0's cache events) |
 """
 
@@ -82,12 +83,15 @@ class GatewaySettings:
     resume_timeout: Seconds = 120.0  # 0 = off (services/gateway/resume.py)
     resume_max: Count = 2
     route_imbalance: Count = 1024  # services/gateway/router.py
+    route_policy: str = "cache"  # cache | round_robin
     route_index: str = "approx"  # approx | precise
     log_level: str = "info"
 
     def __post_init__(self) -> None:
         if self.route_index not in ("approx", "precise"):
             raise ConfigError(f"route_index: {self.route_index!r} must be approx or precise")
+        if self.route_policy not in ("cache", "round_robin"):
+            raise ConfigError(f"route_policy: {self.route_policy!r} must be cache or round_robin")
 
     @property
     def inflight_limit(self) -> int:

@@ -127,3 +127,12 @@ def test_a_shared_template_prefix_does_not_pull_distinct_prompts_onto_one_replic
     routes = [r.choose([a, b], distinct(i)) for i in range(16)]  # one at a time: loads 0
     assert Counter(x.backend.deployment_id for x in routes) == {"d-a": 8, "d-b": 8}
     assert {x.reason for x in routes} == {Reason.LOAD}
+
+
+def test_round_robin_goes_in_turn_whatever_the_cache():
+    a, b = Replica("d-a"), Replica("d-b")
+    r = Router(imbalance=1024, policy="round_robin")
+    got = [r.choose([a, b], prompt(1)).backend.deployment_id for _ in range(4)]
+    assert got == ["d-a", "d-b", "d-a", "d-b"]
+    with pytest.raises(ValueError, match="route_policy"):
+        Router(imbalance=1, policy="random")
