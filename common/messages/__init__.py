@@ -5,6 +5,7 @@ Channels (DESIGN.md §2) and who may send what, one module each:
   events    EVENT                                         (cluster key)        admin.py
   requests  GENERATE, ABORT, STATS_REQUEST → TOKENS, STATS (launch key "requests")
                                                                                requests.py
+            CACHE_SUBSCRIBE → CACHE_SNAPSHOT, CACHE_EVENTS (pushed)  cache_events.py
   plan      PLAN_HELLO → PLAN_WELCOME, PLAN, PLAN_FETCH → PLAN_BATCH, PING → PONG
                                                           (launch key "plan")  plan.py
   control   CANCEL, SERVE, SHUTDOWN, LEASE, CACHE_CLEAR  (launch key "control") control.py
@@ -40,6 +41,14 @@ from common.messages.base import (
     REQUESTS_OUT,
     TEXT,
     Kind,
+)
+from common.messages.cache_events import (
+    CacheEntry,
+    CacheEvent,
+    CacheEventKind,
+    CacheEvents,
+    CacheSnapshot,
+    CacheSubscribe,
 )
 from common.messages.control import CacheClear, Cancel, Lease, Serve, Shutdown
 from common.messages.plan import (
@@ -94,9 +103,15 @@ __all__ = [
     "CONTROL",
     "CacheClear",
     "CacheCleared",
+    "CacheEntry",
+    "CacheEvent",
+    "CacheEventKind",
+    "CacheEvents",
     "CacheOp",
     "CacheOpKind",
+    "CacheSnapshot",
     "CacheStats",
+    "CacheSubscribe",
     "Cancel",
     "CancelAck",
     "EVENTS",
@@ -163,6 +178,9 @@ BODY: dict[Kind, type] = {
     Kind.CANCEL_ACK: CancelAck,
     Kind.CACHE_CLEAR: CacheClear,
     Kind.CACHE_CLEARED: CacheCleared,
+    Kind.CACHE_SUBSCRIBE: CacheSubscribe,
+    Kind.CACHE_EVENTS: CacheEvents,
+    Kind.CACHE_SNAPSHOT: CacheSnapshot,
     Kind.AUTH_HELLO: AuthHello,
     Kind.AUTH_CHALLENGE: AuthChallenge,
     Kind.AUTH_PROOF: AuthProof,

@@ -2,7 +2,7 @@
 channel accepts, and the size caps several bodies use.
 
 The bodies live one module per channel (DESIGN.md §2): admin.py (admin, events),
-requests.py (gateway/supervisor ↔ rank 0), plan.py (rank 0 ↔ followers), control.py
+requests.py (gateway/supervisor ↔ rank 0; rank 0's cache index: cache_events.py), plan.py (rank 0 ↔ followers), control.py
 (supervisor → ranks), report.py (ranks → supervisor), auth.py (the session handshake);
 `common/messages/__init__.py` maps each kind to its one body.
 """
@@ -43,6 +43,9 @@ class Kind(str, enum.Enum):
     CANCEL_ACK = "cancel_ack"
     CACHE_CLEAR = "cache_clear"
     CACHE_CLEARED = "cache_cleared"
+    CACHE_SUBSCRIBE = "cache_subscribe"
+    CACHE_EVENTS = "cache_events"
+    CACHE_SNAPSHOT = "cache_snapshot"
     AUTH_HELLO = "auth_hello"
     AUTH_CHALLENGE = "auth_challenge"
     AUTH_PROOF = "auth_proof"
@@ -53,8 +56,9 @@ class Kind(str, enum.Enum):
 ADMIN_IN = frozenset({Kind.ADMIN_REQUEST})
 ADMIN_OUT = frozenset({Kind.ADMIN_REPLY})
 EVENTS = frozenset({Kind.EVENT})
-REQUESTS_IN = frozenset({Kind.GENERATE, Kind.ABORT, Kind.STATS_REQUEST})
-REQUESTS_OUT = frozenset({Kind.TOKENS, Kind.TOKENS_BATCH, Kind.STATS})
+REQUESTS_IN = frozenset({Kind.GENERATE, Kind.ABORT, Kind.STATS_REQUEST, Kind.CACHE_SUBSCRIBE})
+REQUESTS_OUT = frozenset({Kind.TOKENS, Kind.TOKENS_BATCH, Kind.STATS, Kind.CACHE_EVENTS,
+                          Kind.CACHE_SNAPSHOT})
 # Session handshake (common/handshake.py) on the plan and report sockets.
 AUTH_TO_RESPONDER = frozenset({Kind.AUTH_HELLO, Kind.AUTH_PROOF})
 AUTH_TO_INITIATOR = frozenset({Kind.AUTH_CHALLENGE, Kind.AUTH_OK})

@@ -4,7 +4,9 @@ The gateway's own series (requests, tokens, aborts by cause, TTFT twice, per-tok
 latency, prefix-cache hits / misses / cached tokens counted per request from rank 0's
 `cached_tokens`) are ordinary instruments on a per-app registry; per deployment, requests in
 flight, their bound and the 429s it caused (`lockstep_gateway_overloaded_total`, by
-bound: this gateway's, or rank 0's) are read from the backends at scrape time. What the supervisor,
+bound: this gateway's, or rank 0's) are read from the backends at scrape time, with each
+one's precise prefix index (rank 0's cache events applied, gaps, resyncs, entries:
+services/gateway/cache_index.py). What the supervisor,
 reaper and ranks report (rank telemetry, each rank's prefix cache: entries, tokens,
 bytes, stored and evicted entries; each rank's wall seconds and runs per loop phase,
 services/rank/phase_clock.py; cancel epochs, deployment states, bus
@@ -21,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from common.envelope import REGISTRY as REJECTS
+from services.gateway.cache_index import metric_families as cache_index_families
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -177,6 +180,7 @@ class _ClusterCollector:
                         rejects.add_metric(list(key), row["count"])
             extra += _numbers("lockstep_reaper", st.get("reaper"), "Reaper outcome counters")
             extra += _numbers("lockstep_supervisor", st.get("supervisor"), "Supervisor counters")
+            extra += cache_index_families(c.backends.values())
         active.add_metric(["all"], total)
         yield from (active, limit, overloaded, dep_state, *rank_g.values(), *cache_g.values(),
                     *cache_c.values(), *phase_c.values(), rejects, up, epoch, *extra)

@@ -42,6 +42,7 @@ from common.messages import (
 from common.rpc_client import AsyncRpcClient
 from common.sampling_defaults import SamplingDefaults
 from common.schema import decode_into
+from services.gateway.cache_index import follow
 from services.gateway.rank_link import DEALER_OPTIONS, LinkWatch
 from services.gateway.refusals import SEND_TIMEOUT_S, Overloaded, Unavailable
 from services.gateway.request_stream import RequestStream
@@ -72,6 +73,7 @@ class Backend:
         self.client = AsyncRpcClient(ctx, self.endpoint, channel, options=DEALER_OPTIONS)
         # Rank 0 lost is seen here, at once (rank_link.py): its streams fail in-band.
         self.link = LinkWatch(self.client.sock, self.endpoint, self.fail_lost)
+        self.cache_index = follow(self.client)  # rank 0's prefix cache, from its events
         self.lost: str | None = None  # why rank 0 is lost: not routed to any more
         self.draining = False  # an operator's unload: no new requests, in-flight ones finish
         self.streams: dict[str, RequestStream] = {}

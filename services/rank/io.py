@@ -5,7 +5,9 @@
     report   DEALER  → supervisor   RANK_READY (re-sent until SERVE), TELEMETRY, CANCEL_ACK,
                                     CACHE_CLEARED (rank 0: services.rank.cache_clears)
     plan     ROUTER (rank 0) / DEALER (followers): services.rank.plan_channel
-    requests ROUTER  (rank 0)       GENERATE, ABORT → main; STATS answered here; TOKENS out
+    requests ROUTER  (rank 0)       GENERATE, ABORT → main; STATS answered here; TOKENS out;
+                                    CACHE_SUBSCRIBE → cache index events pushed
+                                    (services.rank.cache_feed)
 
 Main → I/O: `post(cmd)` (services.rank.outbox: a closed set of typed commands) appends
 to a deque and wakes the poller (services.rank.waker).
@@ -44,6 +46,7 @@ from services.rank import events as ev
 from services.rank import outbox as out
 from services.rank.auth import InitiatorLink, ReportSession, leader_gate, new_identity
 from services.rank.cache_clears import ClearLedger
+from services.rank.cache_feed import CacheFeed
 from services.rank.control_intake import ControlIntake
 from services.rank.intake import Intake
 from services.rank.phase_clock import LoopPhase
@@ -65,6 +68,7 @@ class RankIO:
         self.wire = Wire(self.drops)
         self._out: collections.deque = collections.deque()
         self._chunks: dict[bytes, list[m.Tokens]] = {}  # this drain's chunks by requester
+        self._cache_ops: list[out.CacheOpsTaken] = []  # this drain's, sent behind the chunks
         self.clock = rt.phases.tally()  # this (I/O) thread's time per phase
         self.ctx = zmq.Context()
         sender = f"{spec.deployment_id}/rank-{spec.rank}"
@@ -104,6 +108,8 @@ class RankIO:
                                                max_size=DEFAULT_MAX_SIZE)
             self.requests.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self.requests.bind(spec.requests_endpoint)
+            self.cache_feed = CacheFeed(self.req.pack, lambda ident, data: self.wire.send_to(
+                self.requests, self.req, ident, data=data))
             # Connections libzmq closes before any frame (raw bytes, silence) are counted.
             self.watches = [ZmtpWatch(self.plan, self.pln.rejects),
                             ZmtpWatch(self.requests, self.req.rejects)]
@@ -216,6 +222,7 @@ class RankIO:
             return self._drain_commands()
         finally:
             self._send_chunks()
+            self._send_cache_events()  # behind the chunks: a final chunk, then its entry
 
     def _drain_commands(self) -> bool:
         while self._out:
@@ -228,6 +235,8 @@ class RankIO:
                 got = self.streams.on_chunk(cmd) if self.streams is not None else None
                 if got is not None:  # sent together per requester once the outbox is drained
                     self._chunks.setdefault(got[0], []).append(got[1])
+            elif isinstance(cmd, out.CacheOpsTaken):
+                self._cache_ops.append(cmd)
             elif isinstance(cmd, out.Report):
                 if isinstance(cmd.body, m.CacheCleared) and self.clears is not None:
                     self.clears.on_answer(cmd.body)  # its re-sends get this same answer
@@ -340,6 +349,13 @@ class RankIO:
                 self._send_req(ident, part[0] if len(part) == 1 else m.TokensBatch(part), part)
         self.clock.add(LoopPhase.SIGN_SEND_TOKENS, t0)
 
+    def _send_cache_events(self) -> None:
+        taken, self._cache_ops = self._cache_ops, []
+        if self.requests is None or self.requests.closed:
+            return
+        for cmd in taken:
+            self.cache_feed.on_ops(cmd.ops, cmd.tokens)
+
     def _send_req(self, ident: bytes, body, chunks: list[m.Tokens]) -> None:
         errno = self.wire.send_to(self.requests, self.req, ident, body)
         # The requester (a gateway) is gone: nobody reads these streams any more, so the
@@ -369,3 +385,5 @@ class RankIO:
                             active=rt.active, active_ids=list(rt.active_ids),
                             cancel_epoch=rt.cancel_epoch, peers_ok=rt.peers_ok)
             self.wire.send_to(self.requests, self.req, ident, stats)
+        elif isinstance(body, m.CacheSubscribe):
+            self.cache_feed.on_subscribe(ident, body)

@@ -33,7 +33,7 @@ from services.rank.cache_clears import answers as clear_answers
 from services.rank.engine import Divergence, Emitted
 from services.rank.logprobs import chunk_fields, step_logprobs
 from services.rank.loop import RankLoop
-from services.rank.outbox import Command, PublishPlan, StreamChunk
+from services.rank.outbox import CacheOpsTaken, Command, PublishPlan, StreamChunk
 from services.rank.phase_clock import LoopPhase
 from services.rank.planwire import MAX_BATCH_BYTES, plan_size
 from services.rank.prefill_policy import PrefillGate, StallBudget, share
@@ -241,6 +241,8 @@ class Leader(RankLoop):
                     prefill_step=chunk)
         self.seq += 1
         self.send(PublishPlan(plan))
+        if ops:  # what every rank holds from this plan on: the gateways' cache index
+            self.send(CacheOpsTaken(ops, self.cache.taken_tokens))
         self.applied_cache(plan)
         if self.cache is not None:  # admin cache clears this plan's CLEAR answers
             self.send(*clear_answers(self.cache.take_cleared(), self.rt.spec.deployment_id,

@@ -9,9 +9,12 @@ owner of rank 0's open streams.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from common.messages import CacheCleared, CancelAck, ErrorCode, Ping, Plan, RankReady
+import numpy as np
+
+from common.messages import CacheCleared, CacheOp, CancelAck, ErrorCode, Ping, Plan, RankReady
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,12 @@ class StreamChunk:  # rank 0: a request's next chunk; the ledger adds index and 
     logprobs: list[float] = field(default_factory=list)
     top_ids: list[list[int]] = field(default_factory=list)
     top_logprobs: list[list[float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CacheOpsTaken:  # rank 0: a published plan's cache ops, for the cache index events
+    ops: list[CacheOp]
+    tokens: Mapping[int, np.ndarray]  # each STORE's tokens (the planner's arrays)
 
 
 @dataclass(frozen=True)
@@ -70,4 +79,4 @@ class Stop:  # flush, end every stream still open (`rank 0 <why>`), close every 
     why: str = "stopped"
 
 
-Command = PublishPlan | StreamChunk | Report | AnnounceReady | Served | Probe | AbortAll | Stop
+Command = PublishPlan | StreamChunk | CacheOpsTaken | Report | AnnounceReady | Served | Probe | AbortAll | Stop

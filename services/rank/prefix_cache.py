@@ -59,6 +59,10 @@ class CachePlanner:
         self.nbytes = 0
         self.next_id = 1
         self.ops: list[CacheOp] = []  # for the next plan
+        # the tokens of the STOREs in `ops`, then (take_ops) of the plan just taken: what
+        # rank 0's cache events carry (services/rank/cache_events.py)
+        self.store_tokens: dict[int, np.ndarray] = {}
+        self.taken_tokens: dict[int, np.ndarray] = {}
         self.hits = self.misses = self.hit_tokens = 0
         self.not_stored = 0  # finished requests bigger than the whole budget
         self.prefilling: dict[str, np.ndarray] = {}  # in the batch, no token yet
@@ -150,6 +154,7 @@ class CachePlanner:
         eid = self.next_id
         self.next_id += 1
         self.index[eid] = Indexed(t, nbytes)
+        self.store_tokens[eid] = t
         self.nbytes += nbytes
         self.ops.append(CacheOp(kind=CacheOpKind.STORE, entry_id=eid, request_id=request_id,
                                 n_tokens=len(tokens), nbytes=nbytes, live=live))
@@ -165,6 +170,7 @@ class CachePlanner:
         # Pending stores and evictions are moot: the KV of a store not applied is
         # dropped at that plan anyway.
         self.ops = [CacheOp(kind=CacheOpKind.CLEAR)]
+        self.store_tokens = {}
         self.index.clear()
         self.nbytes = 0
         self.clears.append(clear_id)
@@ -179,6 +185,7 @@ class CachePlanner:
 
     def take_ops(self) -> list[CacheOp]:
         ops, self.ops = self.ops, []
+        self.taken_tokens, self.store_tokens = self.store_tokens, {}
         self.cleared.extend(self.clears)
         self.clears = []
         return ops

@@ -73,6 +73,13 @@ SAMPLES: dict[Kind, Any] = {
     Kind.CANCEL_ACK: m.CancelAck("dep-1", 3, 1, 101, ["r-1"]),
     Kind.CACHE_CLEAR: m.CacheClear("dep-1", 5),
     Kind.CACHE_CLEARED: m.CacheCleared("dep-1", 5, 0, 120),
+    Kind.CACHE_SUBSCRIBE: m.CacheSubscribe("cache-index", "a1b2", 7),
+    Kind.CACHE_EVENTS: m.CacheEvents("cache-index", "a1b2", [
+        m.CacheEvent(8, m.CacheEventKind.ADDED, 3, 0, [1, 2, 3], 3, "r-1"),
+        m.CacheEvent(9, m.CacheEventKind.EXTENDED, 4, 3, [4, 5], 5, "r-2"),
+        m.CacheEvent(10, m.CacheEventKind.EVICTED, 4), m.CacheEvent(11, m.CacheEventKind.CLEARED)]),
+    Kind.CACHE_SNAPSHOT: m.CacheSnapshot("cache-index", "a1b2", 11, 0, True,
+                                         [m.CacheEntry(5, [1, 2], 2)]),
     Kind.AUTH_HELLO: m.AuthHello("dep-1", "job-1", 1, b"\x00" * 16),
     Kind.AUTH_CHALLENGE: m.AuthChallenge(b"n" * 16, b"p" * 32),
     Kind.AUTH_PROOF: m.AuthProof(b"p" * 32),
