@@ -139,7 +139,8 @@ def render(data: dict, *, now: float | None = None,
         serving = [e.get("at") for e in events if e.get("deployment_id") == d.deployment_id
                    and e.get("name") == "state" and e.get("state") == "serving"]
         up = f" up {age(now - serving[-1])}" if d.state == "serving" and serving else ""
-        lines.append(f"{d.deployment_id}  {d.state}{up}  {d.model} tp={d.tp} pp={d.pp} "
+        replica = f" replica {d.replica + 1}/{d.replicas}" if d.replicas > 1 else ""
+        lines.append(f"{d.deployment_id}  {d.state}{up}  {d.model}{replica} tp={d.tp} pp={d.pp} "
                      f"backend={d.backend} job={d.job_id}" + (f"  error: {d.error}" if d.error else ""))
         lines.append(f"  {cache_text(d)}")
         lines.append(f"  sampling defaults: {d.sampling.describe()}")

@@ -23,6 +23,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 from services.gateway.admin_api import require_admin
 from services.gateway.errors import ApiError
 from services.gateway.request_channel import Backend, RequestStream
+from services.gateway.router import load as route_load
 
 STATIC = Path(__file__).with_name("console")
 FILES = {"console.js": "text/javascript", "console.css": "text/css"}
@@ -77,7 +78,9 @@ async def requests(request: Request) -> dict:
     rows.sort(key=lambda r: -r["age_s"])  # oldest first: the ones an operator looks for
     return {"at": time.time(), "requests": rows,
             "deployments": {k: {"active": b.active, "tokens_out": b.tokens_out,
-                                "lost": b.lost, "overloads": dict(b.overloads)}
+                                "lost": b.lost, "overloads": dict(b.overloads),
+                                # replicas: the router's load (prefill-token equivalents)
+                                "load": route_load(b), "draining": b.draining}
                             for k, b in gw.cluster.backends.items()}}
 
 

@@ -144,13 +144,15 @@ function renderDeployments(status, reqs) {
     const cache = c0 ? (c0.entries + " entries, " + fmtBytes(c0.bytes) + ", hits " + c0.hits +
                         "/" + (c0.hits + c0.misses) + ", " + c0.hit_tokens + " tok") : "off";
     return [
-      d.deployment_id, d.model, d.tp + "×" + d.pp, d.backend, hosts,
+      d.deployment_id,
+      d.model + (d.replicas > 1 ? " (replica " + (d.replica + 1) + "/" + d.replicas + ")" : ""),
+      d.tp + "×" + d.pp, d.backend, hosts,
       {text: d.state, cls: "state-" + d.state},
       {text: (hist.length && hist[0].state === FIRST_EVENT ? ["launching"] : [])
          .concat(hist.map((e) => e.state)).join(" → "), cls: "wrap",
        title: hist.map((e) => fmtTime(e.at) + " " + e.state + (e.reason ? ": " + e.reason : "")).join("\n")},
       d.state === "serving" && since ? fmtAge(now() - since) : "–",
-      gw ? gw.active : 0,
+      gw ? gw.active + (d.replicas > 1 ? " (load " + gw.load + (gw.draining ? ", draining" : "") + ")" : "") : 0,
       rate && rate.rate !== null ? rate.rate.toFixed(1) : "–",
       cache,
       {text: d.error || "", cls: "wrap bad"},
