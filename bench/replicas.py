@@ -1,6 +1,6 @@
 """Replicas (issue 31), ratios within one run, tiny preset, TP=1 replicas on this host:
 
-1. throughput: 2 replicas vs 1 on DISTINCT prompts (~300 tokens each) at concurrency 16:
+1. throughput: 2 replicas vs 1 on DISTINCT prompts (~770 tokens each) at concurrency 16:
    output tokens/s and TTFT p50/p99 (streamed, at the client);
 2. an agent workload: CONVS conversations x TURNS turns sharing a ~2k-token system
    prompt, all conversations at once, each turn sent when the previous one answered:
@@ -166,7 +166,7 @@ def throughput(up: Up) -> dict:
 
 
 def agent(up: Up) -> dict:
-    system = {"role": "system", "content": "You are a careful agent. " + _words(999, 1900)}
+    system = {"role": "system", "content": "You are a careful agent. " + _words(999, 570)}
     per_turn: list[list[dict]] = [[] for _ in range(TURNS)]
     lock = threading.Lock()
 
