@@ -159,7 +159,9 @@ async def status(request: Request) -> dict:
                        "backends": {k: b.active for k, b in gw.cluster.backends.items()},
                        # replicas: each one's load (router.py) and requests routed there
                        "routing": {k: {"load": route_load(b), "routed": gw.router.routed[k],
-                                       "draining": b.draining}
+                                       "draining": b.draining,
+                                       # rank 0's prefix cache, from its events (cache_index.py)
+                                       "cache_index": b.cache_index.summary()}
                                    for k, b in gw.cluster.backends.items()},
                        # seen by the gateway itself (rank_link.py): not routed to
                        "rank0_lost": {k: b.lost for k, b in gw.cluster.backends.items() if b.lost},

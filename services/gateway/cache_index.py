@@ -76,6 +76,12 @@ class PreciseIndex:
         """entry id → tokens it covers: rank 0's own record's form (prefix_store.py)."""
         return {eid: e.n_tokens for eid, e in self.entries.items()}
 
+    def summary(self) -> dict:
+        """admin status: entries as rank 0's record lists them ([[id, n_tokens], ...])."""
+        return {"synced": self.synced, "seq": self.seq,
+                "entries": [[eid, e.n_tokens] for eid, e in sorted(self.entries.items())],
+                "applied": self.applied, "gaps": self.gaps, "resyncs": self.resyncs}
+
     # -- what rank 0 sends --------------------------------------------------------------
 
     def apply(self, body: object) -> bool:
