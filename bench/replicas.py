@@ -42,6 +42,7 @@ WORDS = ("amber birch cedar delta ember fjord grove heath inlet juniper kestrel 
 CONCURRENCY, DISTINCT, OUT_TOKENS = 16, 32, 64
 CONVS, TURNS, TURN_TOKENS = 16, 6, 24
 FAILOVER_TRIALS, FAILOVER_STREAMS = 3, 3
+FAILOVER_TOKENS = 1500  # a stream alone makes ~250 tokens/s here: still running at the kill
 
 
 def _words(seed: int, n: int) -> str:
@@ -219,13 +220,13 @@ def failover(up: Up) -> dict:
 
         def one(i: int, trial: int = trial, got: dict = got) -> None:
             msgs = [{"role": "user", "content": f"failover {trial} stream {i}"}]
-            got[i] = up.stream(msgs, 400, seed=i)
+            got[i] = up.stream(msgs, FAILOVER_TOKENS, seed=i)
 
         threads = [threading.Thread(target=one, args=(i,), daemon=True)
                    for i in range(FAILOVER_STREAMS)]
         for t in threads:
             t.start()
-        time.sleep(1.5)  # every stream under way (tokens arriving)
+        time.sleep(1.0)  # every stream under way (tokens arriving), far from its end
         victim = up.serving()[0]
         seen = len(up.status()["recent_resumes"])
         killed_at = time.time()
@@ -257,6 +258,8 @@ def run(out_dir: Path | None = None) -> dict:
                                  "out_tokens": OUT_TOKENS, "conversations": CONVS,
                                  "turns": TURNS, "turn_tokens": TURN_TOKENS,
                                  "failover_trials": FAILOVER_TRIALS,
+                                 "failover_streams": FAILOVER_STREAMS,
+                                 "failover_tokens": FAILOVER_TOKENS,
                                  "prefix_cache": "on (defaults: 32 entries)"}}
     with tempfile.TemporaryDirectory(prefix="bench-replicas-") as d:
         tmp = Path(d)
