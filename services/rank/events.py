@@ -47,7 +47,7 @@ class CacheClearEv:  # rank 0: an admin cache clear, the first copy (services.ra
 @dataclass
 class GenerateEv:  # rank 0: its stream is already open in the I/O thread's ledger
     body: Generate
-    received_at: float  # wall clock at the I/O thread
+    received_at: float  # time.monotonic() at the I/O thread (a wall clock may jump)
 
 
 # Removal reason of a request whose requester's connection is gone (rank 0's I/O

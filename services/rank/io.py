@@ -376,7 +376,7 @@ class RankIO:
             if refused is not None:
                 self.wire.send_to(self.requests, self.req, ident, refused)
                 return
-            self.inbox.put(ev.GenerateEv(body, time.time()))
+            self.inbox.put(ev.GenerateEv(body, time.monotonic()))
         elif isinstance(body, m.Abort):
             self.inbox.put(ev.AbortEv(body))
         elif isinstance(body, m.StatsRequest):

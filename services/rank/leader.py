@@ -49,7 +49,7 @@ LOOKAHEAD = 16  # waiting prompts a plan looks past the head for (grouping by le
 @dataclass
 class Req:
     insert: PlanInsert
-    received_at: float  # wall clock at the I/O thread (model_ttft_ms counts from it)
+    received_at: float  # monotonic, at the I/O thread (model_ttft_ms counts from it)
     first_at: float | None = None
     cached_tokens: int = 0  # of the prompt, served from the prefix cache
 
@@ -324,8 +324,8 @@ class Leader(RankLoop):
             req = self.scheduled[rid]
             ttft = None
             if req.first_at is None:
-                req.first_at = now
-                ttft = (now - req.received_at) * 1000.0
+                req.first_at = time.monotonic()  # the TTFT is a duration: never the wall clock
+                ttft = (req.first_at - req.received_at) * 1000.0
             toks = [] if e.token is None else [e.token]
             self.out.append(StreamChunk(rid, toks, e.finish_reason, step, ttft,
                                         [now] * len(toks),
