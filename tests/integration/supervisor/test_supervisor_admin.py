@@ -170,3 +170,21 @@ def test_sampling_defaults_resolve_operator_over_generation_config(start_supervi
     assert {k: str(v) for k, v in got.origin.items()} == {
         "temperature": "operator", "top_p": "generation_config", "top_k": "generation_config",
         "min_p": "operator", "repetition_penalty": "server"}
+
+
+@pytest.mark.timeout(120)
+def test_deploy_replicas_makes_one_deployment_per_replica(start_supervisor, model_dir):
+    rs = start_supervisor()
+    out = rs.ok("deploy", model_path=str(model_dir), tp=1, replicas=2, deployment_id="rep")
+    assert [d["deployment_id"] for d in out["deployments"]] == ["rep-r0", "rep-r1"]
+    assert {d["state"] for d in out["deployments"]} == {"serving"}
+    infos = {d.deployment_id: d for d in map(read_deployment_info,
+                                             rs.ok("deployments")["deployments"])}
+    assert [(infos[i].replica, infos[i].replicas) for i in ("rep-r0", "rep-r1")] == [(0, 2), (1, 2)]
+    assert infos["rep-r0"].job_id != infos["rep-r1"].job_id  # each its own launch
+    # one replica alone (as `up` redeploys one): its own id; a live id is a conflict
+    r = rs.call("deploy", model_path=str(model_dir), tp=1, replicas=2, replica=1,
+                deployment_id="rep-r1")
+    assert r.code == "conflict", r
+    r = rs.call("deploy", model_path=str(model_dir), tp=1, replicas=2, replica=2)
+    assert r.code == "bad_request" and "replica: must be within 0..1" in r.message, r
