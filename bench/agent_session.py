@@ -24,7 +24,10 @@ has no table, nothing else changes).
 Where Lockstep's time goes, per turn: `ttft_model_ms` (rank 0: request received → first
 token: prefix-cache lookup and prefill of the new suffix) and the rest of the client's
 TTFT (gateway: parse, chat template, tokenization, admission, the bus both ways, SSE),
-plus each process's CPU seconds during the request (bench/cpu_breakdown.py roles).
+plus each process's CPU seconds during the request (bench/cpu_breakdown.py roles) and
+rank 0's wall seconds per loop phase over the whole turn (`rank_phases_s`, read from
+/metrics before and after the turn: `step` is the model, `plan`/`drain`/`emit`/`sign_send_*`
+Lockstep's own loop; services/rank/phase_clock.py).
 
     python -m bench.agent_session [--quick] [--preset P] [--sessions N] [--out DIR]
 """
@@ -50,6 +53,7 @@ from bench.agent_turns import Session, cpu_by_role, messages_turn, tools_for
 from bench.chat_client import CLIENT, chat
 from bench.cpu_breakdown import snapshot
 from bench.gateway import MODEL_CACHE
+from bench.rank_metrics import rank_phases
 from bench.workload import load_tokenizer
 
 
@@ -93,6 +97,8 @@ def long_context_copy(model: Path, context: int) -> Path:
 async def one_turn(srv: sv.Server, s: Session, form: str, others: list[sv.Server]) -> dict:
     """Send session `s`'s conversation to `srv`; append its reply; the turn's record."""
     roles = {srv.name: srv.processes(), **{o.name: o.processes() for o in others}}
+    lock = srv.name.startswith("lockstep")
+    phases0 = await asyncio.to_thread(rank_phases, srv) if lock else None
     before = {n: snapshot(lambda r=r: r) for n, r in roles.items()}
     if form == "chat":
         r = await chat(srv.url, srv.model, s.chat_messages(), s.cfg_max_tokens, tools=s.tools)
@@ -108,6 +114,11 @@ async def one_turn(srv: sv.Server, s: Session, form: str, others: list[sv.Server
                          for o in others}
     if r.lockstep and r.lockstep.get("ttft_model_ms") is not None:
         rec["gateway_and_bus_ms"] = round(rec["ttft_ms"] - r.lockstep["ttft_model_ms"], 2)
+    if lock:
+        phases1 = await asyncio.to_thread(rank_phases, srv)
+        if phases0 and phases1:
+            rec["rank_phases_s"] = {p: round(v - phases0.get("0", {}).get(p, 0.0), 4)
+                                    for p, v in sorted(phases1.get("0", {}).items())}
     return rec
 
 
@@ -153,7 +164,11 @@ def phase(name: str, pair_forms: list[str], servers: list[sv.Server], tok, cfg: 
             runs[n].append(turns)
             print(f"  {name} {n:36s} session {k}: ttft ms {[t['ttft_ms'] for t in turns]}",
                   flush=True)
+    for r in runs.values():  # CPU of every process of the server, per turn
+        for t in (t for s in r for t in s):
+            t["cpu_total_s"] = round(sum(t["cpu_s"].values()), 3)
     per = {n: {"ttft_median_ms": medians(r, "ttft_ms"),
+               "cpu_median_s": medians(r, "cpu_total_s"),
                "ttft_model_median_ms": medians([[t.get("lockstep") or {} for t in s] for s in r],
                                                "ttft_model_ms"),
                "gateway_and_bus_median_ms": medians(r, "gateway_and_bus_ms"),
@@ -163,7 +178,10 @@ def phase(name: str, pair_forms: list[str], servers: list[sv.Server], tok, cfg: 
     lock, ref = (f"{s.name}/{f}" for s, f in pair)
     ratios = [round(a / b, 3) for a, b in zip(per[lock]["ttft_median_ms"],
                                               per[ref]["ttft_median_ms"], strict=True)]
+    cpu = [round(a / b, 3) for a, b in zip(per[lock]["cpu_median_s"], per[ref]["cpu_median_s"],
+                                           strict=True)]
     return {"sessions": sessions, "servers": per, "lockstep_vs_mlx_lm_per_turn": ratios,
+            "lockstep_vs_mlx_lm_cpu_per_turn": cpu,
             "turns_2_on_worst": max(ratios[1:]) if len(ratios) > 1 else None,
             "loadavg": os.getloadavg()}
 
@@ -207,6 +225,7 @@ def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
                             "value": vs, "worst": max(vs) if vs else None,
                             "met": all(v <= 1.0 for v in vs)}
     result["summary"] = {n: {"lockstep_vs_mlx_lm_per_turn": p["lockstep_vs_mlx_lm_per_turn"],
+                             "lockstep_vs_mlx_lm_cpu_per_turn": p["lockstep_vs_mlx_lm_cpu_per_turn"],
                              **{s: p["servers"][s]["ttft_median_ms"] for s in p["servers"]}}
                          for n, p in result["phases"].items()}
     result["complete"] = True
