@@ -61,7 +61,11 @@ class StreamQueue:
                 await w
             finally:
                 timer.cancel()
-                self._waiter = None
+                # only our own: a consumer cancelled here (the client left) must not clear
+                # the waiter of the drain that took over the stream, or the final chunk
+                # would wake nobody and the drain would wait out its whole grace
+                if self._waiter is w:
+                    self._waiter = None
             if not self._items:
                 return None
         return self._items.popleft()

@@ -173,7 +173,10 @@ def test_disconnect_mid_stream_live(live):
     steps = {r["step"] for r in recs.values()}
     assert len(steps) == 1, recs  # the same step on every rank
     assert all(r["reason"] in ("abort", "client_disconnect") for r in recs.values())
-    assert steps.pop() - disturbed["victim.step_at_close"] <= 8  # within a few steps
+    # rank 0 steps every few ms here: a close reaches it within a few dozen steps on a busy
+    # 2-core host (8 was exceeded in CI, 18 seen under load); what this proves is one
+    # removal step on every rank, long before the request's cap
+    assert steps.pop() - disturbed["victim.step_at_close"] <= 32, (recs, disturbed)
     poll_until(lambda: gateway_active(live) == 0, 10, "gateway active back to 0")
     for k in PROMPTS:
         assert disturbed[k] == undisturbed[k], k

@@ -177,5 +177,8 @@ def test_disconnect_mid_stream_removed_on_every_rank(live):
     steps = {r["step"] for r in recs.values()}
     assert len(steps) == 1, recs  # the same step on every rank
     assert all(r["reason"] in ("abort", "client_disconnect") for r in recs.values())
-    assert steps.pop() - sink["step_at_close"] <= 8
+    # rank 0 steps every few ms here: a close reaches it within a few dozen steps on a busy
+    # 2-core host (8 was exceeded in CI, 18 seen under load); what this proves is one
+    # removal step on every rank, long before the request's cap
+    assert steps.pop() - sink["step_at_close"] <= 32, (recs, sink)
     assert rank0_stats(live).active == 0
