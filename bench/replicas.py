@@ -251,7 +251,7 @@ def failover(up: Up) -> dict:
 
 
 def run(out_dir: Path | None = None) -> dict:
-    from common.tinymodel import build_model
+    from models.tinymodel import build_model
 
     result: dict = {"environment": environment_record(), "model": "tiny (random weights)",
                     "settings": {"concurrency": CONCURRENCY, "distinct_prompts": DISTINCT,

@@ -70,7 +70,7 @@ def _argv(home: Path, port: int, model: Path) -> list[str]:
 
 class Cluster:
     def __init__(self, tmp: Path, preset: str) -> None:
-        from common.tinymodel import build_model
+        from models.tinymodel import build_model
 
         # a path, not the preset's name: run from the repository, `bench` is bench/
         model = build_model(tmp / "models" / preset, preset=preset)

@@ -65,7 +65,7 @@ def _accepted(home: Path, model: Path, tp: int) -> float:
 
 
 def run(out_dir: Path) -> dict:
-    from common.tinymodel import build_model
+    from models.tinymodel import build_model
 
     rows = {}
     with tempfile.TemporaryDirectory(prefix="ls-topo-") as tmp:

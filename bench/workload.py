@@ -1,6 +1,6 @@
 """Deterministic, distinct, natural-ish prompts for the serving benchmarks.
 
-Text is built from the embedded model's own corpus vocabulary (common/tinymodel/corpus.py)
+Text is built from the embedded model's own corpus vocabulary (models/tinymodel/corpus.py)
 with a `random.Random` seeded by a string key, so the same key always gives the same
 text, and each text starts with a digest of its key, so texts of different keys part
 within their first few tokens: no two prompts share a prefix beyond the chat template
@@ -18,7 +18,7 @@ import math
 import random
 from pathlib import Path
 
-from common.tinymodel.corpus import (
+from models.tinymodel.corpus import (
     ANSWERS,
     CONNECTORS,
     OBJECTS,

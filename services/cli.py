@@ -13,7 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reaper": ("services.reaper.__main__", "reap orphaned launches (--once for one pass)"),
     "admin": ("services.admin_cli", "talk to the supervisor's admin socket"),
     "keygen": ("services.keygen", "create the cluster key (0600)"),
-    "make-model": ("common.gguf_model.cli", "build a model: random presets or SmolLM2 from its GGUF"),
+    "make-model": ("models.gguf_model.cli", "build a model: random presets or SmolLM2 from its GGUF"),
     "rank": ("services.rank.__main__", "one MLX rank (started by the supervisor only)"),
     "hostagent": ("services.hostagent", "process and file operations on this host, as JSON (run over ssh)"),
 }

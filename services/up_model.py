@@ -63,10 +63,10 @@ def sampling(named: SamplingOverrides, preset: Preset | None) -> SamplingOverrid
 
 def _build(name: str, target: Path) -> Path:
     if name in RANDOM_PRESETS:
-        from common.tinymodel import build_model
+        from models.tinymodel import build_model
 
         return build_model(target, preset=name)
-    from common.gguf_model import WheelMissing, build_smollm2
+    from models.gguf_model import WheelMissing, build_smollm2
 
     try:  # never fetches: a missing wheel is an error naming the command
         return build_smollm2(target, allow_fetch=False)
@@ -77,11 +77,11 @@ def _build(name: str, target: Path) -> Path:
 
 def _is_built(name: str, target: Path) -> bool:
     if name in RANDOM_PRESETS:
-        from common.tinymodel import is_complete
+        from models.tinymodel import is_complete
 
         return is_complete(target, name)
-    from common.gguf_model.build import is_complete, smollm2_source
-    from common.gguf_model.convert import default_weights
+    from models.gguf_model.build import is_complete, smollm2_source
+    from models.gguf_model.convert import default_weights
 
     stamp = {"preset": name, "source": smollm2_source(), "weights": default_weights()}
     return is_complete(target, stamp)

@@ -46,7 +46,7 @@ def new_id(prefix: str) -> str:
 
 
 async def default_model(sup: Supervisor) -> str:
-    from common.tinymodel import build_model
+    from models.tinymodel import build_model
 
     async with sup.model_lock:
         path = await asyncio.to_thread(build_model, sup.paths.models / "tiny")

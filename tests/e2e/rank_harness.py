@@ -55,7 +55,7 @@ __all__ = ["REPO", "Deployment", "Result", "model_dir", "poll_until", "token_dig
 
 def model_dir(preset: str = "tiny") -> Path:
     """The embedded model, built once per machine (build_model is idempotent)."""
-    from common.tinymodel import build_model
+    from models.tinymodel import build_model
 
     return build_model(MODEL_CACHE / f"{preset}-0", preset=preset, seed=0)
 

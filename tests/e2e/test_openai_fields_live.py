@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from common.tinymodel import build_model
+from models.tinymodel import build_model
 from services.gateway import request_fields as rf
 from tests.gwutil import GaveUp, free_port, poll_until
 from tests.support.processes import interrupt, up_argv

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from common.tinymodel import build_model
+from models.tinymodel import build_model
 from tests.e2e.ring_sharded_check import greedy_ids
 from tests.support.ports import free_ports
 from tests.support.processes import kill_group

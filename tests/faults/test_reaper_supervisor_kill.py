@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    from common.tinymodel import build_model
+    from models.tinymodel import build_model
 
     return build_model(tmp_path_factory.mktemp("model") / "tiny")
 

@@ -23,7 +23,7 @@ from tests.faults.soak import Budget, Soak, run_soak
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    from common.tinymodel import build_model
+    from models.tinymodel import build_model
 
     return build_model(tmp_path_factory.mktemp("model") / "tiny")
 

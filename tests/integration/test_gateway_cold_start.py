@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from common.keys import ensure_cluster_key
-from common.tinymodel import build_model
+from models.tinymodel import build_model
 from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
 from tests.gwutil import free_port, poll_until
 from tests.support.processes import REPO, lockstep_env, process_gone

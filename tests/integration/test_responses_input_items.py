@@ -18,7 +18,7 @@ import pytest
 
 from common.envelope import Key
 from common.keys import ensure_cluster_key
-from common.tinymodel import build_model
+from models.tinymodel import build_model
 from services.gateway.detok import load_tokenizer
 from services.gateway.settings import GatewaySettings
 from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from common.keys import ensure_cluster_key
-from common.tinymodel import build_model
+from models.tinymodel import build_model
 from services.gateway.detok import load_tokenizer
 from services.gateway.settings import GatewaySettings
 from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor

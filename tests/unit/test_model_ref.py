@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from common import model_ref
-from common.tinymodel import build_model
+from models.tinymodel import build_model
 from services.supervisor.errors import AdminError
 from services.supervisor.plan import make_plan
 

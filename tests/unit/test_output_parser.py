@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from common.tinymodel import build_model
+from models.tinymodel import build_model
 from services.gateway.chat_format import ChatFormat
 from services.gateway.detok import load_tokenizer
 from services.gateway.output_parser import MAX_ENVELOPE, OutputParser

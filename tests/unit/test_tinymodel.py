@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from common.tinymodel import PRESETS, STAMP, ModelDirError, build_model, is_complete, main
+from models.tinymodel import PRESETS, STAMP, ModelDirError, build_model, is_complete, main
 
 TOOLS = [
     {
@@ -134,7 +134,7 @@ def test_transformers_and_tokenizers_agree(model_dir, hf_tokenizer):
     # the same pipeline, or code using `tokenizers` directly would see other ids.
     from tokenizers import Tokenizer
 
-    from common.tinymodel.corpus import corpus
+    from models.tinymodel.corpus import corpus
 
     raw = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     texts = corpus()[:200] + ["<|im_start|>user\nhi<|im_end|>", "<tool_call>{}</tool_call>"]

@@ -1,4 +1,4 @@
-"""python -m common.tinymodel DIR [--preset tiny|bench] [--seed N] [--force]"""
+"""python -m models.tinymodel DIR [--preset tiny|bench] [--seed N] [--force]"""
 
 import sys
 

