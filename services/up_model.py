@@ -80,7 +80,8 @@ def _is_built(name: str, target: Path) -> bool:
         from models.tinymodel import is_complete
 
         return is_complete(target, name)
-    from models.gguf_model.build import is_complete, smollm2_source
+    from models.atomic_build import is_complete
+    from models.gguf_model.build import smollm2_source
     from models.gguf_model.convert import default_weights
 
     stamp = {"preset": name, "source": smollm2_source(), "weights": default_weights()}

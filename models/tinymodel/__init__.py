@@ -1,6 +1,8 @@
 """The embedded default model: a random-weight Qwen2 with a locally trained tokenizer."""
 
-from .build import STAMP, ModelDirError, build_model, is_complete, main, read_stamp
+from models.atomic_build import STAMP, ModelDirError, read_stamp
+
+from .build import build_model, is_complete, main
 from .weights import PRESETS, Preset
 
 __all__ = [

@@ -1,7 +1,6 @@
 """`lockstep make-model DIR`: build the embedded default model, once.
 
-The model is built into a temporary directory next to DIR and renamed into place, so a
-reader never sees a half-written model. A `lockstep_model.json` stamp, written last,
+Built atomically by models/atomic_build.py: a `lockstep_model.json` stamp, written last,
 records what was built; a later call with the same preset and seed does nothing.
 """
 
@@ -10,42 +9,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
+
+from models.atomic_build import ModelDirError, build_once
+from models.atomic_build import is_complete as _stamp_matches
 
 from .tokenizer import ENDOFTEXT, IM_END, SPECIAL_TOKENS, TOOL_TOKENS, write_tokenizer
 from .weights import PRESETS, model_config, preset_dict, write_weights
 
-STAMP = "lockstep_model.json"
 FORMAT_VERSION = 1  # bump when the generated files change for the same preset and seed
 
 
-class ModelDirError(Exception):
-    """DIR holds something that is not a model we built; we refuse to overwrite it."""
-
-
-def read_stamp(model_dir: str | os.PathLike) -> dict | None:
-    try:
-        return json.loads((Path(model_dir) / STAMP).read_text())
-    except (OSError, ValueError):
-        return None
+def _wanted(preset: str, seed: int) -> dict:
+    return {"format_version": FORMAT_VERSION, "preset": preset, "seed": seed}
 
 
 def is_complete(model_dir: str | os.PathLike, preset: str = "tiny", seed: int = 0) -> bool:
     """True if model_dir holds a finished build of exactly this preset and seed."""
-    stamp = read_stamp(model_dir)
-    if not stamp or (stamp.get("format_version"), stamp.get("preset"), stamp.get("seed")) != (
-        FORMAT_VERSION,
-        preset,
-        seed,
-    ):
-        return False
-    return all((Path(model_dir) / f).is_file() for f in stamp.get("files", []))
+    return _stamp_matches(model_dir, _wanted(preset, seed))
 
 
-def _write_model(out: Path, preset: str, seed: int) -> None:
+def _write_model(out: Path, preset: str, seed: int) -> dict:
     p = PRESETS[preset]
     ids = write_tokenizer(out, p.vocab_target)
     eos = [ids[IM_END], ids[ENDOFTEXT]]
@@ -55,16 +40,7 @@ def _write_model(out: Path, preset: str, seed: int) -> None:
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     silent = tuple(ids[t] for t in SPECIAL_TOKENS + TOOL_TOKENS)
     shards = write_weights(out, p, seed, ids["vocab_size"], silent)
-    files = sorted(f.name for f in out.iterdir())
-    stamp = {
-        "format_version": FORMAT_VERSION,
-        "preset": preset,
-        "seed": seed,
-        "dims": preset_dict(p),
-        "shards": shards,
-        "files": files,
-    }
-    (out / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")  # last: marks completion
+    return {"dims": preset_dict(p), "shards": shards}  # the stamp's record of them
 
 
 def build_model(
@@ -79,41 +55,8 @@ def build_model(
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     target = Path(dir).expanduser().resolve()
-    if not force and is_complete(target, preset, seed):
-        return target
-    if (
-        not force
-        and target.exists()
-        and read_stamp(target) is None
-        and (not target.is_dir() or any(target.iterdir()))
-    ):
-        raise ModelDirError(
-            f"{target} exists and is not a lockstep model; pick another directory "
-            "or pass --force to replace it"
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.build-", dir=target.parent))
-    old: Path | None = None
-    try:
-        _write_model(tmp, preset, seed)
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the model is not secret
-        if not force and is_complete(target, preset, seed):
-            return target  # a concurrent builder finished first; leave its copy in place
-        if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            os.rename(target, old / "m")
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            # Another builder won the race; its result is as good as ours.
-            if is_complete(target, preset, seed):
-                return target
-            raise
-    finally:
-        for leftover in (tmp, old):
-            if leftover is not None and leftover.exists():
-                shutil.rmtree(leftover, ignore_errors=True)
-    return target
+    return build_once(target, _wanted(preset, seed),
+                      lambda tmp: _write_model(tmp, preset, seed), force)
 
 
 def main(argv: list[str] | None = None) -> int:
