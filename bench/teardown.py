@@ -23,7 +23,7 @@ from typing import Any
 
 from bench import write_result
 from common.keys import generate_key_file, load_cluster_key
-from services.admin_cli import AdminClient
+from services.admin.cli import AdminClient
 from services.supervisor.settings import SupervisorSettings
 
 FAKE_RANK = f"{sys.executable} -m tests.fakes.fake_rank"

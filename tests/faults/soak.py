@@ -42,7 +42,7 @@ from common.envelope import Key
 from common.home import Paths, manifest_path
 from common.keys import generate_key_file, load_cluster_key
 from common.records import LaunchManifest
-from services.admin_cli import AdminClient
+from services.admin.cli import AdminClient
 from tests.faults.soak_clients import READ_TIMEOUT_S, STREAM_DEADLINE_S, Clients
 from tests.faults.soak_faults import FAULTS, GRACE_S, WEIGHTS, Faults
 from tests.support.polling import poll_for

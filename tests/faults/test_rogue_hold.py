@@ -26,7 +26,7 @@ import pytest
 from common.bus import listener_rcvhwm
 from common.envelope import DEFAULT_MAX_SIZE
 from common.keys import load_cluster_key
-from services.admin_cli import AdminClient
+from services.admin.cli import AdminClient
 from services.rank.io import PLAN_IN_MAX
 from services.supervisor.report_gate import REPORT_MAX
 from services.supervisor.sockets import ADMIN_MAX

@@ -25,7 +25,7 @@ from common.atomic_json import read_json
 from common.home import Paths, manifest_path
 from common.keys import load_cluster_key
 from common.records import LaunchManifest
-from services.admin_cli import AdminClient
+from services.admin.cli import AdminClient
 from services.supervisor.after_failure import attempt_deadline, retry_window
 from tests.e2e.rank_harness import model_dir
 from tests.netns.hosts import REPO_ROOT

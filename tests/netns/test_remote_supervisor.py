@@ -20,7 +20,7 @@ from common.home import Paths, manifest_path
 from common.keys import load_cluster_key
 from common.rankspec import RankSpec
 from common.records import LaunchManifest
-from services.admin_cli import AdminClient
+from services.admin.cli import AdminClient
 from tests.netns.hosts import REPO_ROOT
 from tests.netns.remote_support import (
     assert_nothing_left,

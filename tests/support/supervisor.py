@@ -16,7 +16,7 @@ from typing import Any
 
 from common.home import read_supervisor_record
 from common.keys import generate_key_file, load_cluster_key
-from services.admin_cli import AdminClient
+from services.admin.cli import AdminClient
 from services.supervisor.settings import SupervisorSettings
 from tests.support.polling import poll_for
 from tests.support.processes import process_gone as pid_gone

@@ -28,7 +28,7 @@ from common.home import (
 from common.keys import LaunchKeys, requests_key_of
 from common.procs import identify
 from common.records import LaunchManifest, Phase, RankMarker, RankRecord, SupervisorRecord
-from services.admin_cli import human
+from services.admin.cli import human
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.homelock import SupervisorBusy, hold_home_lock
 from services.supervisor.plan import DeployPlan

@@ -1,5 +1,5 @@
 """The operator's text views, pure: `lockstep admin status|watch` rendering
-(services/admin_status.py) from a real Deployment's wire form and a journal of events,
+(services/admin/status.py) from a real Deployment's wire form and a journal of events,
 `lockstep up`'s stage lines (services/up_progress.py), and a rank's load meter
 (services/rank/load_progress.py)."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 from common.deployment_info import read_deployment_info
 from common.messages import CacheStats, Event, LoadProgress
 from common.schema import to_wire
-from services import admin_status
-from services.admin_cli import human
+from services.admin import status as admin_status
+from services.admin.cli import human
 from services.rank.load_progress import LoadMeter
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.plan import DeployPlan

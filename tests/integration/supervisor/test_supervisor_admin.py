@@ -37,7 +37,7 @@ def test_forged_replayed_and_wrong_key_are_rejected_while_serving(start_supervis
     stop = threading.Event()
 
     def real_client() -> None:  # a real client, served throughout the attack
-        from services.admin_cli import AdminClient
+        from services.admin.cli import AdminClient
 
         c = AdminClient(rs.sup.sockets.admin_endpoint, rs.key)
         try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from services import admin_cli
+from services.admin import cli as admin_cli
 from tests.support.requests import RequestsClient
 from tests.support.supervisor import poll_for
 

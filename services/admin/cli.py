@@ -15,7 +15,7 @@ The endpoint comes from `$LOCKSTEP_HOME/runtime/supervisor.json` unless given. E
 status: 0 ok, 1 the supervisor answered with an error (its code is printed), 2 usage,
 3 no answer (supervisor not running, or the deadline passed). `--json` prints the whole
 reply `{ok, code, message, data}`. `watch` redraws `status` every second in place
-(services/admin_status.py) until Ctrl-C (exit 0).
+(services/admin/status.py) until Ctrl-C (exit 0).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from common.keys import KeyFileError, load_cluster_key
 from common.messages import ADMIN_OUT, AdminReply, AdminRequest, CacheStats
 from common.rpc_client import SyncRpcClient
 from common.sampling_defaults import FIELDS as SAMPLING_FIELDS
-from services import admin_status
+from services.admin import status as admin_status
 
 LONG_COMMANDS = {"deploy": 900.0, "stop": 120.0, "replan": 900.0, "abort_all": 120.0,
                  "cancel": 60.0, "reap": 120.0, "cache_clear": 620.0}
