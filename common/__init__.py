@@ -6,7 +6,7 @@ deployment, on another schema version, a missing field or an unknown key):
 
 | record | where | writer | reader |
 |---|---|---|---|
-| `SupervisorRecord` (records.py) | `runtime/supervisor.json` | supervisor (service.py) | `home.read_supervisor_record`: up, up_preflight, admin CLI, home lock, gateway |
+| `SupervisorRecord` (records.py) | `runtime/supervisor.json` | supervisor (service.py) | `home.read_supervisor_record`: up (run.py, preflight.py), admin CLI, home lock, gateway |
 | `LaunchManifest` (records.py) | `runtime/manifests/<job>.json` | supervisor (launch, stop); reaper (its teardown failures) | `home.read_manifests`: the reaper's sweep (in the reaper, and in the supervisor at start) |
 | `RankMarker` (records.py) | `runtime/markers/<dep>/rank-<r>.json` | rank | `home.read_markers`: supervisor (readiness, teardown), reaper, host agent |
 | `RankSpec` (rankspec.py) | the job directory's `rank-<r>.spec.json` | supervisor (launch) | `RankSpec.load`: rank |

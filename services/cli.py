@@ -7,7 +7,7 @@ import sys
 
 # subcommand → (module with a `main(argv) -> int`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("services.up", "start supervisor, reaper and gateway, deploy, serve"),
+    "up": ("services.up.__main__", "start supervisor, reaper and gateway, deploy, serve"),
     "gateway": ("services.gateway.__main__", "the OpenAI-compatible HTTP gateway"),
     "supervisor": ("services.supervisor.__main__", "the deployment supervisor"),
     "reaper": ("services.reaper.__main__", "reap orphaned launches (--once for one pass)"),

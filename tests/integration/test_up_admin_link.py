@@ -18,7 +18,7 @@ from common.home import Paths, write_supervisor_record
 from common.keys import ensure_cluster_key
 from common.messages import AdminReply
 from common.records import SupervisorRecord
-from services.up_admin import AdminLink, UpError
+from services.up.admin import AdminLink, UpError
 from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
 
 

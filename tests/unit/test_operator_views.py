@@ -1,6 +1,6 @@
 """The operator's text views, pure: `lockstep admin status|watch` rendering
 (services/admin/status.py) from a real Deployment's wire form and a journal of events,
-`lockstep up`'s stage lines (services/up_progress.py), and a rank's load meter
+`lockstep up`'s stage lines (services/up/progress.py), and a rank's load meter
 (services/rank/load_progress.py)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from services.admin.cli import human
 from services.rank.load_progress import LoadMeter
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.plan import DeployPlan
-from services.up_progress import ERASE, UpProgress, stage_line
+from services.up.progress import ERASE, UpProgress, stage_line
 
 NOW = 1_000_000.0
 

@@ -11,8 +11,8 @@ from common.rankspec import PROMPT_CACHE_AUTO_MAX, RankSettings, RankSpec, auto_
 from services.supervisor import settings as sup_settings
 from services.supervisor.__main__ import _parser as supervisor_parser
 from services.supervisor.job_launch import rank_settings
-from services.up import UpSettings
-from services.up import _parser as up_parser
+from services.up.__main__ import _parser as up_parser
+from services.up.settings import UpSettings
 
 GIB = 1 << 30
 

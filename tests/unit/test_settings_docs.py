@@ -18,7 +18,7 @@ from services.rank.seams import SeamSettings
 from services.reaper.__main__ import ReaperSettings
 from services.supervisor import settings as supervisor_settings
 from services.supervisor.settings import SupervisorSettings
-from services.up import UpSettings
+from services.up.settings import UpSettings
 
 REPO = Path(__file__).resolve().parents[2]
 # Every class a user sets through CLI / LOCKSTEP_* (RankSettings: only its env overrides).

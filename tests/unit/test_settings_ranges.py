@@ -17,7 +17,7 @@ from services.rank.seams import TestSeams
 from services.reaper.__main__ import ReaperSettings
 from services.supervisor import settings as sup_settings
 from services.supervisor.job_launch import RANK_FIELDS, rank_settings
-from services.up import UpSettings
+from services.up.settings import UpSettings
 
 REPO = Path(__file__).resolve().parents[2]
 

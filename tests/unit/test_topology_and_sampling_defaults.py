@@ -1,5 +1,5 @@
 """What a model can be split into (services/supervisor/topology.py), how `lockstep up`
-settles tp/pp from what the user named (services/up_model.py), and the sampling defaults'
+settles tp/pp from what the user named (services/up/model.py), and the sampling defaults'
 order (common/sampling_defaults.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from common.sampling_defaults import Origin, SamplingOverrides, check_overrides, resolve
 from services.supervisor.topology import TopologyError, check, read_shape
-from services.up_model import PRESETS, Preset, sampling, topology
+from services.up.model import PRESETS, Preset, sampling, topology
 
 SMOLLM2 = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
            "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536,
@@ -99,7 +99,7 @@ def test_the_default_presets_sampling_is_greedy_and_the_user_wins():
 
 
 def test_a_preset_name_is_not_a_same_named_folder_without_a_model(tmp_path, monkeypatch):
-    from services.up_model import model_dir
+    from services.up.model import model_dir
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny").mkdir()  # e.g. the repo's bench/ sources for `--model bench`

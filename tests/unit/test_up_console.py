@@ -1,4 +1,4 @@
-"""`lockstep up`'s output never stops it (services/up_console.py): a stdout whose reader
+"""`lockstep up`'s output never stops it (services/up/console.py): a stdout whose reader
 is gone (EPIPE) is silenced after the first failure, and the log file still gets every
 message."""
 
@@ -8,7 +8,7 @@ import io
 import os
 import sys
 
-from services.up_console import UpConsole
+from services.up.console import UpConsole
 
 
 def test_a_dead_pipe_is_silenced_and_the_log_keeps_everything(tmp_path, monkeypatch):

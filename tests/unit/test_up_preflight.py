@@ -12,7 +12,7 @@ import pytest
 
 from common.home import Paths
 from services.supervisor.homelock import SupervisorBusy, hold_home_lock
-from services.up_preflight import busy_ports, port_taken, supervisor_busy
+from services.up.preflight import busy_ports, port_taken, supervisor_busy
 
 
 @pytest.mark.timeout(30)

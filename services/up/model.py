@@ -24,7 +24,7 @@ from pathlib import Path
 from common.model_ref import ModelNotFound
 from common.model_ref import resolve as resolve_model
 from common.sampling_defaults import SamplingOverrides
-from services.up_admin import UpError
+from services.up.admin import UpError
 
 DEFAULT_MODEL = "smollm2"
 RANDOM_PRESETS = ("tiny", "bench")

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from common.model_ref import model_id
 from common.schema import to_wire
-from services.up_admin import DeploymentDown, UpError
+from services.up.admin import DeploymentDown, UpError
 
 if TYPE_CHECKING:
-    from services.up import Up
+    from services.up.run import Up
 
 DOWN = ("failed", "teardown_failed")
 
@@ -65,7 +65,7 @@ class ReplicaSet:
                 raise UpError(f"replica(s) {', '.join(slow)} not serving after "
                               f"{s.ready_timeout:.0f}s")
         url = up.local_url()
-        from services.up import wait_http_ready
+        from services.up.run import wait_http_ready
 
         wait_http_ready(url + "/ready", max(1.0, deadline - time.monotonic()), up.stop_flag,
                         lambda: self.check(starting=True))

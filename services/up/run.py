@@ -1,112 +1,38 @@
-"""`lockstep up` — serve a model on this machine with one command.
+"""`lockstep up`'s run: start the services, deploy, watch, and stop everything in order.
 
-    lockstep up [--port 8000] [--home ~/.lockstep] [--model PATH] [--tp 2] [--pp 1]
-                [--replicas 1] [--hosts FILE] [--backend auto|ring|jaccl|mpi] [--host 127.0.0.1]
-                [--prompt-cache-entries 32] [--prompt-cache-bytes 0] [--prefill-stall-ratio 3]
-                [--prefill-long-prompt 2048] [--temperature T] [--top-p P] [--top-k K]
-                [--min-p P] [--repetition-penalty R]
-
-Starts `lockstep supervisor`, `lockstep reaper` and `lockstep gateway` as separate
-processes (each in its own session, logs in $LOCKSTEP_HOME/runtime/logs/), writes the
-cluster key and the admin token (0600) on first run, builds the default model once (no
---model: SmolLM2-135M-Instruct, served PP=2; services/up_model.py), deploys it (TP=2 by
-default for any other model; what the user names wins, services/up_model.py), waits for
-/ready and prints the URL with a curl to paste. A tp/pp the model cannot be split into is
-refused before anything starts (services/supervisor/topology.py). --temperature, --top-p,
---top-k, --min-p, --repetition-penalty: what requests that name none are sampled with
-(over the model's generation_config.json; common/sampling_defaults.py). If the deployment fails on its own (a rank died, a peer was lost) it is
-torn down with proof and redeployed, up to --restarts times (default 3).
---replicas N: N deployments of the model behind the one gateway, each on the next tp×pp
-rank slots of --hosts (services/up_replicas.py); a failed one is redeployed while the
-others serve, and the gateway resumes its requests on them at once.
-Ctrl-C / SIGTERM / SIGHUP (a closed terminal): abort_all, verified teardown of every
-deployment, then SIGTERM → SIGKILL each service; exit 0 only when every process it
-started (and every rank) is proven gone. Messages also go to runtime/logs/up.log, and a
-stop never needs a writable stdout (services/up_console.py). Each service watches `up`
-(common/launcher_watch.py: parent death + a lease on its identity) and stops in order on
-its own when `up` is gone, even SIGKILLed.
-
-Settings: CLI > LOCKSTEP_<NAME> > defaults; ports: --admin-port 7710, --events-port 7711,
---control-port 7712, --report-port 7713, --reaper-events-port 7714 (0 = any free port).
+The command's flags and settings are in __main__.py and settings.py; this is what runs
+once they are settled (see __main__.py's docstring for the whole story).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 
-from common.bus import BusInterrupted, BusTimeout
-from common.config import (
-    AtLeastOne,
-    ConfigError,
-    Count,
-    Port,
-    PositiveSeconds,
-    StallRatio,
-    default_home,
-    load_settings,
-)
 from common.home import Paths
 from common.keys import KeyFileError, ensure_cluster_key
 from common.launcher_watch import LAUNCHER_ENV, launcher_value
 from common.model_ref import model_id
 from common.procs import ProcessIdentity, identify, is_alive, snapshot_children, terminate_ladder
-from common.sampling_defaults import FIELDS as SAMPLING_FIELDS
-from common.sampling_defaults import SamplingOverrides, check_overrides
+from common.sampling_defaults import SamplingOverrides
 from common.schema import to_wire
 from services.supervisor.hosts import HostsError, members_from_host_records
 from services.supervisor.topology import TopologyError
 from services.supervisor.topology import check as check_topology
-from services.up_admin import AdminLink, DeploymentDown, UpError
-from services.up_console import UpConsole
-from services.up_preflight import busy_ports, supervisor_busy
-from services.up_progress import UpProgress
-
-
-@dataclass(frozen=True)
-class UpSettings:
-    home: Path = field(default_factory=default_home)
-    host: str = "127.0.0.1"
-    port: Port = 8000
-    model: str | None = None
-    # None = not named: the preset's (SmolLM2: pp=2), else tp=2 (services/up_model.py)
-    tp: AtLeastOne | None = None
-    pp: AtLeastOne | None = None
-    hosts: Path | None = None
-    backend: str = "auto"
-    admin_port: Port = 7710
-    events_port: Port = 7711
-    control_port: Port = 7712
-    report_port: Port = 7713
-    reaper_events_port: Port = 7714
-    ready_timeout: PositiveSeconds = 600.0
-    stop_timeout: PositiveSeconds = 15.0
-    restarts: Count = 3  # redeploys after a deployment fails (a rank died, a peer was lost)
-    replicas: AtLeastOne = 1  # deployments of the model behind the gateway (up_replicas.py)
-    # The supervisor's settings of the same names, handed to it as its flags (every rank
-    # gets them through its spec): 0 entries = prefix cache off; 0 bytes = auto.
-    prompt_cache_entries: Count = 32
-    prompt_cache_bytes: Count = 0
-    prefill_stall_ratio: StallRatio = 3.0  # rank 0's prefill policy; 0 = fixed chunks
-    prefill_long_prompt: Count = 2048  # ... steered while streams decode; 0 = every prompt
-    # Sampling defaults of the deployment (None = the preset's, the model's, then OpenAI's)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+from services.up.admin import AdminLink, DeploymentDown, UpError
+from services.up.console import UpConsole
+from services.up.preflight import busy_ports, supervisor_busy
+from services.up.progress import UpProgress
+from services.up.settings import UpSettings, named_sampling
 
 
 def wait_http_ready(url: str, timeout: float, stop: threading.Event, progress) -> None:
@@ -153,7 +79,7 @@ class Up:
         self.sampling = SamplingOverrides()  # what the deployment gets (model_path sets it)
 
     def log(self, msg: str, *, err: bool = False) -> None:
-        """Never raises: the terminal may be gone (see up_console)."""
+        """Never raises: the terminal may be gone (see console.py)."""
         self.shown.end()  # a stage's live line first gets its newline
         self.console.say(f"lockstep up: {msg}", err=err)
 
@@ -181,13 +107,13 @@ class Up:
     def model_path(self) -> str:
         """Builds a preset if needed, settles tp, pp and the sampling defaults, and checks
         that the model can be split that way — all before any process starts."""
-        from services import up_model
+        from services.up import model as up_model
 
         path, preset = up_model.model_dir(self.paths.models, self.s.model, self.log)
         named = {k: getattr(self.s, k) for k in ("tp", "pp") if getattr(self.s, k) is not None}
         tp, pp = up_model.topology(named, preset)
         self.s = replace(self.s, tp=tp, pp=pp)
-        self.sampling = up_model.sampling(_named_sampling(self.s), preset)
+        self.sampling = up_model.sampling(named_sampling(self.s), preset)
         try:
             check_topology(path, tp, pp, model_id(path))
         except TopologyError as exc:
@@ -247,7 +173,7 @@ class Up:
             gw_args += ["--reaper-events-endpoint", f"tcp://127.0.0.1:{s.reaper_events_port}"]
         self.spawn("gateway", gw_args)
         if s.replicas > 1:
-            from services.up_replicas import ReplicaSet
+            from services.up.replicas import ReplicaSet
 
             return ReplicaSet(self, model, hosts, envs, backend).run()
         restarts_left = s.restarts
@@ -364,77 +290,3 @@ class Up:
         for sv in survivors:
             self.log(f"NOT proven gone: pid {sv.pid}")
         return ok and not survivors
-
-
-def _named_sampling(s: UpSettings) -> SamplingOverrides:
-    return SamplingOverrides(**{k: getattr(s, k) for k in SAMPLING_FIELDS})
-
-
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="lockstep up", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backend", choices=("auto", "ring", "jaccl", "mpi"), default=None)
-    for flag, tp in (("--home", Path), ("--host", str), ("--port", int), ("--model", str),
-                     ("--tp", int), ("--pp", int), ("--hosts", Path),
-                     ("--admin-port", int), ("--events-port", int), ("--control-port", int),
-                     ("--report-port", int), ("--reaper-events-port", int),
-                     ("--ready-timeout", float), ("--stop-timeout", float),
-                     ("--restarts", int), ("--replicas", int), ("--prompt-cache-entries", int),
-                     ("--prompt-cache-bytes", int), ("--prefill-stall-ratio", float),
-                     ("--prefill-long-prompt", int), ("--temperature", float),
-                     ("--top-p", float), ("--top-k", int), ("--min-p", float),
-                     ("--repetition-penalty", float)):
-        ap.add_argument(flag, type=tp, default=None)
-    return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = vars(_parser().parse_args(sys.argv[1:] if argv is None else argv))
-    try:
-        s = load_settings(UpSettings, args)
-        if bad := check_overrides(_named_sampling(s)):
-            raise ConfigError("; ".join(bad))
-    except (ConfigError, TypeError) as exc:
-        print(f"lockstep up: {exc}", file=sys.stderr)
-        return 2
-    try:
-        up = Up(s)
-        up.preflight()  # nothing started yet: nothing to stop if it fails
-    except OSError as exc:
-        print(f"lockstep up: cannot use home {s.home}: {exc}", file=sys.stderr)
-        return 2
-    except UpError as exc:
-        print(f"lockstep up: {exc}", file=sys.stderr)
-        return 1
-
-    def on_signal(signum, frame) -> None:  # only sets a flag: the main loop does the work
-        up.stop_flag.set()  # a second Ctrl-C changes nothing: the stop runs to its end
-
-    # SIGHUP is a closed terminal: the same orderly stop. SIGPIPE stays ignored (Python's
-    # default), so a dead pipe is an error UpConsole swallows, never a death mid-stop.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    code = 0
-    try:
-        code = up.run()
-    except BusInterrupted:  # a stop request cut a wait short (e.g. a redeploy's stop)
-        code = 0
-    except (UpError, BusTimeout, KeyFileError, OSError, ValueError) as exc:  # then shutdown
-        up.log(str(exc), err=True)
-        code = 1
-    except Exception as exc:  # noqa: BLE001 - a bug here must still stop everything in order
-        up.log(f"internal error: {type(exc).__name__}: {exc}\n{traceback.format_exc()}", err=True)
-        code = 1
-    if not up.procs:  # refused before anything started (a bad topology, a busy port...)
-        return code
-    up.log("stopping: abort_all, verified teardown, services")
-    if not up.shutdown():
-        up.log("shutdown NOT verified (see above)", err=True)
-        return 1
-    up.log("every process stopped")
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

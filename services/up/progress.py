@@ -44,7 +44,7 @@ def stage_line(dep: DeploymentInfo, *, coarse: bool) -> tuple[str, str]:
 
 class UpProgress:
     def __init__(self, console, tty: bool) -> None:
-        self.console = console  # services.up_console.UpConsole
+        self.console = console  # services.up.console.UpConsole
         self.tty = tty
         self.stage: str | None = None
         self.text: str | None = None

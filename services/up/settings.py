@@ -1,0 +1,48 @@
+"""`lockstep up`'s settings: CLI > LOCKSTEP_<NAME> > these defaults (common/config.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.config import AtLeastOne, Count, Port, PositiveSeconds, StallRatio, default_home
+from common.sampling_defaults import FIELDS as SAMPLING_FIELDS
+from common.sampling_defaults import SamplingOverrides
+
+
+@dataclass(frozen=True)
+class UpSettings:
+    home: Path = field(default_factory=default_home)
+    host: str = "127.0.0.1"
+    port: Port = 8000
+    model: str | None = None
+    # None = not named: the preset's (SmolLM2: pp=2), else tp=2 (model.py)
+    tp: AtLeastOne | None = None
+    pp: AtLeastOne | None = None
+    hosts: Path | None = None
+    backend: str = "auto"
+    admin_port: Port = 7710
+    events_port: Port = 7711
+    control_port: Port = 7712
+    report_port: Port = 7713
+    reaper_events_port: Port = 7714
+    ready_timeout: PositiveSeconds = 600.0
+    stop_timeout: PositiveSeconds = 15.0
+    restarts: Count = 3  # redeploys after a deployment fails (a rank died, a peer was lost)
+    replicas: AtLeastOne = 1  # deployments of the model behind the gateway (replicas.py)
+    # The supervisor's settings of the same names, handed to it as its flags (every rank
+    # gets them through its spec): 0 entries = prefix cache off; 0 bytes = auto.
+    prompt_cache_entries: Count = 32
+    prompt_cache_bytes: Count = 0
+    prefill_stall_ratio: StallRatio = 3.0  # rank 0's prefill policy; 0 = fixed chunks
+    prefill_long_prompt: Count = 2048  # ... steered while streams decode; 0 = every prompt
+    # Sampling defaults of the deployment (None = the preset's, the model's, then OpenAI's)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+
+def named_sampling(s: UpSettings) -> SamplingOverrides:
+    return SamplingOverrides(**{k: getattr(s, k) for k in SAMPLING_FIELDS})
