@@ -83,7 +83,7 @@ def role_of(cmdline: list[str]) -> str | None:
             if m := _RANK_SPEC.search(arg):
                 return f"rank_{m.group(1)}"
         return None
-    for mod, sub in (("services.cli", True), ("services.gateway", False),
+    for mod, sub in (("services", True), ("services.gateway", False),
                      ("services.supervisor", False), ("services.reaper", False)):
         if mod in cmdline:
             if not sub:

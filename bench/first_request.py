@@ -91,7 +91,7 @@ def one_start(home: Path, work: Path, i: int, tmp: Path, kind: str,
     tmp.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TMPDIR": str(tmp)}
     log = work / f"up-{i}.log"
-    cmd = [sys.executable, "-m", "services.cli", "up", "--home", str(home), "--port", str(port),
+    cmd = [sys.executable, "-m", "services", "up", "--home", str(home), "--port", str(port),
            "--admin-port", "0", "--events-port", "0", "--control-port", "0",
            "--report-port", "0", "--reaper-events-port", "0",
            *([] if cache else ["--prompt-cache-entries", "0"])]

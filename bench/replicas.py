@@ -59,7 +59,7 @@ class Up:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.settings = {"replicas": replicas, "tp": 1, **env}
-        argv = [sys.executable, "-m", "services.cli", "up", "--home", str(self.home),
+        argv = [sys.executable, "-m", "services", "up", "--home", str(self.home),
                 "--port", str(port), "--admin-port", "0", "--events-port", "0",
                 "--control-port", "0", "--report-port", "0", "--reaper-events-port", "0",
                 "--model", str(model), "--tp", "1", "--replicas", str(replicas),

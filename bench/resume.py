@@ -62,7 +62,7 @@ PROMPTS = [MSG, [{"role": "user", "content": "Tell me a long story about a light
 
 
 def _argv(home: Path, port: int, model: Path) -> list[str]:
-    return [sys.executable, "-m", "services.cli", "up", "--home", str(home), "--port", str(port),
+    return [sys.executable, "-m", "services", "up", "--home", str(home), "--port", str(port),
             "--admin-port", "0", "--events-port", "0", "--control-port", "0",
             "--report-port", "0", "--reaper-events-port", "0", "--model", str(model), "--tp", "2",
             "--restarts", str(TRIALS + 3)]

@@ -158,7 +158,7 @@ def lockstep(model: Path, work: Path, tp: int, cache: bool, timeout: float = 900
     home, log = work / f"home-{name}", work / f"{name}.log"
     port = free_port()
     cache_flags = [] if cache else ["--prompt-cache-entries", "0"]
-    cmd = [sys.executable, "-m", "services.cli", "up", "--home", str(home), "--port", str(port),
+    cmd = [sys.executable, "-m", "services", "up", "--home", str(home), "--port", str(port),
            "--tp", str(tp), "--model", str(model), "--admin-port", "0", "--events-port", "0",
            "--control-port", "0", "--report-port", "0", "--reaper-events-port", "0",
            *cache_flags]

@@ -26,7 +26,7 @@ REFUSALS = 5
 
 
 def _argv(home: Path, model: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "services.cli", "up", "--home", str(home), "--model",
+    return [sys.executable, "-m", "services", "up", "--home", str(home), "--model",
             str(model), "--port", str(free_port()), "--admin-port", "0", "--events-port", "0",
             "--control-port", "0", "--report-port", "0", "--reaper-events-port", "0", *extra]
 

@@ -87,7 +87,7 @@ class Up:
         # From the main thread only: a child's parent-death signal fires when the thread
         # that forked it exits, and ours lives as long as `up`.
         logf = open(self.paths.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        cmd = [sys.executable, "-m", "services.cli", name, "--home", str(self.paths.home), *argv]
+        cmd = [sys.executable, "-m", "services", name, "--home", str(self.paths.home), *argv]
         env = dict(os.environ)
         if self.launcher is not None:  # the child watches us by this (launcher_watch)
             env[LAUNCHER_ENV] = self.launcher

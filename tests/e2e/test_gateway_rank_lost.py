@@ -38,7 +38,7 @@ def _supervisor_pid(up: subprocess.Popen) -> int:
             cmd = p.cmdline()
         except psutil.Error:  # a child that exited meanwhile is not the supervisor
             continue
-        if cmd[2:4] == ["services.cli", "supervisor"]:
+        if cmd[2:4] == ["services", "supervisor"]:
             return p.pid
     raise AssertionError("no supervisor under lockstep up")
 

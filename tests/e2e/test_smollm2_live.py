@@ -79,7 +79,7 @@ def live(tmp_path_factory, model_dir):
     (home / "models").mkdir()
     os.symlink(model_dir, home / "models" / "smollm2")  # the default, already built
     port = free_port()
-    argv = [sys.executable, "-m", "services.cli", "up", "--home", str(home), "--port", str(port),
+    argv = [sys.executable, "-m", "services", "up", "--home", str(home), "--port", str(port),
             "--admin-port", "0", "--events-port", "0", "--control-port", "0",
             "--report-port", "0", "--reaper-events-port", "0"]  # no --model, no --tp/--pp
     env = {k: v for k, v in os.environ.items() if k not in ("LOCKSTEP_TP", "LOCKSTEP_PP")}
@@ -180,7 +180,7 @@ def test_a_split_the_model_cannot_take_is_refused_before_anything_starts(tmp_pat
     (home / "models").mkdir(parents=True)
     os.symlink(model_dir, home / "models" / "smollm2")
     port = free_port()
-    argv = [sys.executable, "-m", "services.cli", "up", "--home", str(home), "--port", str(port),
+    argv = [sys.executable, "-m", "services", "up", "--home", str(home), "--port", str(port),
             "--admin-port", "0", "--events-port", "0", "--control-port", "0",
             "--report-port", "0", "--reaper-events-port", "0", "--tp", "2"]
     env = {k: v for k, v in os.environ.items() if k not in ("LOCKSTEP_TP", "LOCKSTEP_PP")}

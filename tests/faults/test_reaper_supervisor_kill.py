@@ -68,7 +68,7 @@ class Cluster:
         return self._spawn("reaper", ["services.reaper", "--home", str(self.home), *args])
 
     def admin(self, *args: str, timeout: float = 240) -> dict:
-        out = subprocess.run([sys.executable, "-m", "services.cli", "admin", "--home",
+        out = subprocess.run([sys.executable, "-m", "services", "admin", "--home",
                               str(self.home), "--json", *args], cwd=REPO,
                              env=lockstep_env(self.home),
                              capture_output=True, text=True, timeout=timeout)

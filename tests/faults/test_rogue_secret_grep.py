@@ -44,7 +44,7 @@ def leaks(blob: bytes, ns: dict[str, bytes]) -> list[str]:
 
 
 def lockstep(home: Path, *args: str) -> bytes:
-    r = subprocess.run([sys.executable, "-m", "services.cli", "admin", "--home", str(home),
+    r = subprocess.run([sys.executable, "-m", "services", "admin", "--home", str(home),
                         *args], cwd=REPO, capture_output=True, timeout=60)
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     return r.stdout + r.stderr

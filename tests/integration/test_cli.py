@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from services.cli import COMMANDS
+from services.__main__ import COMMANDS
 from tests.support.processes import REPO, lockstep_env
 
-LOCKSTEP = [sys.executable, "-m", "services.cli"]
+LOCKSTEP = [sys.executable, "-m", "services"]
 
 
 @pytest.mark.timeout(120)

@@ -60,7 +60,7 @@ def reaper_once(home: Path, *args: str, timeout: float = 60,
 
 def up_argv(home: Path, port: int, *extra: str) -> list[str]:
     """`lockstep up` serving HTTP on `port`, its internal sockets on free ports."""
-    return [sys.executable, "-m", "services.cli", "up", "--home", str(home), "--port", str(port),
+    return [sys.executable, "-m", "services", "up", "--home", str(home), "--port", str(port),
             "--admin-port", "0", "--events-port", "0", "--control-port", "0",
             "--report-port", "0", "--reaper-events-port", "0",
             # the random preset unless a test names a model: the default (SmolLM2) is slow

@@ -20,16 +20,16 @@ SPEC = "/tmp/h/runtime/jobs/j-1/rank-{}.spec.json"
 
 
 @pytest.mark.parametrize("cmdline,role", [
-    ([PY, "-m", "services.cli", "up", "--home", "/h", "--tp", "2"], "up"),
-    ([PY, "-m", "services.cli", "supervisor", "--home", "/h"], "supervisor"),
-    ([PY, "-m", "services.cli", "reaper", "--home", "/h", "--events-port", "0"], "reaper"),
-    ([PY, "-m", "services.cli", "gateway", "--home", "/h", "--port", "1"], "gateway"),
+    ([PY, "-m", "services", "up", "--home", "/h", "--tp", "2"], "up"),
+    ([PY, "-m", "services", "supervisor", "--home", "/h"], "supervisor"),
+    ([PY, "-m", "services", "reaper", "--home", "/h", "--events-port", "0"], "reaper"),
+    ([PY, "-m", "services", "gateway", "--home", "/h", "--port", "1"], "gateway"),
     ([PY, "-m", "services.gateway", "--home", "/h"], "gateway"),
     ([PY, "-m", "services.rank", "--spec", SPEC.format(0)], "rank_0"),
     ([PY, "-m", "services.rank", "--spec", SPEC.format(11)], "rank_11"),
     ([PY, "-m", "services.rank"], None),
     ([PY, "-m", "mlx_lm", "server", "--model", "/m"], None),
-    ([PY, "-m", "services.cli", "status"], None),
+    ([PY, "-m", "services", "status"], None),
 ])
 def test_roles_come_from_the_command_line(cmdline, role):
     assert cb.role_of(cmdline) == role

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.cli import COMMANDS
+from services.__main__ import COMMANDS
 from services.supervisor.hosts import read_hosts_file
 from tests.netns.hosts import DEFAULT_TOPOLOGY, address_plan, host_name, hosts_document
 

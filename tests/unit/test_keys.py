@@ -185,8 +185,8 @@ def test_launch_keys_channels_and_sessions():
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, console: bool = False):
-    exe = [str(REPO / ".venv" / "bin" / "lockstep")] if console else [sys.executable, "-m",
-                                                                       "services.cli"]
+    exe = ([str(REPO / ".venv" / "bin" / "lockstep")] if console
+           else [sys.executable, "-m", "services"])
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([*exe, *args], cwd=REPO, env=full_env, capture_output=True, text=True,
                           timeout=60)

@@ -22,7 +22,7 @@ from common.launcher_watch import (
 from common.procs import ProcessIdentity, identify
 
 S = WatchSettings(interval_s=0.5, resend_s=5.0, hard_exit_s=60.0)
-UP = ProcessIdentity(4242, 1234.56, ("python", "-m", "services.cli", "up"))
+UP = ProcessIdentity(4242, 1234.56, ("python", "-m", "services", "up"))
 
 
 def test_the_value_round_trips_and_bad_values_are_refused():

@@ -47,7 +47,7 @@ def _start(home: Path, **settings: str) -> subprocess.Popen:
 
 
 def _admin(home: Path, *args: str, ok: bool = True) -> dict:
-    out = subprocess.run([sys.executable, "-m", "services.cli", "admin", "--home", str(home),
+    out = subprocess.run([sys.executable, "-m", "services", "admin", "--home", str(home),
                           "--json", *args], env=lockstep_env(), cwd=REPO, capture_output=True,
                          text=True, timeout=60)
     reply = json.loads(out.stdout)
@@ -88,7 +88,7 @@ def test_lease_reap_cli_and_sigterm(tmp_path):
         assert dep["state"] == "serving"
         info = _admin(home, "deployments")["data"]["deployments"][0]
         pids = [r["pid"] for r in info["ranks"]]
-        human = subprocess.run([sys.executable, "-m", "services.cli", "admin", "--home",
+        human = subprocess.run([sys.executable, "-m", "services", "admin", "--home",
                                 str(home), "status"], env=lockstep_env(), cwd=REPO,
                                capture_output=True, text=True, timeout=30).stdout
         assert "p1" in human and "serving" in human
