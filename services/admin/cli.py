@@ -89,11 +89,11 @@ def _hosts_args(path: str | None) -> dict[str, Any]:
         doc = read_hosts_file(Path(path))
     except HostsError as exc:
         raise SystemExit(f"lockstep admin: {exc}") from None
-    out: dict[str, Any] = {"hosts": doc["hosts"]}
-    if doc["envs"]:
-        out["envs"] = doc["envs"]
-    if doc["backend"]:
-        out["backend"] = doc["backend"]
+    out: dict[str, Any] = {"hosts": doc.hosts}
+    if doc.envs:
+        out["envs"] = doc.envs
+    if doc.backend:
+        out["backend"] = doc.backend
     return out
 
 

@@ -115,10 +115,23 @@ def decode_hosts(raw: Any) -> list[HostRecord]:
     return out
 
 
-def read_hosts_file(path: Path) -> dict[str, Any]:
-    """Parse an mlx.launch hostfile → {"hosts": [...], "backend": str|None, "envs": [...]}.
-    A bare list of host records is accepted too; `ranks_per_host` at top level applies to
-    every host that does not set its own."""
+@dataclass(frozen=True)
+class HostsFile:
+    """An mlx.launch hostfile, read once by read_hosts_file: what every reader keeps."""
+
+    hosts: list[dict[str, Any]]  # the host records as written (validated), the file's
+    #                              top-level ranks_per_host applied: a deploy's `hosts`
+    backend: str | None  # the file's backend, if it names one
+    envs: list[str]  # KEY=VALUE for every rank
+
+    def backend_for(self, requested: str) -> str:
+        """The deploy's backend: the file's where the deploy asked for auto."""
+        return self.backend if requested == "auto" and self.backend else requested
+
+
+def read_hosts_file(path: Path) -> HostsFile:
+    """Parse an mlx.launch hostfile. A bare list of host records is accepted too;
+    `ranks_per_host` at top level applies to every host that does not set its own."""
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
@@ -135,7 +148,8 @@ def read_hosts_file(path: Path) -> dict[str, Any]:
         for h in hosts:
             h.setdefault("ranks_per_host", rph)
     decode_hosts(hosts)  # validate now, with the file's name in the error
-    return {"hosts": hosts, "backend": doc.get("backend"), "envs": list(doc.get("envs") or [])}
+    backend = doc.get("backend")
+    return HostsFile(hosts, str(backend) if backend else None, list(doc.get("envs") or []))
 
 
 def members_from_host_records(records: list[HostRecord] | list[dict], *,

@@ -84,10 +84,9 @@ async def deploy(sup: Supervisor, *, model_path: str | None, tp: int, pp: int, h
     if model_path is None:
         model_path = await default_model(sup)
     if hosts is None and sup.default_hosts is not None:  # `lockstep supervisor --hosts FILE`
-        hosts = sup.default_hosts["hosts"]
-        envs = [*sup.default_hosts["envs"], *envs]
-        if backend == "auto" and sup.default_hosts["backend"]:
-            backend = str(sup.default_hosts["backend"])
+        hosts = sup.default_hosts.hosts
+        envs = [*sup.default_hosts.envs, *envs]
+        backend = sup.default_hosts.backend_for(backend)
     # every plan before anything starts: a bad placement refuses the whole request
     plans = [make_plan(model_path, tp, pp, replicas_mod.place(hosts, r, replicas, tp * pp)
                        if replicas > 1 else hosts, backend, envs, sampling,

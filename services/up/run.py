@@ -25,7 +25,7 @@ from common.model_ref import model_id
 from common.procs import ProcessIdentity, identify, is_alive, snapshot_children, terminate_ladder
 from common.sampling_defaults import SamplingOverrides
 from common.schema import to_wire
-from services.supervisor.hosts import HostsError, members_from_host_records
+from services.supervisor.hosts import HostsError, members_from_host_records, read_hosts_file
 from services.supervisor.topology import TopologyError
 from services.supervisor.topology import check as check_topology
 from services.up.admin import AdminLink, DeploymentDown, UpError
@@ -121,17 +121,14 @@ class Up:
         return path
 
     def hosts(self) -> tuple[list[dict] | None, list[str], str]:
-        backend = self.s.backend
+        """(host records, envs, backend) from --hosts (the supervisor's reader), or none."""
         if self.s.hosts is None:
-            return None, [], backend
-        obj = json.loads(Path(self.s.hosts).expanduser().read_text())
-        hosts = obj.get("hosts") if isinstance(obj, dict) else obj
-        if not isinstance(hosts, list):
-            raise UpError(f"{self.s.hosts}: expected an mlx.launch hostfile with a 'hosts' list")
-        envs = list(obj.get("envs") or []) if isinstance(obj, dict) else []
-        if backend == "auto" and isinstance(obj, dict) and obj.get("backend"):
-            backend = str(obj["backend"])
-        return hosts, envs, backend
+            return None, [], self.s.backend
+        try:
+            hf = read_hosts_file(Path(self.s.hosts).expanduser())
+        except HostsError as exc:
+            raise UpError(f"--hosts: {exc}") from None
+        return hf.hosts, hf.envs, hf.backend_for(self.s.backend)
 
     def preflight(self) -> None:
         s = self.s

@@ -151,12 +151,12 @@ def test_hosts_file_is_accepted_and_describes_the_rank_hosts(compose):
     names = [host_name(i) for i in range(n)]
     _, ips = address_plan(compose["networks"]["cluster"]["ipam"]["config"][0]["subnet"], n)
     expected = hosts_document(names, ips, python=f"{docker_workdir()}/.venv/bin/python")
-    assert doc["backend"] == expected["backend"]
-    got = [(h["name"], h["ips"], h["python"], h["rdma_ctl"]) for h in doc["hosts"]]
+    assert doc.backend == expected["backend"]
+    got = [(h["name"], h["ips"], h["python"], h["rdma_ctl"]) for h in doc.hosts]
     want = [(h["name"], h["ips"], h["python"], h["rdma_ctl"]) for h in expected["hosts"]]
     assert got == want
     # Over ssh by name (the compose DNS name, which known_hosts lists too), as root.
-    assert [h["ssh"] for h in doc["hosts"]] == [f"root@{name}" for name in names]
+    assert [h["ssh"] for h in doc.hosts] == [f"root@{name}" for name in names]
 
 
 def test_the_image_has_the_entrypoint_and_tools_the_compose_file_uses(compose):

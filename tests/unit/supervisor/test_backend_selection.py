@@ -96,7 +96,8 @@ def test_mlx_launch_hostfile_is_read_as_is(tmp_path):
                              "hosts": [{"ssh": "localhost", "ips": ["127.0.0.1"]},
                                        {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}]}))
     doc = read_hosts_file(f)
-    assert doc["backend"] == "ring" and doc["envs"] == ["A=1"] and len(doc["hosts"]) == 2
+    assert doc.backend == "ring" and doc.envs == ["A=1"] and len(doc.hosts) == 2
+    assert doc.backend_for("auto") == "ring" and doc.backend_for("mpi") == "mpi"
     f.write_text(json.dumps({"hosts": [{"ssh": "x", "colour": "red"}]}))
     with pytest.raises(HostsError, match="colour"):
         read_hosts_file(f)
