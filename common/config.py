@@ -137,6 +137,3 @@ def load_settings(cls: type[T], cli: dict[str, Any] | None = None,
             raise ConfigError(f"missing setting {f.name} (set {env_name(f.name)})")
     return validate(cls, values)
 
-
-def default_home() -> Path:
-    return Path(os.environ.get("LOCKSTEP_HOME", "~/.lockstep")).expanduser()

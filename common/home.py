@@ -25,8 +25,9 @@ _MARKER_RE = re.compile(r"rank-(0|[1-9][0-9]{0,5})\.json")
 
 
 def default_home() -> Path:
+    """$LOCKSTEP_HOME (~ expanded), else ~/.lockstep: the one place this is decided."""
     env = os.environ.get("LOCKSTEP_HOME")
-    return Path(env) if env else Path.home() / ".lockstep"
+    return Path(env).expanduser() if env else Path.home() / ".lockstep"
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,9 @@ import zmq
 
 from common.atomic_json import StateFileError
 from common.bus import BusTimeout, Channel, new_request_id
-from common.config import default_home
 from common.deployment_info import DeploymentInfoError, read_deployment_info
 from common.envelope import Key
-from common.home import Paths, read_supervisor_record
+from common.home import Paths, default_home, read_supervisor_record
 from common.keys import KeyFileError, load_cluster_key
 from common.messages import ADMIN_OUT, AdminReply, AdminRequest, CacheStats
 from common.rpc_client import SyncRpcClient

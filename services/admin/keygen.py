@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common.config import default_home
+from common.home import default_home
 from common.keys import KeyFileError, generate_key_file
 
 

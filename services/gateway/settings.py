@@ -43,9 +43,9 @@ from common.config import (
     Port,
     PositiveSeconds,
     Seconds,
-    default_home,
     load_settings,
 )
+from common.home import default_home
 from common.rankspec import RankSettings
 
 TOKEN_FILE = "admin.token"

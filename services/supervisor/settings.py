@@ -57,9 +57,9 @@ from common.config import (
     PositiveSeconds,
     Seconds,
     StallRatio,
-    default_home,
     load_settings,
 )
+from common.home import default_home
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import AtLeastOne, Count, Port, PositiveSeconds, StallRatio, default_home
+from common.config import AtLeastOne, Count, Port, PositiveSeconds, StallRatio
+from common.home import default_home
 from common.sampling_defaults import FIELDS as SAMPLING_FIELDS
 from common.sampling_defaults import SamplingOverrides
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from common.config import ConfigError, default_home, load_settings
+from common.config import ConfigError, load_settings
+from common.home import default_home
 
 
 @dataclass(frozen=True)
