@@ -1,0 +1,589 @@
+"""One rank's on-disk tier of the prompt cache: it writes, verifies, loads and drops entries
+when rank 0's plan says so, and never decides what to keep.
+
+`<root>/<model fingerprint>/<placement>/` holds, per entry, `<key>.safetensors` (the layout
+mlx-lm's `save_prompt_cache` writes, so `load_prompt_cache` reads our files) and the
+sidecar `<key>.json` = {"v", "key", "tokens", "bytes", "mac"}. Each is written to a temp
+name, fsynced and renamed, the sidecar last, so a crash leaves at most a temp file or data
+without a sidecar, both removed by `scan`. The MAC (HMAC-SHA256 under the cache key) binds
+the file bytes to the tokens, the model, the placement and the rank: a flipped bit or a file
+from another model, placement, rank or key is refused, never parsed.
+
+Threads. `write()` runs on the MLX step thread: it evaluates the entry's arrays there (free
+when they are evaluated already; a lazy entry, e.g. fresh from BatchKVCache.extract, is
+computed there, ~70 ms per 100 MB on CPU) and queues references to them. One writer thread turns them
+into bytes through the buffer protocol and does all the file work, with no MLX op: in mlx
+0.32 an array built on one thread cannot be evaluated on another ("There is no Stream(cpu, 0)
+in current thread", tests/unit/test_disk_tier.py keeps the experiment), and
+`array::wait()`/`is_available()` update an array's event and status without a lock, so two
+threads waiting on one array race. Reading an available array's buffer changes nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import hashlib
+import hmac
+import io
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models import cache as mlx_cache
+
+log = logging.getLogger(__name__)
+
+DISK_BUDGET_SHARE = 0.10
+DISK_BUDGET_MAX = 64 << 30
+FORMAT_VERSION = 1
+_MAC_DOMAIN = b"lockstep-kv/v1"
+_KEY_RE = re.compile(r"[0-9a-f]{32}")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a single safe path component
+_TMP = ".tmp"
+_SIDECAR_MAX = 256 << 20
+_HEADER_MAX = 100 << 20
+_DTYPES = {mx.bool_: "BOOL", mx.uint8: "U8", mx.uint16: "U16", mx.uint32: "U32",
+           mx.uint64: "U64", mx.int8: "I8", mx.int16: "I16", mx.int32: "I32", mx.int64: "I64",
+           mx.float16: "F16", mx.bfloat16: "BF16", mx.float32: "F32", mx.complex64: "C64"}
+
+
+class Reject(enum.Enum):
+    """Why an entry was refused; its files are removed (unless DISABLED or BAD_KEY)."""
+    DISABLED = "the disk tier is off"
+    BAD_KEY = "not an entry key"
+    MISSING = "no such entry"
+    IO = "entry unreadable"
+    ORPHAN = "half an entry (data without sidecar or sidecar without data)"
+    SIDECAR = "sidecar missing fields or unparsable"
+    KEY_MISMATCH = "the tokens do not hash to the key"
+    SIZE = "file size differs from the sidecar's (truncated?)"
+    MAC = "MAC mismatch (corrupt, or made for another model, placement, rank or cache key)"
+    TOKENS = "token count differs from the plan's"
+    FORMAT = "cache layout unreadable"
+
+
+class DiskEntryError(Exception):
+    """A load that cannot be trusted or read."""
+
+    def __init__(self, key: str, reason: Reject, detail: str = "") -> None:
+        super().__init__(f"disk cache entry {key}: {reason.value}" + (f" ({detail})" if detail else ""))
+        self.key, self.reason = key, reason
+
+
+@dataclass
+class DiskEntry:
+    key: str
+    tokens: list[int]
+    nbytes: int  # size of the .safetensors file
+    used_at: float  # its mtime: LRU order survives restarts
+
+
+@dataclass
+class DiskStats:
+    entries: int
+    bytes: int
+    written: int
+    write_errors: int
+    rejected: int
+    loaded: int
+    dropped: int
+
+
+def _lp(s: str) -> bytes:
+    b = s.encode()
+    return len(b).to_bytes(2, "big") + b
+
+
+def _token_bytes(tokens) -> bytes:
+    return np.asarray(tokens, dtype="<i8").tobytes()
+
+
+def entry_key(tokens) -> str:
+    return hashlib.sha256(_token_bytes(tokens)).hexdigest()[:32]
+
+
+def placement_name(replica: int, tp: int, pp: int, rank: int) -> str:
+    return f"r{replica}-tp{tp}-pp{pp}-rank{rank}"
+
+
+def _safetensors_header(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if n > _HEADER_MAX:
+            raise ValueError(f"{path}: safetensors header of {n} bytes")
+        return f.read(n)  # the header only, never the weights
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """16 hex chars naming the model's config and weights, from headers and sizes only."""
+    d, h = Path(model_dir), hashlib.sha256()
+
+    def part(tag: str, data: bytes) -> None:  # length-prefixed: no two inputs collide
+        h.update(_lp(tag) + len(data).to_bytes(8, "big") + data)
+
+    part("config", (d / "config.json").read_bytes())
+    if (d / "model.safetensors.index.json").is_file():
+        part("index", (d / "model.safetensors.index.json").read_bytes())
+    if (d / "tokenizer.json").is_file():
+        part("tokenizer-size", str((d / "tokenizer.json").stat().st_size).encode())
+    for p in sorted(d.glob("*.safetensors"), key=lambda p: p.name):
+        part("weights", f"{p.name}\0{p.stat().st_size}".encode())
+        part("header", _safetensors_header(p))
+    return h.hexdigest()[:16]
+
+
+def default_disk_budget(root: Path) -> int:
+    p = Path(root).absolute()
+    while not p.exists():
+        p = p.parent
+    st = os.statvfs(p)
+    return min(int(st.f_bavail * st.f_frsize * DISK_BUDGET_SHARE), DISK_BUDGET_MAX)
+
+
+# -- encoding (writer thread: numpy and buffers only, no MLX op) ---------------------------
+
+def _layout(cache: list) -> tuple[list, dict[str, int], list[str]]:
+    """save_prompt_cache's flattening of `[c.state for c in cache]`: (name, array or scalar)
+    pairs, the rows to keep of KVCache buffers (larger than offset), the class names."""
+    items, rows = [], {}
+    for i, c in enumerate(cache):
+        if type(c) is mlx_cache.KVCache and c.keys is not None:  # fast path, no tree walk
+            items += [(f"{i}.0", c.keys), (f"{i}.1", c.values), (f"{i}.2", c.offset)]
+            rows[f"{i}.0"] = rows[f"{i}.1"] = c.offset
+        else:
+            items += tree_flatten(c.state, prefix=f".{i}")
+    return items, rows, [type(c).__name__ for c in cache]
+
+
+def _raw(a: mx.array, rows: int | None) -> np.ndarray:
+    """The bytes of an evaluated array as uint8 (..., last*itemsize), cut to `rows` on axis -2.
+    A non-contiguous array (a slice view) is copied once, by memoryview.tobytes under the
+    GIL; the KV the store keeps (BatchKVCache.extract, update_and_fetch buffers) is not one."""
+    if a.size == 0:
+        return np.empty(0, np.uint8)
+    m = memoryview(a)  # available already: a pure read (bfloat16 has no numpy dtype, bytes do)
+    flat = np.frombuffer(m if m.c_contiguous else m.tobytes(), np.uint8)
+    if a.ndim == 0:
+        return flat
+    v = flat.reshape(*a.shape[:-1], a.shape[-1] * a.itemsize)
+    return v if rows is None else v[..., :rows, :]
+
+
+def _scalar(v) -> tuple[np.ndarray, str, list[int], str]:
+    """How save_prompt_cache stores a non-array state value (via mx.array)."""
+    if isinstance(v, bool):
+        return np.array(v, np.bool_), "BOOL", [], "scalar"
+    if isinstance(v, int):
+        small = -(1 << 31) <= v < (1 << 31)
+        return np.array(v, "<i4" if small else "<i8"), "I32" if small else "I64", [], "scalar"
+    if isinstance(v, float):
+        return np.array(v, "<f4"), "F32", [], "scalar"
+    if isinstance(v, str):
+        return np.array([ord(ch) for ch in v], "<i4"), "I32", [len(v)], "string"
+    if v is None:
+        return np.empty(0, "<f4"), "F32", [0], "none"
+    raise ValueError(f"cache state is not serializable: {type(v).__name__}")
+
+
+def _encode(items, rows, classes, meta: dict[str, str]) -> list:
+    header, blobs, off, scalars = {}, [], 0, [""]
+    for name, v in items:
+        if isinstance(v, mx.array):
+            if v.dtype not in _DTYPES:
+                raise ValueError(f"cache array {name} has dtype {v.dtype}, not in safetensors")
+            raw, dt, shape = _raw(v, rows.get(name)), _DTYPES[v.dtype], list(v.shape)
+            if name in rows:
+                shape[-2] = rows[name]
+        else:
+            arr, dt, shape, kind = _scalar(v)
+            raw = arr.reshape(-1).view(np.uint8)
+            scalars.append((name, kind))
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + raw.nbytes]}
+        off += raw.nbytes
+        blobs.append(raw)
+    md = dict(tree_flatten([meta, classes, scalars]))
+    head = json.dumps({"__metadata__": md, **header}, separators=(",", ":")).encode()
+    return [len(head).to_bytes(8, "little"), head, *blobs]
+
+
+def _write_blobs(f, blobs: list, h) -> None:
+    """Writes (and hashes) each blob in C-contiguous pieces: a KVCache cut to offset is not."""
+    for b in blobs:
+        if isinstance(b, bytes) or b.flags.c_contiguous:
+            f.write(b)
+            if h is not None:
+                h.update(b)
+        else:
+            _write_blobs(f, list(b), h)
+
+
+def _unlink(p: Path) -> bool:
+    try:
+        p.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _mkdirs(folder: Path) -> None:
+    for p in reversed([folder, *folder.parents]):  # 0700, the parents we make too
+        if not p.is_dir():
+            p.mkdir(mode=0o700)  # a file in the way raises
+
+
+class DiskTier:
+    def __init__(self, root: Path, fingerprint: str, placement: str, rank: int,
+                 key: bytes) -> None:
+        for name in (fingerprint, placement):
+            if not _NAME_RE.fullmatch(name):
+                raise ValueError(f"{name!r} is not a safe folder name")
+        self.folder = Path(root) / fingerprint / placement
+        self.enabled = False
+        self.pending: dict[str, tuple[list[int], list]] = {}
+        self._mac_base = hmac.new(key, _MAC_DOMAIN + _lp(fingerprint) + _lp(placement)
+                                  + _lp(str(rank)), hashlib.sha256)
+        self._lock = threading.Lock()  # pending, failed, index, counters
+        self._io = threading.Lock()  # one writer task or one scan at a time
+        self._cv = threading.Condition()  # the task queue
+        self._tasks: deque = deque()
+        self._busy = 0  # tasks queued or running
+        self._stop = self._warned = False
+        self._failed: list[str] = []
+        self._index: dict[str, DiskEntry] = {}
+        self._n = dict(written=0, write_errors=0, rejected=0, loaded=0, dropped=0)
+        if not key:  # fail closed: without a key nothing on disk can be trusted
+            log.warning("prompt cache disk tier off for %s: no cache key", self.folder)
+            return
+        try:
+            _mkdirs(self.folder)
+            fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            log.warning("prompt cache disk tier off: cannot create %s: %s", self.folder, e)
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            log.warning("prompt cache disk tier off: %s is locked by another process (%s)",
+                        self.folder, e)
+            return
+        self._lock_fd, self.enabled = fd, True
+        self._thread = threading.Thread(target=self._run, name="kv-disk-writer", daemon=True)
+        self._thread.start()
+
+    # -- the step thread's calls -----------------------------------------------------------
+
+    def write(self, key: str, tokens: list[int], cache: list) -> None:
+        """Queue `cache` for disk (neither it nor `tokens` may change afterwards). Here it
+        costs O(layers); the arrays are evaluated here, free when they are already."""
+        if not self.enabled:
+            return
+        if not _KEY_RE.fullmatch(key):
+            raise ValueError(f"{key!r} is not an entry key")
+        items, rows, classes = _layout(cache)
+        mx.eval([v for _, v in items if isinstance(v, mx.array)])
+        item = (tokens, cache)
+        with self._lock:
+            self.pending[key] = item
+        self._put(self._do_write, key, item, items, rows, classes)
+
+    def load(self, key: str, n_tokens: int) -> list:
+        if not self.enabled:
+            raise DiskEntryError(key, Reject.DISABLED)
+        if not _KEY_RE.fullmatch(key):
+            raise DiskEntryError(key, Reject.BAD_KEY)
+        with self._lock:
+            item = self.pending.get(key)
+            if item is not None and len(item[0]) == n_tokens:
+                self._n["loaded"] += 1
+                return item[1]
+        if item is not None:  # a planner bug, not a bad file: nothing to remove
+            raise DiskEntryError(key, Reject.TOKENS, f"{len(item[0])} pending, plan says {n_tokens}")
+        try:
+            tokens, data, _ = self._read(key)
+            if len(tokens) != n_tokens:
+                raise DiskEntryError(key, Reject.TOKENS, f"{len(tokens)} on disk, plan says {n_tokens}")
+            cache = _parse(key, data, n_tokens)  # the very bytes the MAC covered
+        except DiskEntryError as e:
+            self._reject(e)
+            raise
+        self._touch(key)
+        with self._lock:
+            self._n["loaded"] += 1
+        return cache
+
+    def drop(self, key: str) -> None:
+        if not _KEY_RE.fullmatch(key):
+            raise ValueError(f"{key!r} is not an entry key")  # it names files
+        with self._lock:
+            self.pending.pop(key, None)
+            self._failed = [k for k in self._failed if k != key]
+        if self.enabled:
+            self._put(self._do_drop, key)  # behind any queued write of it: the drop wins
+
+    def clear(self) -> None:
+        with self._lock:
+            self.pending.clear()
+            self._failed.clear()
+        if self.enabled:
+            self._put(self._do_clear)
+
+    def touch(self, key: str) -> None:
+        if self.enabled and _KEY_RE.fullmatch(key):
+            self._put(self._touch, key)
+
+    def take_failed(self) -> list[str]:
+        with self._lock:
+            out, self._failed = self._failed, []
+        return out
+
+    def stats(self) -> DiskStats:
+        with self._lock:
+            return DiskStats(entries=len(self._index),
+                             bytes=sum(e.nbytes for e in self._index.values()), **self._n)
+
+    def flush(self, timeout: float) -> bool:
+        with self._cv:
+            return self._cv.wait_for(lambda: self._busy == 0, timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        if not self.enabled:
+            return
+        done = self.flush(timeout)
+        with self._cv:  # what is still queued is dropped: it was in memory only
+            self._stop = True
+            self._busy -= len(self._tasks)
+            self._tasks.clear()
+            self._cv.notify_all()
+        self._thread.join(timeout=max(timeout, 0.1))
+        if not done:
+            log.warning("prompt cache disk tier %s closed with writes unfinished", self.folder)
+        self.enabled = False
+        os.close(self._lock_fd)  # releases the flock
+
+    # -- verification ----------------------------------------------------------------------
+
+    def scan(self) -> dict[str, DiskEntry]:
+        """Boot: verify every entry fully, remove what fails; the good ones by key."""
+        if not self.enabled:
+            return {}
+        found: dict[str, DiskEntry] = {}
+        with self._io:
+            names = os.listdir(self.folder)
+            for n in names:
+                if n.endswith(_TMP):
+                    _unlink(self.folder / n)
+            keys = {n.rsplit(".", 1)[0] for n in names if n.endswith((".safetensors", ".json"))}
+            for k in sorted(keys):
+                try:
+                    tokens, data, mtime = self._read(k)
+                    found[k] = DiskEntry(k, tokens, len(data), mtime)
+                except DiskEntryError as e:
+                    self._reject(e)
+            with self._lock:
+                self._index = dict(found)
+        return found
+
+    def _read(self, key: str) -> tuple[list[int], bytes, float]:
+        """An entry's tokens, its data file read once into memory and checked against the
+        sidecar's MAC, and the data's mtime. Raises DiskEntryError."""
+        if not _KEY_RE.fullmatch(key):
+            raise DiskEntryError(key, Reject.BAD_KEY)
+        side, path = self.folder / f"{key}.json", self.folder / f"{key}.safetensors"
+        try:
+            if side.stat().st_size > _SIDECAR_MAX:
+                raise DiskEntryError(key, Reject.SIDECAR, "too large")
+            d = json.loads(side.read_bytes())
+            tokens, nbytes, mac = d["tokens"], d["bytes"], d["mac"]
+            if not (d["v"] == FORMAT_VERSION and d["key"] == key and isinstance(mac, str)
+                    and type(nbytes) is int and isinstance(tokens, list)
+                    and all(type(t) is int for t in tokens)):
+                raise ValueError("a field of the wrong type or value")
+            tb = _token_bytes(tokens)
+        except FileNotFoundError:
+            raise DiskEntryError(key, Reject.ORPHAN if path.exists() else Reject.MISSING) from None
+        except OSError as e:
+            raise DiskEntryError(key, Reject.IO, str(e)) from None
+        except (ValueError, KeyError, TypeError, OverflowError) as e:
+            raise DiskEntryError(key, Reject.SIDECAR, str(e)) from None
+        if hashlib.sha256(tb).hexdigest()[:32] != key:
+            raise DiskEntryError(key, Reject.KEY_MISMATCH)
+        try:
+            with open(path, "rb") as f:
+                data, mtime = f.read(), os.fstat(f.fileno()).st_mtime
+        except FileNotFoundError:
+            raise DiskEntryError(key, Reject.ORPHAN, "sidecar without data") from None
+        except OSError as e:
+            raise DiskEntryError(key, Reject.IO, str(e)) from None
+        if len(data) != nbytes:
+            raise DiskEntryError(key, Reject.SIZE, f"{len(data)} bytes, sidecar says {nbytes}")
+        want = self._mac(key, len(tokens), tb, hashlib.sha256(data).digest())
+        if not hmac.compare_digest(want, mac):
+            raise DiskEntryError(key, Reject.MAC)
+        return tokens, data, mtime
+
+    def _mac(self, key: str, n_tokens: int, token_bytes: bytes, data_digest: bytes) -> str:
+        m = self._mac_base.copy()
+        m.update(_lp(key) + _lp(str(n_tokens)) + hashlib.sha256(token_bytes).digest()
+                 + data_digest)
+        return m.hexdigest()
+
+    def _reject(self, e: DiskEntryError) -> None:
+        if e.reason in (Reject.DISABLED, Reject.BAD_KEY):
+            return
+        self._remove(e.key)
+        with self._lock:
+            self._index.pop(e.key, None)
+            self._n["rejected"] += 1
+        log.warning("prompt cache disk tier %s: refused: %s", self.folder, e)
+
+    def _remove(self, key: str) -> bool:
+        gone = [_unlink(self.folder / f"{key}.{s}") for s in ("json", "safetensors")]
+        return any(gone)  # the sidecar first: a crash between leaves an orphan, not a lie
+
+    def _touch(self, key: str) -> None:
+        path = self.folder / f"{key}.safetensors"
+        try:
+            os.utime(path)
+            mtime = path.stat().st_mtime
+        except OSError:
+            return  # best effort: only LRU order suffers
+        with self._lock:
+            if key in self._index:
+                self._index[key].used_at = mtime
+
+    # -- the writer thread -----------------------------------------------------------------
+
+    def _put(self, fn, *args) -> None:
+        with self._cv:
+            self._tasks.append((fn, args))
+            self._busy += 1
+            self._cv.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._tasks or self._stop)
+                if self._stop:
+                    return
+                fn, args = self._tasks.popleft()
+            try:
+                with self._io:
+                    fn(*args)
+            except Exception as e:  # the thread outlives any one task
+                self._warn(f"{fn.__name__} failed: {e}")
+            finally:
+                del fn, args  # release the entry's arrays now, not at the next task
+                with self._cv:
+                    self._busy -= 1
+                    self._cv.notify_all()
+
+    def _warn(self, what: str) -> None:
+        log.log(logging.DEBUG if self._warned else logging.WARNING,
+                "prompt cache disk tier %s: %s", self.folder, what)
+        self._warned = True
+
+    def _do_write(self, key: str, item: tuple, items: list, rows: dict, classes: list) -> None:
+        with self._lock:
+            if self.pending.get(key) is not item:
+                return  # dropped, cleared or written again since
+        tokens = item[0]
+        try:
+            tb = _token_bytes(tokens)
+            if hashlib.sha256(tb).hexdigest()[:32] != key:
+                raise ValueError("the key is not its tokens' entry_key")
+            meta = {"lockstep_key": key, "n_tokens": str(len(tokens))}
+            path, h = self.folder / f"{key}.safetensors", hashlib.sha256()
+            self._durable(path, _encode(items, rows, classes, meta), h)
+            st = path.stat()
+            rec = {"v": FORMAT_VERSION, "key": key, "tokens": list(tokens), "bytes": st.st_size,
+                   "mac": self._mac(key, len(tokens), tb, h.digest())}
+            self._durable(self.folder / f"{key}.json", [json.dumps(rec).encode()], None)
+            dfd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(dfd)  # the renames, too, survive a crash
+            finally:
+                os.close(dfd)
+        except Exception as e:  # ENOSPC, EACCES, EROFS, EDQUOT, ... or a bad entry
+            self._remove(key)
+            with self._lock:
+                self._index.pop(key, None)
+                self._n["write_errors"] += 1
+                if self.pending.get(key) is item:
+                    self._failed.append(key)  # stays in pending until the planner drops it
+            self._warn(f"writing entry {key} failed: {e}")
+            return
+        with self._lock:
+            self._index[key] = DiskEntry(key, rec["tokens"], st.st_size, st.st_mtime)
+            self._n["written"] += 1
+            if self.pending.get(key) is item:
+                del self.pending[key]
+
+    def _durable(self, path: Path, blobs: list, h) -> None:
+        tmp = self.folder / f".{path.name}.{secrets.token_hex(4)}{_TMP}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with open(fd, "wb") as f:
+                _write_blobs(f, blobs, h)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink(tmp)
+            raise
+
+    def _do_drop(self, key: str) -> None:
+        gone = self._remove(key)
+        with self._lock:
+            if self._index.pop(key, None) is not None or gone:
+                self._n["dropped"] += 1
+
+    def _do_clear(self) -> None:
+        keys = set()
+        for n in os.listdir(self.folder):
+            if n.endswith(_TMP):
+                _unlink(self.folder / n)
+            elif n.endswith((".safetensors", ".json")) and _unlink(self.folder / n):
+                keys.add(n.rsplit(".", 1)[0])
+        with self._lock:
+            self._n["dropped"] += len(keys | set(self._index))
+            self._index.clear()
+
+
+def _parse(key: str, data: bytes, n_tokens: int) -> list:
+    """load_prompt_cache's rebuilding, from verified bytes in memory (mx.load reads a
+    file-like object), with class names only from mlx-lm's cache module."""
+    try:
+        arrays, meta = mx.load(io.BytesIO(data), format="safetensors", return_metadata=True)
+        mx.eval(list(arrays.values()))  # copied out now, from the verified bytes
+        if meta.get("0.lockstep_key") != key or meta.get("0.n_tokens") != str(n_tokens):
+            raise ValueError("the metadata names another entry")
+        _, classes, scalars = tree_unflatten(list(meta.items()))
+        for pos, kind in scalars[1:]:
+            a = arrays[pos]
+            arrays[pos] = (a.item() if kind == "scalar" else None if kind == "none"
+                           else "".join(map(chr, a.tolist())) if kind == "string"
+                           else _bad(kind))
+        cache = []
+        for name, state in zip(classes, tree_unflatten(list(arrays.items())), strict=True):
+            cls = getattr(mlx_cache, name, None)
+            if not (isinstance(cls, type) and issubclass(cls, mlx_cache._BaseCache)):
+                raise ValueError(f"unknown cache class {name!r}")
+            cache.append(cls.from_state(state))
+        return cache
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise DiskEntryError(key, Reject.FORMAT, str(e)) from None
+
+
+def _bad(kind: str):
+    raise ValueError(f"unknown scalar kind {kind!r}")
