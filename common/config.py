@@ -39,6 +39,7 @@ PositiveSeconds = Annotated[float, Gt(0), Lt(math.inf)]
 Port = Annotated[int, Ge(0), Le(65535)]  # 0 = any free port
 Count = Annotated[int, Ge(0)]  # 0 usually means "the default bound"
 AtLeastOne = Annotated[int, Ge(1)]
+AutoCount = Annotated[int, Ge(-1)]  # -1 = auto (resolved by whoever owns the setting)
 StallRatio = Annotated[float, Ge(0), Lt(math.inf)]  # 0 = off; else >= 1 in practice
 
 

@@ -145,6 +145,15 @@ class LaunchKeys:
         return f"LaunchKeys({self.deployment_id}/{self.job_id})"
 
 
+def kv_cache_key(cluster_key: Key) -> bytes:
+    """The key the prefix cache's disk files are MACed with (services/rank/disk_tier.py):
+    derived from the cluster key, so it outlives launches; ranks never hold the cluster
+    key itself, and each file's MAC also binds model, placement, rank and entry."""
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=b"lockstep-kvcache",
+                info=b"lockstep/v1 prefix cache on disk")
+    return hkdf.derive(cluster_key.secret)
+
+
 # --- keys handed out over the admin channel ------------------------------------------
 # The admin channel is authenticated (HMAC with the cluster key) but not encrypted. A key
 # it carries (the requests key the gateway needs) is sealed with AES-GCM under a key

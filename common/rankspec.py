@@ -40,6 +40,16 @@ PROMPT_CACHE_AUTO_MAX = 4 << 30  # prompt_cache_bytes=0 (auto): at most 4 GiB pe
 PROMPT_CACHE_AUTO_SHARE = 8  # ... and at most 1/8 of the supervisor host's memory
 
 
+PROMPT_CACHE_DISK_AUTO_MAX = 64 << 30  # prompt_cache_disk_bytes=-1 (auto): at most 64 GiB
+PROMPT_CACHE_DISK_AUTO_SHARE = 10  # ... and at most a tenth of the free disk
+
+
+def auto_prompt_cache_disk_bytes(free_disk: int) -> int:
+    """The disk tier's byte budget per rank `prompt_cache_disk_bytes=-1` (auto) stands
+    for, from the free bytes of the supervisor's home's filesystem (resolved once there)."""
+    return min(PROMPT_CACHE_DISK_AUTO_MAX, free_disk // PROMPT_CACHE_DISK_AUTO_SHARE)
+
+
 def auto_prompt_cache_bytes(host_memory: int) -> int:
     """The byte budget `prompt_cache_bytes=0` (auto) stands for, from the physical memory
     of the supervisor's host: resolved once there, so every rank gets the same number."""
@@ -72,6 +82,9 @@ class RankSettings:
     # Stored KV bytes per rank at most; 0 here = DEFAULT_PROMPT_CACHE_BYTES (the
     # supervisor resolves its own 0, "auto", from memory before any rank sees it).
     prompt_cache_bytes: Count = 0
+    # The disk tier (services/rank/disk_tier.py): KV bytes per rank on its own disk under
+    # $LOCKSTEP_HOME/kvcache; 0 = off (the supervisor resolves its -1, "auto").
+    prompt_cache_disk_bytes: Count = 0
     rank_telemetry_interval_s: PositiveSeconds = 1.0
     plan_fetch_after_s: PositiveSeconds = 0.25  # follower asks for missed plans after this
     replay_buffer: AtLeastOne = 1024  # plans rank 0 keeps for followers that missed some
@@ -118,6 +131,9 @@ class RankSpec:
     supervisor_pid: int
     cancel_epoch_floor: int = 0  # epochs at or below are a watermark, never replayed
     hostfile: str = ""
+    # The disk prefix cache's key (hex, 0600, in the job dir); "" = no disk tier.
+    cache_key_path: str = ""
+    replica: int = 0  # which replica of its model this launch is (the disk tier's placement)
     # Local ranks are the supervisor's children: re-parenting means it is gone. A remote
     # rank's parent is the short-lived host agent, so only the lease can watch for it.
     watch_parent: bool = True

@@ -6,7 +6,8 @@ Channels (DESIGN.md §2) and who may send what, one module each:
   requests  GENERATE, ABORT, STATS_REQUEST → TOKENS, STATS (launch key "requests")
                                                                                requests.py
             CACHE_SUBSCRIBE → CACHE_SNAPSHOT, CACHE_EVENTS (pushed)  cache_events.py
-  plan      PLAN_HELLO → PLAN_WELCOME, PLAN, PLAN_FETCH → PLAN_BATCH, PING → PONG
+  plan      PLAN_HELLO → PLAN_WELCOME, PLAN, PLAN_FETCH → PLAN_BATCH, PING → PONG,
+            DISK_INDEX (followers' disk tier, acknowledged in PING)
                                                           (launch key "plan")  plan.py
   control   CANCEL, SERVE, SHUTDOWN, LEASE, CACHE_CLEAR  (launch key "control") control.py
   report    RANK_READY, TELEMETRY, CANCEL_ACK, CACHE_CLEARED (launch key "report")
@@ -54,6 +55,7 @@ from common.messages.control import CacheClear, Cancel, Lease, Serve, Shutdown
 from common.messages.plan import (
     CacheOp,
     CacheOpKind,
+    DiskIndex,
     Ping,
     Plan,
     PlanBatch,
@@ -136,6 +138,7 @@ __all__ = [
     "PlanRemove",
     "PlanWelcome",
     "Pong",
+    "DiskIndex",
     "REPORT",
     "REPORT_TO_RANK",
     "REQUESTS_IN",
@@ -169,6 +172,7 @@ BODY: dict[Kind, type] = {
     Kind.PLAN_BATCH: PlanBatch,
     Kind.PING: Ping,
     Kind.PONG: Pong,
+    Kind.DISK_INDEX: DiskIndex,
     Kind.CANCEL: Cancel,
     Kind.SERVE: Serve,
     Kind.SHUTDOWN: Shutdown,

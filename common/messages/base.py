@@ -34,6 +34,7 @@ class Kind(str, enum.Enum):
     PLAN_BATCH = "plan_batch"
     PING = "ping"
     PONG = "pong"
+    DISK_INDEX = "disk_index"
     CANCEL = "cancel"
     SERVE = "serve"
     SHUTDOWN = "shutdown"
@@ -64,7 +65,8 @@ AUTH_TO_RESPONDER = frozenset({Kind.AUTH_HELLO, Kind.AUTH_PROOF})
 AUTH_TO_INITIATOR = frozenset({Kind.AUTH_CHALLENGE, Kind.AUTH_OK})
 PLAN_TO_FOLLOWER = frozenset({Kind.PLAN_WELCOME, Kind.PLAN, Kind.PLAN_BATCH, Kind.PING}) \
     | AUTH_TO_INITIATOR
-PLAN_TO_LEADER = frozenset({Kind.PLAN_HELLO, Kind.PLAN_FETCH, Kind.PONG}) | AUTH_TO_RESPONDER
+PLAN_TO_LEADER = frozenset({Kind.PLAN_HELLO, Kind.PLAN_FETCH, Kind.PONG, Kind.DISK_INDEX}) \
+    | AUTH_TO_RESPONDER
 CONTROL = frozenset({Kind.CANCEL, Kind.SERVE, Kind.SHUTDOWN, Kind.LEASE, Kind.CACHE_CLEAR})
 REPORT = frozenset({Kind.RANK_READY, Kind.TELEMETRY, Kind.CANCEL_ACK, Kind.CACHE_CLEARED}) \
     | AUTH_TO_RESPONDER

@@ -49,8 +49,10 @@ class CacheOpKind(str, enum.Enum):
     """What a plan does to every rank's prompt-cache store (applied in plan order)."""
 
     STORE = "store"  # keep the KV of `request_id`, which finished at the previous step
-    EVICT = "evict"  # drop entry `entry_id`
-    CLEAR = "clear"  # drop every entry
+    EVICT = "evict"  # drop entry `entry_id` (from memory; its disk copy stays)
+    CLEAR = "clear"  # drop every entry, from memory and disk
+    LOAD = "load"  # read disk entry `key` into memory as entry `entry_id`
+    DROP = "drop"  # delete disk entry `key`
 
 
 @dataclass
@@ -61,6 +63,11 @@ class CacheOp:
     n_tokens: int = 0  # STORE: the tokens the entry covers (prompt + generated, as fed)
     nbytes: int = 0  # STORE: rank 0's bytes for it, the budget's unit; a rank holding more fails
     live: bool = False  # STORE of a request still in the batch (its prompt, once prefilled)
+    # The disk tier (services/rank/disk_tier.py): the entry's content key (a hash of its
+    # tokens, the same on every rank and across launches), and for a STORE whether every
+    # rank writes it through to its disk.
+    key: str = ""
+    persist: bool = False
 
 
 @dataclass
@@ -105,6 +112,23 @@ class PlanBatch:
 class Ping:
     nonce: int
     sent_at: float
+    # The last DISK_INDEX seq rank 0 took from each rank (index = rank): a follower
+    # re-sends its report until it sees its seq here.
+    disk_seqs: list[int] = field(default_factory=list)
+
+
+@dataclass
+class DiskIndex:
+    """A follower's disk tier, for rank 0 (services/rank/disk_tier.py): the entries it
+    verified at start-up (`boot`: None once reported), and the keys whose write-through
+    failed since (rank 0 drops them on every rank). Re-sent until a PING acknowledges
+    `seq`; `off`: this rank's disk tier is off (rank 0 then persists nothing)."""
+
+    rank: int
+    seq: int
+    verified: list[str] = field(default_factory=list, metadata=BIG_LIST)
+    failed: list[str] = field(default_factory=list, metadata=BIG_LIST)
+    off: bool = False
 
 
 @dataclass

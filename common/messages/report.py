@@ -33,6 +33,15 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     hit_tokens: int = 0
+    # The disk tier (services/rank/disk_tier.py); disk hits are rank 0's decisions.
+    disk_entries: int = 0
+    disk_bytes: int = 0
+    disk_hits: int = 0
+    disk_hit_tokens: int = 0
+    disk_written: int = 0
+    disk_write_errors: int = 0
+    disk_rejected: int = 0
+    disk_loaded: int = 0
 
 
 @dataclass

@@ -103,9 +103,13 @@ def cache_text(d: DeploymentInfo) -> str:
         return "prefix cache off (or no telemetry yet)"
     looked = c.hits + c.misses
     rate = f"{100 * c.hits / looked:.0f}%" if looked else "-"
+    disk = (f"; disk {c.disk_entries} entries, {mib(c.disk_bytes)}, "
+            f"{c.disk_hits} hits ({c.disk_hit_tokens} tokens), {c.disk_rejected} rejected"
+            + (f", {c.disk_write_errors} write errors" if c.disk_write_errors else "")
+            if c.disk_entries or c.disk_hits or c.disk_written or c.disk_rejected else "")
     return (f"prefix cache {c.entries} entries, {c.tokens} tokens, {mib(c.bytes)}; "
             f"hits {c.hits}/{looked} ({rate}), {c.hit_tokens} prompt tokens served, "
-            f"{c.evicted} evicted")
+            f"{c.evicted} evicted{disk}")
 
 
 def _rate(r: RankInfo, dep_id: str, prev: dict[tuple, tuple[int, float]] | None) -> str:

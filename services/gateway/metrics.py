@@ -114,11 +114,22 @@ class _ClusterCollector:
                                         labels=["deployment", "rank"])
                    for n, h in (("entries", "Prefix-cache entries held"),
                                 ("tokens", "Tokens the prefix-cache entries cover"),
-                                ("bytes", "Prefix-cache KV bytes held on this rank"))}
+                                ("bytes", "Prefix-cache KV bytes held on this rank"),
+                                ("disk_entries", "Prefix-cache entries on this rank's disk"),
+                                ("disk_bytes", "Prefix-cache bytes on this rank's disk"))}
         cache_c = {n: CounterMetricFamily(f"lockstep_rank_prefix_cache_{n}", h,
                                           labels=["deployment", "rank"])
                    for n, h in (("stored", "Prefix-cache entries stored"),
-                                ("evicted", "Prefix-cache entries evicted"))}
+                                ("evicted", "Prefix-cache entries evicted"),
+                                ("hits", "Prefix-cache hits, either tier (rank 0)"),
+                                ("hit_tokens", "Prompt tokens served by hits, either tier"),
+                                ("disk_hits", "Prefix-cache hits read from disk (rank 0)"),
+                                ("disk_hit_tokens", "Prompt tokens served from disk"),
+                                ("disk_written", "Prefix-cache entries written to disk"),
+                                ("disk_write_errors", "Prefix-cache disk writes that failed"),
+                                ("disk_rejected", "Disk entries that failed their check "
+                                 "(tampered, truncated, foreign) and were removed"),
+                                ("disk_loaded", "Disk entries read back into memory"))}
         phase_c = {n: CounterMetricFamily(f"lockstep_rank_phase_{n}", h,
                                           labels=["deployment", "rank", "phase"])
                    for n, h in (("seconds", "Wall seconds a rank's threads spent per loop phase"),

@@ -25,6 +25,8 @@ from common.messages import RankReady
 from common.rankspec import RankSpec
 from common.records import Phase
 from services.rank import events as ev
+from services.rank.disk_open import open_disk_tier
+from services.rank.disk_report import DISK_FLUSH_S, boot_report
 from services.rank.engine import Engine
 from services.rank.errors import StartupError
 from services.rank.grammar import RankGrammars
@@ -128,8 +130,15 @@ def run(spec: RankSpec) -> None:
         group = init_distributed(spec)
         rt.inside = Where(Inside.LOAD)
         model, tokenizer, eos_ids, vocab, max_context = load_shard(spec, group)
+        disk, verified, wanted = open_disk_tier(spec)  # every file's MAC checked
+        if disk is not None:
+            rt.disk_tier = disk
+            rt.on_exit(lambda _reason: disk.close(DISK_FLUSH_S))  # pending writes land
         engine = Engine(model, eos_ids, spec.settings,
-                        grammars=RankGrammars(tokenizer, eos_ids, vocab))  # built lazily
+                        grammars=RankGrammars(tokenizer, eos_ids, vocab),  # built lazily
+                        disk=disk, verified=verified)
+        if not rt.leader and wanted:
+            rt.disk_report = boot_report(spec.rank, verified, off=disk is None)
         rt.inside = Where(Inside.WARM_UP)  # with every peer: a lost one blocks it
         log.info("%s", warm_up(model, engine, spec.settings, vocab).line())
     except Exception as exc:  # noqa: BLE001 - any load failure ends this rank, reported

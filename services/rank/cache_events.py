@@ -51,7 +51,9 @@ class CacheEventLog:
         out: list[CacheEvent | None] = []
         gone: dict[int, tuple[np.ndarray, int]] = {}  # evicted by these ops: tokens, event slot
         for op in ops:
-            if op.kind is CacheOpKind.STORE:
+            if op.kind is CacheOpKind.DROP:
+                continue  # the disk tier's: memory (what routing sees) is unchanged
+            if op.kind is CacheOpKind.STORE or op.kind is CacheOpKind.LOAD:
                 t = np.asarray(tokens[op.entry_id], dtype=np.int64)
                 base = max((eid for eid, (b, _) in gone.items() if _is_prefix(b, t)),
                            key=lambda eid: len(gone[eid][0]), default=0)

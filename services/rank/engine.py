@@ -24,6 +24,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
 from common.messages import CacheOp, PlanInsert, PlanRemove
 from common.rankspec import DEFAULT_PROMPT_CACHE_BYTES, RankSettings
+from services.rank.disk_tier import DiskEntry, DiskTier
 from services.rank.grammar import RankGrammars
 from services.rank.prefix_store import CacheDivergence, PromptStore
 from services.rank.sampling import logits_processors_for, sampler_for
@@ -80,7 +81,8 @@ def generator_kwargs(settings: RankSettings) -> dict:
 
 class Engine:
     def __init__(self, model, eos_ids: list[int], settings: RankSettings,
-                 grammars: RankGrammars | None = None) -> None:
+                 grammars: RankGrammars | None = None, disk: DiskTier | None = None,
+                 verified: dict[str, DiskEntry] | None = None) -> None:
         self.eos_ids = sorted(int(t) for t in eos_ids)
         self.grammars = grammars  # constrained decoding's matchers (None: no tokenizer)
         self.gen = BatchGenerator(model, stop_tokens=[[t] for t in self.eos_ids],
@@ -100,7 +102,7 @@ class Engine:
                 raise CacheBudgetError(
                     f"prompt_cache_bytes {budget} is more than half of this host's memory "
                     f"({total} bytes): lower it (or prompt_cache_entries 0 turns it off)")
-            self.store = PromptStore(settings.prompt_cache_entries, budget)
+            self.store = PromptStore(settings.prompt_cache_entries, budget, disk, verified)
 
     # -- queries -----------------------------------------------------------------
 

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.messages import Abort, CacheClear, Cancel, Generate, Lease, Plan, Serve, Shutdown
+from common.messages import (
+    Abort,
+    CacheClear,
+    Cancel,
+    DiskIndex,
+    Generate,
+    Lease,
+    Plan,
+    Serve,
+    Shutdown,
+)
 from common.records import Phase
 
 
@@ -70,6 +80,11 @@ class ExitEv:  # a watchdog asks the main thread to leave cleanly (services.rank
     code: int
     phase: Phase
     reason: str
+
+
+@dataclass
+class DiskIndexEv:  # leader: a follower's disk tier report (services/rank/disk_report.py)
+    body: DiskIndex
 
 
 @dataclass

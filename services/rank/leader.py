@@ -30,6 +30,7 @@ from common.messages import ErrorCode, Generate, Plan, PlanInsert, PlanRemove
 from common.records import Phase
 from services.rank import events as ev
 from services.rank.cache_clears import answers as clear_answers
+from services.rank.disk_plan import DiskPlanner
 from services.rank.engine import Divergence, Emitted
 from services.rank.logprobs import chunk_fields, step_logprobs
 from services.rank.loop import RankLoop
@@ -54,6 +55,15 @@ class Req:
     cached_tokens: int = 0  # of the prompt, served from the prefix cache
 
 
+def disk_planner(store, settings, world_size: int) -> DiskPlanner | None:
+    """Rank 0's disk-tier planner, from its own start-up scan; None if the tier is off
+    here (then followers' files are left alone, and nothing is written)."""
+    if store.disk is None:
+        return None
+    boot = {k: (e.tokens, e.nbytes, e.used_at) for k, e in store.disk_boot.items()}
+    return DiskPlanner(settings.prompt_cache_disk_bytes, world_size - 1, boot)
+
+
 class Leader(RankLoop):
     def __init__(self, *args, vocab_size: int, context: int | None = None, **kw) -> None:
         super().__init__(*args, **kw)
@@ -67,7 +77,11 @@ class Leader(RankLoop):
         self.out: list[Command] = []  # for the I/O thread, handed over once per iteration
         store = self.engine.store  # None: the prefix cache is off
         self.cache = None if store is None else \
-            CachePlanner(store.max_entries, store.max_bytes, self.engine.trimmable)
+            CachePlanner(store.max_entries, store.max_bytes, self.engine.trimmable,
+                         disk_planner(store, self.settings, self.rt.spec.world_size))
+        if self.cache is not None and self.cache.disk is not None:
+            self.cache.disk_load = store.preload  # rank 0 reads its own copy first
+            self.rt.disk_acks = self.cache.disk.acks(self.rt.spec.world_size)
         s = self.settings
         self.stall = StallBudget(s.prefill_stall_ratio, s.prefill_step)
         self.steered = False  # the last plan's step was steered (prefill_policy.py)
@@ -108,6 +122,14 @@ class Leader(RankLoop):
                 self.on_abort(rid, e.reason)
         elif isinstance(e, ev.CacheClearEv) and self.cache is not None:  # off: io answered
             self.cache.request_clear(e.body.clear_id)
+        elif isinstance(e, ev.DiskIndexEv):
+            if self.cache is not None and self.cache.disk is not None:
+                self.cache.disk.report(e.body)
+                self.rt.disk_acks = self.cache.disk.acks(self.rt.spec.world_size)
+            else:  # no disk tier here: acknowledged all the same (nothing to plan)
+                acks = self.rt.disk_acks or [0] * self.rt.spec.world_size
+                acks[e.body.rank] = max(acks[e.body.rank], e.body.seq)
+                self.rt.disk_acks = list(acks)
         else:
             self.handle_common(e)
         self.clock.add(LoopPhase.DRAIN, t0)
@@ -201,6 +223,9 @@ class Leader(RankLoop):
                     self.finish(rid, "abort", error=None)
         # Cache ops before inserts: each insert matches the index as every rank holds
         # it once this plan's stores and evictions are applied.
+        if self.cache is not None and self.cache.disk is not None:
+            for key in self.engine.store.disk.take_failed():  # our own writes that failed
+                self.cache.disk.lost(key)
         ops = self.cache.take_ops() if self.cache is not None else []
         inserts: list[PlanInsert] = []
         budget = MAX_BATCH_BYTES
@@ -229,6 +254,8 @@ class Leader(RankLoop):
                     req.cached_tokens = n
             inserts.append(ins)
         self.pending.extendleft(reversed(waiting))
+        if self.cache is not None:  # the LOADs the inserts start from, and their room
+            ops += self.cache.take_loads()
         plan_removes = [PlanRemove(request_id=rid, reason=why) for rid, why in removes.items()]
         chunk = gate.chunk()
         self.steered = gate.steering() and not gate.boosted()  # what StallBudget learns from

@@ -30,6 +30,8 @@ from common.handshake import Gate
 from common.rankspec import RankSpec
 from services.rank import events as ev
 from services.rank.auth import InitiatorLink
+from services.rank.disk_report import RESEND_S as DISK_RESEND_S
+from services.rank.disk_report import DiskReporter
 from services.rank.planwire import PlanOrder, ReplayBuffer
 from services.rank.runtime import RankRuntime
 
@@ -88,7 +90,7 @@ class LeaderSession:
         got = self.gate.admit(frames)  # handshake; only authenticated followers pass
         if got is None:
             return
-        ident, msg, _rank = got
+        ident, msg, peer_rank = got
         body = msg.body
         if isinstance(body, m.PlanHello):
             if not 1 <= body.rank < self.spec.world_size:
@@ -104,6 +106,11 @@ class LeaderSession:
             self.wire.send_to(self.sock, self.chan, ident, self.replay.fetch(body.from_seq))
         elif isinstance(body, m.Pong):
             self.last_pong[body.rank] = body
+        elif isinstance(body, m.DiskIndex):
+            if body.rank != peer_rank:  # one follower cannot speak for another
+                self.wire.drops["plan.disk_index_rank"] += 1
+                return
+            self.inbox.put(ev.DiskIndexEv(body))
 
     def timers(self, now: float) -> float:
         return INF
@@ -112,6 +119,7 @@ class LeaderSession:
         """A peer-watchdog probe round (services.rank.watchdog_thread): one PING to every joined
         follower; their PONGs land in `last_pong`."""
         if self.followers:
+            ping.disk_seqs = list(self.rt.disk_acks)  # DISK_INDEX reports taken
             data = self.chan.pack(ping)
             for ident in self.followers.values():
                 self.wire.send_to(self.sock, self.chan, ident, data=data)
@@ -126,6 +134,7 @@ class FollowerSession:
         self.joined = False
         self.link = link  # mutual authentication towards rank 0 (services.rank.auth)
         self._hello_at = 0.0
+        self.disk = DiskReporter()  # this rank's DISK_INDEX for rank 0
         self._last_plan_at = time.monotonic()
         self._last_fetch_at = 0.0
 
@@ -153,6 +162,8 @@ class FollowerSession:
                 self._deliver(body.plans)
         elif isinstance(body, m.Ping):
             self.rt.last_ping_at = time.monotonic()  # the leader watchdog reads it
+            if len(body.disk_seqs) > self.spec.rank:
+                self.disk.ack(body.disk_seqs[self.spec.rank])
             pong = m.Pong(nonce=body.nonce, rank=self.spec.rank, step=self.rt.step,
                           phase=self.rt.phase.value)
             self.wire.send(self.sock, self.chan, pong)
@@ -188,4 +199,9 @@ class FollowerSession:
             return self._hello_at
         if now >= self._next_fetch_at():
             self._fetch(now)
+        report = self.disk.due(now, self.rt.disk_report, self.rt.disk_tier)
+        if report is not None:
+            self.wire.send(self.sock, self.chan, report)
+        if self.rt.disk_report is not None:  # re-sent, and failed writes polled for
+            return min(self._next_fetch_at(), now + DISK_RESEND_S)
         return self._next_fetch_at()

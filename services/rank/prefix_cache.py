@@ -21,7 +21,13 @@ is used when an insert starts from it, and new when stored.
   waiting requests start from it. So n choices of one prompt, or a burst sharing one
   system prompt, compute the shared part once. A waiter never waits on nothing: once
   the request it waits on emits a token or leaves, it is matched again.
-- clear: one CLEAR op, every rank empties its store at the same plan.
+- clear: one CLEAR op, every rank empties its store at the same plan (and its disk).
+- disk tier (services/rank/disk_plan.py): a store is written through to every rank's
+  disk if it fits the disk budget; a prompt whose best entry is on disk only (held
+  longer than any entry in memory) gets a LOAD op before its insert: every rank reads
+  it into memory as a new entry, which the insert starts from. Rank 0 reads its own
+  file first (`disk_load`): one that no longer checks out is dropped everywhere, and
+  the prompt matches again.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.messages import CacheOp, CacheOpKind, CacheStats
+from services.rank.disk_plan import DiskPlanner, shared_prefix
+from services.rank.disk_tier import entry_key
 
 MIN_HIT_TOKENS = 8  # below this a hit saves less than copying the entry costs
 SHARE_TOKENS = 64  # wait for a running prefill when it would save at least this much
@@ -42,16 +50,20 @@ WAIT = -1  # plan_insert: keep the request pending (a running prefill will serve
 class Indexed:
     tokens: np.ndarray
     nbytes: int
+    key: str = ""  # the content key (disk_tier.entry_key)
 
 
-def shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if diff.size else n
+__all__ = ["WAIT", "CachePlanner", "shared_prefix"]
 
 
 class CachePlanner:
-    def __init__(self, max_entries: int, max_bytes: int, trimmable: bool) -> None:
+    def __init__(self, max_entries: int, max_bytes: int, trimmable: bool,
+                 disk: DiskPlanner | None = None) -> None:
+        self.disk = disk  # None: no disk tier
+        # Rank 0 reads a disk entry before planning its LOAD: its bytes in memory, or 0
+        # if its file no longer checks out (set by the leader: PromptStore.preload).
+        self.disk_load = None
+        self.pinned: set[int] = set()  # entries this plan's inserts start from
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.trimmable = trimmable
@@ -92,7 +104,14 @@ class CachePlanner:
         return entry, n
 
     def peek(self, p: np.ndarray) -> tuple[int, int]:
-        """The best entry for prompt `p`, without counting or touching it."""
+        """The tokens the best entry for prompt `p` covers, in memory or on disk, without
+        counting or touching it: (entry id, tokens); entry id 0 for a disk entry."""
+        best, best_n, _, disk_n = self._best(p)
+        return (best, best_n) if best_n >= disk_n else (0, disk_n)
+
+    def _best(self, p: np.ndarray) -> tuple[int, int, str, int]:
+        """(memory entry, its tokens, disk key, its tokens), each (0/"", 0) below
+        MIN_HIT_TOKENS; the disk one only if it covers more than memory's."""
         limit = len(p) - 1
         best, best_n = 0, 0
         for eid, e in reversed(self.index.items()):  # most recent first: ties keep it
@@ -101,7 +120,15 @@ class CachePlanner:
                 continue  # it would have to be cut
             if n > best_n:
                 best, best_n = eid, n
-        return (best, best_n) if best_n >= MIN_HIT_TOKENS else (0, 0)
+        if best_n < MIN_HIT_TOKENS:
+            best, best_n = 0, 0
+        key, disk_n = "", 0
+        if self.disk is not None:
+            key, disk_n = self.disk.best(p, limit, {e.key for e in self.index.values()},
+                                         self.trimmable)
+            if disk_n <= best_n or disk_n < MIN_HIT_TOKENS:
+                key, disk_n = "", 0
+        return best, best_n, key, disk_n
 
     def first_token(self, request_id: str) -> bool:
         """`request_id` emitted its first token (its prompt is prefilled), or left the
@@ -120,14 +147,70 @@ class CachePlanner:
     def match(self, prompt: list[int]) -> tuple[int, int]:
         """(entry id, tokens it covers) for an insert of `prompt`; (0, 0) for a miss.
         Call after `take_ops()`: the index then is what every rank holds at inserts."""
-        best, best_n = self.peek(np.asarray(prompt, dtype=np.int64))
+        p = np.asarray(prompt, dtype=np.int64)
+        while True:
+            best, best_n, key, disk_n = self._best(p)
+            if not key:
+                break
+            eid = self._load(key, disk_n)
+            if eid:
+                return eid, disk_n
+            if key in self.disk.index:  # kept, but no room now: memory's best, if any
+                break
         if not best:
             self.misses += 1
             return 0, 0
         self.index.move_to_end(best)
+        if self.disk is not None:
+            self.disk.used(self.index[best].key)
+        self.pinned.add(best)
         self.hits += 1
         self.hit_tokens += best_n
         return best, best_n
+
+    def _load(self, key: str, n: int) -> int:
+        """Plan a LOAD of disk entry `key` into memory: its new entry id, or 0 if rank 0's
+        own copy no longer checks out (then it is dropped on every rank)."""
+        nbytes = self.disk_load(key, len(self.disk.index[key].tokens)) if self.disk_load else 0
+        if not nbytes:
+            self.disk.lost(key)
+            return 0
+        if not self._make_room(nbytes):
+            return 0
+        tokens = self.disk.index[key].tokens
+        eid = self.next_id
+        self.next_id += 1
+        self.index[eid] = Indexed(tokens, nbytes, key)
+        self.store_tokens[eid] = tokens
+        self.nbytes += nbytes
+        self.pinned.add(eid)
+        self.ops.append(CacheOp(kind=CacheOpKind.LOAD, entry_id=eid, key=key,
+                                n_tokens=len(tokens), nbytes=nbytes))
+        self.disk.used(key)
+        self.disk.loaded(n)
+        self.hits += 1
+        self.hit_tokens += n
+        return eid
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Evict LRU entries (not one this plan's inserts start from) until one more
+        entry of `nbytes` fits; False if it cannot (nothing evicted then)."""
+        def fits(n_entries: int, held: int) -> bool:
+            return n_entries + 1 <= self.max_entries and held + nbytes <= self.max_bytes
+
+        free = [eid for eid in self.index if eid not in self.pinned]
+        n, held = len(self.index), self.nbytes
+        victims = []
+        for eid in free:
+            if fits(n, held):
+                break
+            victims.append(eid)
+            n, held = n - 1, held - self.index[eid].nbytes
+        if not fits(n, held):
+            return False
+        for eid in victims:
+            self._evict(eid)
+        return True
 
     # -- stores, evictions, clears -----------------------------------------------------
 
@@ -144,20 +227,29 @@ class CachePlanner:
             if len(e.tokens) == len(t) and shared_prefix(t, e.tokens) == len(t):
                 self.index.move_to_end(eid)  # the same tokens are held already
                 return
+        extends: list[str] = []  # disk entries it extends: it serves them, trimmed
         if self.trimmable:  # entries it extends: it serves them, trimmed
             for eid, e in list(self.index.items()):
                 if len(e.tokens) < len(t) and shared_prefix(t, e.tokens) == len(e.tokens):
-                    self._evict(eid)
-        while self.index and (len(self.index) + 1 > self.max_entries
-                              or self.nbytes + nbytes > self.max_bytes):
-            self._evict(next(iter(self.index)))
+                    if eid not in self.pinned:
+                        self._evict(eid)
+            if self.disk is not None:
+                extends = [k for k, e in self.disk.index.items()
+                           if len(e.tokens) < len(t)
+                           and shared_prefix(t, e.tokens) == len(e.tokens)]
+        if not self._make_room(nbytes):
+            self.not_stored += 1
+            return
+        key = entry_key(t)
+        persist = self.disk is not None and self.disk.admit(key, t, nbytes, extends)
         eid = self.next_id
         self.next_id += 1
-        self.index[eid] = Indexed(t, nbytes)
+        self.index[eid] = Indexed(t, nbytes, key)
         self.store_tokens[eid] = t
         self.nbytes += nbytes
         self.ops.append(CacheOp(kind=CacheOpKind.STORE, entry_id=eid, request_id=request_id,
-                                n_tokens=len(tokens), nbytes=nbytes, live=live))
+                                n_tokens=len(tokens), nbytes=nbytes, live=live, key=key,
+                                persist=persist))
 
     def _evict(self, eid: int) -> None:
         e = self.index.pop(eid)
@@ -170,6 +262,8 @@ class CachePlanner:
         # Pending stores and evictions are moot: the KV of a store not applied is
         # dropped at that plan anyway.
         self.ops = [CacheOp(kind=CacheOpKind.CLEAR)]
+        if self.disk is not None:
+            self.disk.clear()
         self.store_tokens = {}
         self.index.clear()
         self.nbytes = 0
@@ -181,16 +275,33 @@ class CachePlanner:
         return out
 
     def has_ops(self) -> bool:
-        return bool(self.ops)
+        return bool(self.ops) or (self.disk is not None and bool(self.disk.ops))
 
     def take_ops(self) -> list[CacheOp]:
+        """The ops for the plan being built (its inserts are matched after this)."""
+        self.pinned = set()
         ops, self.ops = self.ops, []
+        if self.disk is not None:
+            ops += self.disk.take_ops()
         self.taken_tokens, self.store_tokens = self.store_tokens, {}
         self.cleared.extend(self.clears)
         self.clears = []
         return ops
 
+    def take_loads(self) -> list[CacheOp]:
+        """The ops the inserts' matching added (LOADs, the evictions and drops they
+        needed): applied after `take_ops()`'s, before the inserts."""
+        ops, self.ops = self.ops, []
+        if self.disk is not None:
+            ops += self.disk.take_ops()
+        self.taken_tokens.update(self.store_tokens)
+        self.store_tokens = {}
+        self.pinned = set()  # the plan is built: later stores may evict anything
+        return ops
+
     def stats(self, store: CacheStats) -> CacheStats:
         """Rank 0's telemetry: its own store's figures plus the decisions' counters."""
         store.hits, store.misses, store.hit_tokens = self.hits, self.misses, self.hit_tokens
+        if self.disk is not None:
+            store.disk_hits, store.disk_hit_tokens = self.disk.hits, self.disk.hit_tokens
         return store

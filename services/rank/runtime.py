@@ -29,7 +29,7 @@ import mlx.core as mx
 
 from common.envelope import BOOT_ID
 from common.home import Paths, marker_path, write_marker
-from common.messages import CacheStats, Telemetry
+from common.messages import CacheStats, DiskIndex, Telemetry
 from common.rankspec import RankSpec
 from common.records import Phase, RankMarker
 from services.rank import load_progress
@@ -96,6 +96,11 @@ class RankRuntime:
         self.peers_ok = True
         self.pending = 0  # leader: accepted but not yet in a plan
         self.cache: CacheStats | None = None  # the prompt-cache store, after the last plan
+        # follower: its disk tier's report for rank 0 (services/rank/disk_report.py),
+        # re-sent by the I/O thread until a PING acknowledges its seq; rank 0: the acks
+        self.disk_report: DiskIndex | None = None
+        self.disk_tier = None  # services.rank.disk_tier.DiskTier, once open
+        self.disk_acks: list[int] = []
         self.phases = PhaseClock()  # time per loop phase, one tally per thread (telemetry)
         self.cancel_floor = spec.cancel_epoch_floor  # start-up watermark: never applied
         self.cancel_epoch = spec.cancel_epoch_floor  # last consumed (or the watermark)

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -27,7 +28,13 @@ from common.home import Paths, write_manifest
 from common.keys import LaunchKeys, new_launch_secret
 from common.messages import REPORT
 from common.rankspec import SCHEMA_VERSION as SPEC_VERSION
-from common.rankspec import WATCHDOG_ENV, RankSettings, RankSpec, auto_prompt_cache_bytes
+from common.rankspec import (
+    WATCHDOG_ENV,
+    RankSettings,
+    RankSpec,
+    auto_prompt_cache_bytes,
+    auto_prompt_cache_disk_bytes,
+)
 from common.records import LaunchManifest, RankRecord
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.errors import LaunchError
@@ -57,6 +64,10 @@ class SupervisorIdentity:
     sender: str
     control_endpoint: str
     report_endpoint: str
+    kv_key: bytes = b""  # the disk prefix cache's key (common.keys.kv_cache_key)
+
+
+KV_KEY_FILE = "kvcache.key"  # in the job dir, 0600: removed with it at teardown
 
 
 def job_dir(paths: Paths, job_id: str) -> Path:
@@ -73,7 +84,8 @@ def _write_private(path: Path, text: str) -> None:
 RANK_FIELDS = ("lease_ttl", "peer_abort_grace", "progress_stall_timeout",
                "signal_clear_timeout", "rank_telemetry_interval_s", "max_open_requests",
                "prompt_cache_entries", "prompt_cache_bytes", "prefill_stall_ratio",
-               "prefill_step_decoding", "prefill_long_prompt", "rank_test_seams")
+               "prefill_step_decoding", "prefill_long_prompt", "rank_test_seams",
+               "prompt_cache_disk_bytes")
 
 
 @functools.cache
@@ -82,10 +94,25 @@ def host_memory() -> int:
     return int(psutil.virtual_memory().total)
 
 
+@functools.cache
+def free_disk(home: Path) -> int:
+    """Free bytes of the filesystem holding `home` (or its nearest existing parent), read
+    once per process: every rank of every launch gets the same auto budget."""
+    p = Path(home).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return int(shutil.disk_usage(p).free)
+
+
 def rank_settings(settings: SupervisorSettings) -> RankSettings:
     values = {name: getattr(settings, name) for name in RANK_FIELDS}
     if not values["prompt_cache_bytes"]:  # auto: resolved here, never on a rank
         values["prompt_cache_bytes"] = auto_prompt_cache_bytes(host_memory())
+    if values["prompt_cache_disk_bytes"] < 0:  # auto, from the free disk of the home
+        values["prompt_cache_disk_bytes"] = auto_prompt_cache_disk_bytes(
+            free_disk(settings.home))
+    if not values["prompt_cache_entries"]:  # no memory tier: no disk tier either
+        values["prompt_cache_disk_bytes"] = 0
     return RankSettings(**values)
 
 
@@ -131,6 +158,7 @@ def prepare(dep: Deployment, paths: Paths, me: SupervisorIdentity,
     dep.secret_path = paths.secrets / f"{dep.job_id}.key"
     secret = new_launch_secret(dep.secret_path)
     dep.keys = LaunchKeys(secret, dep.deployment_id, dep.job_id)
+    _write_private(jd / KV_KEY_FILE, me.kv_key.hex() + "\n")
     dep.control = Channel("supervisor", "control", sender=me.sender, send_key=dep.keys.control)
     dep.report = Channel("supervisor", "report", sender=me.sender, send_key=dep.keys.report,
                          accept=REPORT)
@@ -169,6 +197,8 @@ def _spec(dep: Deployment, rank: int, paths: Paths, me: SupervisorIdentity,
         rank=rank, world_size=dep.world_size, tp=dep.plan.tp, pp=dep.plan.pp, host=m.host,
         model_path=dep.plan.model_path, backend=dep.plan.backend, home=str(where.home),
         secret_path=str(where.secrets / f"{dep.job_id}.key"), control_endpoint=control,
+        cache_key_path=str(where.runtime / "jobs" / dep.job_id / KV_KEY_FILE),
+        replica=dep.plan.replica,
         report_endpoint=report, plan_endpoint=dep.plan_endpoint,
         requests_endpoint=dep.requests_endpoint, supervisor_pid=me.pid,
         cancel_epoch_floor=floor, hostfile=str(hostfile) if hostfile else "",
@@ -266,7 +296,8 @@ def _start_on_host(dep: Deployment, members: list[Member], paths: Paths,
     host = dep.remote_hosts[members[0].host_index]
     there = host.paths
     jd = there.runtime / "jobs" / dep.job_id
-    files = [(str(there.secrets / f"{dep.job_id}.key"), dep.secret_path.read_bytes())]
+    files = [(str(there.secrets / f"{dep.job_id}.key"), dep.secret_path.read_bytes()),
+             (str(jd / KV_KEY_FILE), (dep.job_dir / KV_KEY_FILE).read_bytes())]
     if (dep.job_dir / "hostfile.json").exists():
         files.append((str(jd / "hostfile.json"), (dep.job_dir / "hostfile.json").read_bytes()))
     for m in members:

@@ -16,7 +16,7 @@ import zmq.asyncio
 
 from common.envelope import BOOT_ID, Message
 from common.home import Paths, write_supervisor_record
-from common.keys import load_cluster_key
+from common.keys import kv_cache_key, load_cluster_key
 from common.messages import (
     AdminRequest,
     CacheCleared,
@@ -99,7 +99,8 @@ class Supervisor:
         me = identify(os.getpid())
         self.me = SupervisorIdentity(os.getpid(), me.start_time if me else time.time(), BOOT_ID,
                                      self.sockets.sender, self.sockets.control_endpoint,
-                                     self.sockets.report_endpoint)
+                                     self.sockets.report_endpoint,
+                                     kv_cache_key(self.cluster_key))
         self.broadcaster = Broadcaster(self.publish_dep, self.epochs)
         self.cache_clears = CacheClears(self.publish_dep)
         self._write_runtime_file()

@@ -27,6 +27,7 @@ A field's name is the setting's one name: flag `--peer-abort-grace`, variable
 | max_open_requests | 0 | rank 0 refuses a request (429 at the gateway) while this many are open; 0 = 8 x max_batch (128) |
 | prompt_cache_entries | 32 | prefix-cache entries every rank may hold (LRU, decided by rank 0); 0 = the prefix cache is off |
 | prompt_cache_bytes | 0 | prefix-cache bytes of KV per rank; 0 = auto: min(4 GiB, this host's physical memory / 8), resolved once here so every rank gets the same number |
+| prompt_cache_disk_bytes | -1 | the prefix cache's disk tier: bytes of KV per rank under `$LOCKSTEP_HOME/kvcache` on each rank's host (entries written through, MAC-checked when read back, kept across restarts); -1 = auto: min(64 GiB, a tenth of the free disk of this host's home), resolved once here; 0 = off |
 | prefill_stall_ratio | 3 | while streams decode and a long prompt (see prefill_long_prompt) prefills, rank 0 sizes each step's prompt chunk so the step takes at most X times a decode-only step (more while more prompts wait than streams run); 0 = never: always prefill_step_decoding chunks |
 | prefill_step_decoding | 512 | the prompt chunk while streams decode and no long prompt prefills (or prefill_stall_ratio is 0) |
 | prefill_long_prompt | 2048 | a prompt with more tokens than this to compute is long: prefilled in steered chunks while streams decode; 0 = every prompt |
@@ -52,6 +53,7 @@ from pathlib import Path
 
 from common.config import (
     AtLeastOne,
+    AutoCount,
     Count,
     Port,
     PositiveSeconds,
@@ -85,6 +87,7 @@ class SupervisorSettings:
     max_open_requests: Count = 0  # rank 0's bound (common.rankspec.RankSettings)
     prompt_cache_entries: Count = 32  # 0: prefix cache off
     prompt_cache_bytes: Count = 0  # per rank; 0: auto (job_launch.rank_settings resolves it)
+    prompt_cache_disk_bytes: AutoCount = -1  # per rank; -1: auto; 0: off (rank_settings)
     prefill_stall_ratio: StallRatio = 3.0  # rank 0's prefill policy (rank/prefill_policy.py)
     prefill_step_decoding: AtLeastOne = 512
     prefill_long_prompt: Count = 2048

@@ -2,7 +2,8 @@
 
     lockstep up [--port 8000] [--home ~/.lockstep] [--model PATH] [--tp 2] [--pp 1]
                 [--replicas 1] [--hosts FILE] [--backend auto|ring|jaccl|mpi] [--host 127.0.0.1]
-                [--prompt-cache-entries 32] [--prompt-cache-bytes 0] [--prefill-stall-ratio 3]
+                [--prompt-cache-entries 32] [--prompt-cache-bytes 0]
+                [--prompt-cache-disk-bytes -1] [--prefill-stall-ratio 3]
                 [--prefill-long-prompt 2048] [--temperature T] [--top-p P] [--top-k K]
                 [--min-p P] [--repetition-penalty R]
 
@@ -57,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
                      ("--report-port", int), ("--reaper-events-port", int),
                      ("--ready-timeout", float), ("--stop-timeout", float),
                      ("--restarts", int), ("--replicas", int), ("--prompt-cache-entries", int),
-                     ("--prompt-cache-bytes", int), ("--prefill-stall-ratio", float),
+                     ("--prompt-cache-bytes", int), ("--prompt-cache-disk-bytes", int),
+                     ("--prefill-stall-ratio", float),
                      ("--prefill-long-prompt", int), ("--temperature", float),
                      ("--top-p", float), ("--top-k", int), ("--min-p", float),
                      ("--repetition-penalty", float)):

@@ -158,6 +158,8 @@ class Up:
                                         "--report-port", str(s.report_port),
                                         "--prompt-cache-entries", str(s.prompt_cache_entries),
                                         "--prompt-cache-bytes", str(s.prompt_cache_bytes),
+                                        "--prompt-cache-disk-bytes",
+                                        str(s.prompt_cache_disk_bytes),
                                         "--prefill-stall-ratio", str(s.prefill_stall_ratio),
                                         "--prefill-long-prompt", str(s.prefill_long_prompt)])
         self.admin = AdminLink(self.paths, key, sup.pid)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import AtLeastOne, Count, Port, PositiveSeconds, StallRatio
+from common.config import AtLeastOne, AutoCount, Count, Port, PositiveSeconds, StallRatio
 from common.home import default_home
 from common.sampling_defaults import FIELDS as SAMPLING_FIELDS
 from common.sampling_defaults import SamplingOverrides
@@ -32,9 +32,11 @@ class UpSettings:
     restarts: Count = 3  # redeploys after a deployment fails (a rank died, a peer was lost)
     replicas: AtLeastOne = 1  # deployments of the model behind the gateway (replicas.py)
     # The supervisor's settings of the same names, handed to it as its flags (every rank
-    # gets them through its spec): 0 entries = prefix cache off; 0 bytes = auto.
+    # gets them through its spec): 0 entries = prefix cache off; 0 bytes = auto; disk
+    # bytes -1 = auto, 0 = no disk tier.
     prompt_cache_entries: Count = 32
     prompt_cache_bytes: Count = 0
+    prompt_cache_disk_bytes: AutoCount = -1
     prefill_stall_ratio: StallRatio = 3.0  # rank 0's prefill policy; 0 = fixed chunks
     prefill_long_prompt: Count = 2048  # ... steered while streams decode; 0 = every prompt
     # Sampling defaults of the deployment (None = the preset's, the model's, then OpenAI's)

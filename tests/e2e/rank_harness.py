@@ -80,7 +80,10 @@ class Deployment:
                  settings: dict | None = None, env: dict | None = None,
                  cancel_epoch_floor: int = 0, lease_epoch: int | None = None,
                  backend: str = "ring", rank_env: dict[int, dict] | None = None,
-                 launcher: bool = False) -> None:
+                 launcher: bool = False, home: Path | None = None,
+                 cache_key: bytes | None = None) -> None:
+        """`home`: $LOCKSTEP_HOME (default: under `root`), shared by deployments that
+        share a disk prefix cache; `cache_key`: that cache's key (None: no disk tier)."""
         self.root = Path(root)
         self.mode = mode
         self.world = 1 if mode == "single" else 2
@@ -93,7 +96,14 @@ class Deployment:
         self.deployment_id = "d-" + secrets.token_hex(4)
         self.job_id = "j-" + secrets.token_hex(4)
         self.topic = b"ctl:" + self.deployment_id.encode()
-        self.paths = Paths(self.root / "home").ensure()
+        self.paths = Paths(Path(home) if home else self.root / "home").ensure()
+        self.cache_key_path = ""
+        if cache_key is not None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            key_file = self.root / "kvcache.key"
+            key_file.write_text(cache_key.hex() + "\n")
+            key_file.chmod(0o600)
+            self.cache_key_path = str(key_file)
         self.secret_path = self.paths.secrets / f"{self.job_id}.key"
         self.keys = LaunchKeys(new_launch_secret(self.secret_path), self.deployment_id,
                                self.job_id)
@@ -123,7 +133,8 @@ class Deployment:
             control_endpoint=self.control_endpoint, report_endpoint=self.report_endpoint,
             plan_endpoint=self.plan_endpoint, requests_endpoint=self.requests_endpoint,
             supervisor_pid=os.getpid(), cancel_epoch_floor=self.cancel_epoch_floor,
-            hostfile=str(self.hostfile) if self.world > 1 else "", settings=self.settings)
+            hostfile=str(self.hostfile) if self.world > 1 else "", settings=self.settings,
+            cache_key_path=self.cache_key_path)
 
     def rank_env(self, rank: int) -> dict[str, str]:
         env = rank_environment(self.settings, os.environ)

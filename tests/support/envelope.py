@@ -62,6 +62,7 @@ SAMPLES: dict[Kind, Any] = {
     ),
     Kind.PING: m.Ping(42, NOW + 0.25),
     Kind.PONG: m.Pong(42, 1, 100, "serving"),
+    Kind.DISK_INDEX: m.DiskIndex(1, 2, verified=["a" * 32], failed=["b" * 32]),
     Kind.CANCEL: m.Cancel("dep-1", 3, "requests", ["r-1"], "admin"),
     Kind.SERVE: m.Serve("dep-1", "job-1"),
     Kind.SHUTDOWN: m.Shutdown("dep-1", "job-1", "stop"),

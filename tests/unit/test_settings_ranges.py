@@ -29,8 +29,17 @@ def _defaults(cls: type) -> dict[str, object]:
 
 def test_the_supervisor_hands_ranks_its_settings_under_the_same_names():
     sup, rank = _defaults(sup_settings.SupervisorSettings), _defaults(RankSettings)
-    for name in RANK_FIELDS:
+    # the supervisor's "auto" (-1) is resolved before any rank sees it: a rank's own
+    # default is what a hand-made spec gets (0: no disk tier)
+    resolved = {"prompt_cache_disk_bytes"}
+    for name in set(RANK_FIELDS) - resolved:
         assert sup[name] == rank[name], name
+    assert sup["prompt_cache_disk_bytes"] == -1 and rank["prompt_cache_disk_bytes"] == 0
+    assert rank_settings(sup_settings.SupervisorSettings()).prompt_cache_disk_bytes > 0
+    off = sup_settings.SupervisorSettings(prompt_cache_disk_bytes=0)
+    assert rank_settings(off).prompt_cache_disk_bytes == 0
+    no_cache = sup_settings.SupervisorSettings(prompt_cache_entries=0)
+    assert rank_settings(no_cache).prompt_cache_disk_bytes == 0
     assert set(ENV_OVERRIDES) <= set(RANK_FIELDS)
     s = sup_settings.load(env={"LOCKSTEP_PEER_ABORT_GRACE": "2", "LOCKSTEP_LEASE_TTL": "9",
                                "LOCKSTEP_RANK_TELEMETRY_INTERVAL_S": "0.5"})

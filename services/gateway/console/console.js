@@ -142,7 +142,11 @@ function renderDeployments(status, reqs) {
     const rate = state.depTps.get(d.deployment_id);
     const c0 = ((d.ranks || []).find((r) => r.rank === 0) || {}).cache;
     const cache = c0 ? (c0.entries + " entries, " + fmtBytes(c0.bytes) + ", hits " + c0.hits +
-                        "/" + (c0.hits + c0.misses) + ", " + c0.hit_tokens + " tok") : "off";
+                        "/" + (c0.hits + c0.misses) + ", " + c0.hit_tokens + " tok" +
+                        (c0.disk_entries || c0.disk_hits || c0.disk_rejected ?
+                          "; disk " + c0.disk_entries + " entries, " + fmtBytes(c0.disk_bytes) +
+                          ", hits " + c0.disk_hits + ", rejected " + c0.disk_rejected : ""))
+                     : "off";
     return [
       d.deployment_id,
       d.model + (d.replicas > 1 ? " (replica " + (d.replica + 1) + "/" + d.replicas + ")" : ""),

@@ -1,0 +1,121 @@
+"""The prefix cache's disk tier through `lockstep up` (TP=2, tiny preset), as a user
+meets it: a conversation outlives a killed rank (the redeploy serves its next turn from
+disk) and a Ctrl-C (`up` started again on the same home serves turn 9 from disk, with
+the text a cold run gives); `admin cache-clear` empties both tiers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.gwutil import GaveUp, free_port, poll_until
+from tests.support.processes import interrupt, process_gone, up_argv
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(600)
+
+
+class Up:
+    def __init__(self, tmp: Path, home: Path, name: str) -> None:
+        self.port, self.out = free_port(), tmp / f"{name}.out"
+        env = {**os.environ, "LOCKSTEP_PEER_ABORT_GRACE": "1"}
+        self.log = open(self.out, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            up_argv(home, self.port, "--tp", "2", "--restarts", "2",
+                    "--prompt-cache-disk-bytes", str(256 << 20)),
+            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env)
+        self.url = f"http://127.0.0.1:{self.port}"
+        poll_until(self._banner, 240, "lockstep up's banner", interval=0.2)
+        token = (home / "admin.token").read_text().strip()
+        self.hdr = {"Authorization": f"Bearer {token}"}
+
+    def _banner(self) -> bool:
+        if self.proc.poll() is not None:
+            raise GaveUp(f"lockstep up exited: {self.out.read_text()[-3000:]}")
+        return "Press Ctrl-C" in self.out.read_text()
+
+    def serving(self) -> dict | None:
+        deps = httpx.get(self.url + "/admin/api/cluster/deployments", headers=self.hdr,
+                         timeout=10).json()["deployments"]
+        return next((d for d in deps if d["state"] == "serving"), None)
+
+    def chat(self, messages: list[dict]) -> tuple[str, int, int]:
+        body = {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 8}
+        r = httpx.post(self.url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        j = r.json()
+        cached = (j["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        return j["choices"][0]["message"]["content"], j["usage"]["prompt_tokens"], cached
+
+    def rank0_cache(self) -> dict:
+        dep = self.serving()
+        return dep and next(r for r in dep["ranks"] if r["rank"] == 0)["cache"]
+
+    def stop(self) -> None:
+        tree = [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
+        interrupt(self.proc, 120)
+        self.log.close()
+        assert self.proc.returncode == 0, self.out.read_text()[-3000:]
+        poll_until(lambda: all(process_gone(p) for p in tree), 20, "every process gone")
+
+
+def turn(i: int) -> dict:
+    return {"role": "user", "content": f"turn {i}: " + " ".join(
+        ["harbor", "lantern", "meadow", "quartz", "saffron", "timber"][(i + k) % 6]
+        for k in range(30))}
+
+
+def test_a_conversation_outlives_a_killed_rank_and_a_restart(tmp_path):
+    home = tmp_path / "home"
+    msgs: list[dict] = []
+    prompts: list[int] = []
+
+    def say(up: Up, i: int) -> int:
+        msgs.append(turn(i))
+        text, prompt_tokens, cached = up.chat(msgs)
+        msgs.append({"role": "assistant", "content": text})
+        prompts.append(prompt_tokens)
+        return cached
+
+    up = Up(tmp_path, home, "first")
+    try:
+        for i in range(4):
+            say(up, i)
+        dep = up.serving()
+        victim = next(r for r in dep["ranks"] if r["rank"] == 1)["pid"]
+        os.kill(victim, signal.SIGKILL)
+        poll_until(lambda: (d := up.serving()) is not None and d["job_id"] != dep["job_id"],
+                   180, "the redeploy serving")
+        # turn 5 on the redeployed ranks: its history comes from disk, not a prefill
+        assert say(up, 4) >= prompts[3]
+        poll_until(lambda: (up.rank0_cache() or {}).get("disk_hits", 0) >= 1, 10,
+                   "rank 0's telemetry counting the disk hit")
+        for i in range(5, 8):
+            say(up, i)
+    finally:
+        up.stop()
+    assert len(list((home / "kvcache").glob("*/*-rank1/*.safetensors"))) >= 1
+
+    up = Up(tmp_path, home, "second")
+    try:
+        msgs.append(turn(8))
+        text9, p9, cached9 = up.chat(msgs)
+        assert cached9 >= prompts[7]  # the 8 turns before it, read back from disk
+        dep = up.serving()
+        r = httpx.post(up.url + f"/admin/api/cluster/deployments/{dep['deployment_id']}"
+                       "/cache-clear", headers=up.hdr, timeout=30)
+        assert r.status_code == 200, r.text
+        poll_until(lambda: not list((home / "kvcache").glob("*/*/*.safetensors")), 10,
+                   "both tiers empty, on every rank's disk")
+        cold, p9_cold, cached_cold = up.chat(msgs)
+        assert (cold, p9_cold, cached_cold) == (text9, p9, 0)
+    finally:
+        up.stop()
