@@ -16,6 +16,7 @@ clean shutdown scheduled; second: `hard_exit` at once).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -188,13 +189,24 @@ class RankRuntime:
             except OSError as exc:
                 log.error("cannot write marker %s: %s", self.marker_file(), exc)
 
+    def cache_now(self) -> CacheStats | None:
+        """The store's stats after the last plan, with the disk tier's counters as of now
+        (its writer lands entries between plans)."""
+        c, tier = self.cache, self.disk_tier
+        if c is None or tier is None:
+            return c
+        d = tier.stats()
+        return dataclasses.replace(c, disk_entries=d.entries, disk_bytes=d.bytes,
+                                   disk_written=d.written, disk_write_errors=d.write_errors,
+                                   disk_rejected=d.rejected, disk_loaded=d.loaded)
+
     def telemetry(self) -> Telemetry:
         mem_active, mem_peak = self.memory()
         return Telemetry(
             deployment_id=self.spec.deployment_id, job_id=self.spec.job_id, rank=self.rank,
             pid=self.pid, phase=self.phase.value, step=self.step, active=self.active,
             cancel_epoch=self.cancel_epoch, mem_active=mem_active, mem_peak=mem_peak,
-            at=self.clock(), error=self.error, rejects=self.rejects(), cache=self.cache,
+            at=self.clock(), error=self.error, rejects=self.rejects(), cache=self.cache_now(),
             load=load_progress.sample(self.phase.value, self.spec.model_path),
             phases=self.phases.snapshot(),
         )
