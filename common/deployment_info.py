@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.messages import CacheStats, LoadProgress, PhaseTimes
+from common.messages import Backend, CacheStats, DeploymentState, LoadProgress, Phase, PhaseTimes
 from common.sampling_defaults import SamplingDefaults
 from common.schema import SchemaError, decode_into
 
@@ -34,7 +34,7 @@ class RankInfo:
     host: str
     remote: bool
     pid: int
-    phase: str
+    phase: Phase
     step: int
     active: int
     cancel_epoch: int
@@ -51,12 +51,12 @@ class RankInfo:
 class DeploymentInfo:
     deployment_id: str
     job_id: str
-    state: str
+    state: DeploymentState
     model: str
     model_path: str
     tp: int
     pp: int
-    backend: str
+    backend: Backend
     world_size: int
     requests_endpoint: str
     requests_key_sealed: str  # "" until the launch has keys

@@ -6,7 +6,6 @@ directions. Each has one reader in common.home; every process reads it through t
 from __future__ import annotations
 
 import copy
-import enum
 import math
 import re
 from collections.abc import Callable
@@ -15,24 +14,10 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from common.atomic_json import SCHEMA_VERSION, StateFileError
+from common.messages.vocab import Phase
 
 # Ids become file and directory names: no separators, no leading dot, bounded length.
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-class Phase(str, enum.Enum):
-    STARTING = "starting"
-    LOADING = "loading"
-    READY = "ready"
-    SERVING = "serving"
-    DRAINING = "draining"
-    EXITING = "exiting"
-    PEER_LOST = "peer_lost"
-    LAUNCHER_LOST = "launcher_lost"
-    FAILED = "failed"
-
-    def __str__(self) -> str:  # "ready", not "Phase.READY", in f-strings and logs
-        return self.value
 
 
 # Each check returns None when the value is acceptable, else what is wrong with it.

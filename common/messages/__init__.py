@@ -15,7 +15,9 @@ Channels (DESIGN.md §2) and who may send what, one module each:
   auth      AUTH_HELLO → AUTH_CHALLENGE → AUTH_PROOF → AUTH_OK (session handshake on the
             plan and report sockets, signed with that socket's key; common/handshake.py)
                                                                                auth.py
-`Kind`, the kinds each channel accepts and the shared size caps are in base.py. Every
+`Kind`, the kinds each channel accepts and the shared size caps are in base.py; the
+states and names that cross processes (Phase, DeploymentState, CancelScope, Backend,
+ProcState, EventTopic, EventName, ReapOutcome) are vocab.py's str enums. Every
 public name is re-exported here: `from common.messages import X` is the way in.
 `BODY` maps each kind to its one body class (common/envelope.py decodes by it).
 """
@@ -85,8 +87,32 @@ from common.messages.requests import (
     Tokens,
     TokensBatch,
 )
+from common.messages.vocab import (
+    DEAD_PHASES,
+    FAILED_STATES,
+    TORN_DOWN,
+    Backend,
+    CancelScope,
+    DeploymentState,
+    EventName,
+    EventTopic,
+    Phase,
+    ProcState,
+    ReapOutcome,
+)
 
 __all__ = [
+    "ReapOutcome",
+    "ProcState",
+    "Phase",
+    "EventTopic",
+    "EventName",
+    "DeploymentState",
+    "CancelScope",
+    "Backend",
+    "TORN_DOWN",
+    "FAILED_STATES",
+    "DEAD_PHASES",
     "ADMIN_IN",
     "ADMIN_OUT",
     "AUTH_TO_INITIATOR",

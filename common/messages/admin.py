@@ -9,6 +9,7 @@ import enum
 from dataclasses import dataclass, field
 
 from common.messages.base import TEXT
+from common.messages.vocab import DeploymentState, EventName, EventTopic, ReapOutcome
 
 
 @dataclass
@@ -51,10 +52,11 @@ class AdminReply:
 
 @dataclass
 class Event:
-    topic: str
-    name: str
+    topic: EventTopic
+    name: EventName
     deployment_id: str
-    state: str
+    state: DeploymentState | None  # topics deployment and incident: the deployment's state
     reason: str = field(default="", metadata=TEXT)
     at: float = 0.0
     data: dict[str, object] = field(default_factory=dict)
+    outcome: ReapOutcome | None = None  # topic reap

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.messages.vocab import CancelScope
+
 
 @dataclass
 class Cancel:
     deployment_id: str
     epoch: int
-    scope: str  # all | requests
+    scope: CancelScope
     request_ids: list[str] = field(default_factory=list)
     reason: str = ""
 

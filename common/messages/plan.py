@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from common.messages.base import BIAS_LIST, BIG_LIST, GRAMMAR
 from common.messages.requests import TokenBias
+from common.messages.vocab import Phase
 
 
 @dataclass
@@ -136,4 +137,4 @@ class Pong:
     nonce: int
     rank: int
     step: int
-    phase: str
+    phase: Phase

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.messages.base import TEXT
+from common.messages.vocab import Phase
 
 
 @dataclass
@@ -72,7 +73,7 @@ class Telemetry:
     job_id: str
     rank: int
     pid: int
-    phase: str
+    phase: Phase
     step: int
     active: int
     cancel_epoch: int

@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 
 from common.messages.base import BIAS_LIST, BIG_LIST, GRAMMAR, TEXT
+from common.messages.vocab import Phase
 
 
 @dataclass
@@ -111,7 +112,7 @@ class StatsRequest:
 @dataclass
 class Stats:
     request_id: str
-    phase: str
+    phase: Phase
     step: int
     active: int
     active_ids: list[str]

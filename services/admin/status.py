@@ -17,11 +17,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.deployment_info import DeploymentInfo, RankInfo, read_deployment_info
+from common.messages import (
+    TORN_DOWN,
+    DeploymentState,
+    Event,
+    EventName,
+    EventTopic,
+    ReapOutcome,
+)
+from common.schema import SchemaError, decode_into
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
 INCIDENTS = 8
-FIRST_EVENT = "loading"  # a deployment is born launching: its first state event is loading
-TORN_DOWN = ("failed", "teardown_failed", "stopped")
+# A deployment is born launching: its first state event is loading.
+FIRST_EVENT = DeploymentState.LOADING
 
 
 @dataclass(frozen=True)
@@ -41,41 +50,52 @@ def _ladder(outcome: Any) -> str:
     return f"teardown {path} ({proven})"
 
 
-def _incident(e: dict) -> Incident | None:
-    topic, name, data = e.get("topic"), e.get("name"), e.get("data") or {}
-    at, dep, reason = float(e.get("at") or 0.0), str(e.get("deployment_id") or ""), str(e.get("reason") or "")
-    if topic == "incident":
-        return Incident(at, str(name), dep, reason, _ladder(data.get("outcome")))
-    if topic == "deployment" and name == "teardown":
+def read_events(raw: Any) -> list[Event]:
+    """The journal (`status.events`) decoded once; an entry that is not an Event is
+    skipped."""
+    out = []
+    for e in raw if isinstance(raw, list) else []:
+        try:
+            out.append(decode_into(Event, e))
+        except SchemaError:
+            continue
+    return out
+
+
+def _incident(e: Event) -> Incident | None:
+    at, dep, reason, data = e.at, e.deployment_id, e.reason, e.data
+    if e.topic == EventTopic.INCIDENT:
+        return Incident(at, e.name.value, dep, reason, _ladder(data.get("outcome")))
+    if e.topic == EventTopic.DEPLOYMENT and e.name == EventName.TEARDOWN:
         return Incident(at, "teardown", dep, reason, _ladder(data.get("outcome")))
-    if topic == "deployment" and name == "state":
-        state = e.get("state")
-        if state in TORN_DOWN:
-            return Incident(at, str(state), dep, reason, _ladder(data.get("teardown")))
-        if state == FIRST_EVENT:
+    if e.topic == EventTopic.DEPLOYMENT and e.name == EventName.STATE:
+        if e.state in TORN_DOWN:
+            return Incident(at, e.state.value, dep, reason, _ladder(data.get("teardown")))
+        if e.state == FIRST_EVENT:
             return Incident(at, "deploy", dep, f"launched: {reason}")
-        if state == "serving":
+        if e.state == DeploymentState.SERVING:
             return Incident(at, "serving", dep, reason)
         return None
-    if topic == "reap":
-        if name == "pass" and not (data.get("reaped") or e.get("state") == "blocked"):
+    if e.topic == EventTopic.REAP:
+        if e.name == EventName.PASS and not (data.get("reaped")
+                                             or e.outcome == ReapOutcome.BLOCKED):
             return None  # a pass that found nothing: not an incident
         detail = ""
-        if name == "reaped":
+        if e.name == EventName.REAPED:
             detail = (f"job {data.get('job_id')}, {data.get('ranks')} rank(s), "
                       + (" -> ".join(data.get("path") or []) or "none alive"))
-        return Incident(at, f"reap {name}", dep, reason, detail)
+        return Incident(at, f"reap {e.name.value}", dep, reason, detail)
     return None
 
 
-def incidents(events: list[dict]) -> list[Incident]:
+def incidents(events: list[Event]) -> list[Incident]:
     """The journal's incidents, newest first; a deploy after a loss is a redeploy."""
     out: list[Incident] = []
     lost = False
     for e in events:
-        if not isinstance(e, dict) or (inc := _incident(e)) is None:
+        if (inc := _incident(e)) is None:
             continue
-        if inc.kind in ("failed", "rank_lost"):
+        if inc.kind in (DeploymentState.FAILED.value, EventName.RANK_LOST.value):
             lost = True
         elif inc.kind == "deploy" and lost:
             inc, lost = Incident(inc.at, "redeploy", inc.deployment_id, inc.what), False
@@ -138,11 +158,12 @@ def render(data: dict, *, now: float | None = None,
     s = data["supervisor"]
     lines = [f"supervisor pid {s['pid']} up {age(s['uptime_s'])} home {s['home']} "
              f"cancel epoch {data['cancel_epoch']}"]
-    events = [e for e in data.get("events") or [] if isinstance(e, dict)]
+    events = read_events(data.get("events"))
     for d in map(read_deployment_info, data["deployments"]):
-        serving = [e.get("at") for e in events if e.get("deployment_id") == d.deployment_id
-                   and e.get("name") == "state" and e.get("state") == "serving"]
-        up = f" up {age(now - serving[-1])}" if d.state == "serving" and serving else ""
+        serving = [e.at for e in events if e.deployment_id == d.deployment_id
+                   and e.name == EventName.STATE and e.state == DeploymentState.SERVING]
+        up = (f" up {age(now - serving[-1])}"
+              if d.state == DeploymentState.SERVING and serving else "")
         replica = f" replica {d.replica + 1}/{d.replicas}" if d.replicas > 1 else ""
         lines.append(f"{d.deployment_id}  {d.state}{up}  {d.model}{replica} tp={d.tp} pp={d.pp} "
                      f"backend={d.backend} job={d.job_id}" + (f"  error: {d.error}" if d.error else ""))

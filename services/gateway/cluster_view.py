@@ -25,15 +25,24 @@ from common.deployment_info import DeploymentInfoError, read_deployment_info
 from common.envelope import Key
 from common.home import read_supervisor_record
 from common.keys import KeyFileError, requests_key_of
-from common.messages import ADMIN_OUT, EVENTS, AdminReply, AdminRequest
+from common.messages import (
+    ADMIN_OUT,
+    EVENTS,
+    FAILED_STATES,
+    AdminReply,
+    AdminRequest,
+    DeploymentState,
+    Event,
+    EventName,
+    EventTopic,
+)
 from common.rpc_client import AsyncRpcClient
 from services.gateway.request_channel import Backend
 from services.gateway.settings import GatewaySettings
 from services.gateway.tokenizers import Tokenizers
 
 log = logging.getLogger("lockstep.gateway.cluster_view")
-SERVING = "serving"
-FAILED = frozenset({"failed", "teardown_failed"})  # the supervisor's DeploymentState values
+SERVING = DeploymentState.SERVING
 
 
 class SupervisorUnavailable(Exception):
@@ -157,7 +166,7 @@ class Cluster:
                 state = info.get("state") if info else "removed"
                 log.info("deployment %s is %s: closing its request channel", dep_id, state)
                 # failed: its requests may resume elsewhere; stopped or gone: cancelled
-                b.close(f"deployment {dep_id} is {state}", failed=state in FAILED)
+                b.close(f"deployment {dep_id} is {state}", failed=state in FAILED_STATES)
                 del self.backends[dep_id]
             elif b.lost and b.link.state.back_since_loss():
                 # Lost, then rank 0 answered again and the supervisor still vouches for
@@ -217,7 +226,7 @@ class Cluster:
             if msg is None:
                 continue
             self.events_seen += 1
-            if msg.body.topic == "reaper" and msg.body.name == "rejections":
+            if msg.body.topic == EventTopic.REAPER and msg.body.name == EventName.REJECTIONS:
                 self.reaper_rejections = _reject_rows(msg.body.data.get("rows"))
             if self.gaps.observe(msg):
                 log.info("event gap from %s: refreshing", msg.header.sender)
@@ -225,17 +234,18 @@ class Cluster:
             log.debug("event %s %s %s", msg.body.name, msg.body.deployment_id, msg.body.state)
             self.wake()
 
-    def _apply_state_event(self, ev: Any) -> None:
+    def _apply_state_event(self, ev: Event) -> None:
         """A deployment that leaves `serving` stops being served and ready at once: the
         next refresh may not come soon (a supervisor busy with that very failure)."""
-        if ev.topic != "deployment" or ev.name != "state" or ev.state == SERVING:
+        if (ev.topic != EventTopic.DEPLOYMENT or ev.name != EventName.STATE
+                or ev.state is None or ev.state == SERVING):
             return
         info = self.deployments.get(ev.deployment_id)
         job = ev.data.get("job_id") if isinstance(ev.data, dict) else None
         if info is None or info.get("state") != SERVING or (job and job != info.get("job_id")):
             return
         log.info("event: deployment %s is %s", ev.deployment_id, ev.state)
-        self.deployments[ev.deployment_id] = {**info, "state": ev.state,
+        self.deployments[ev.deployment_id] = {**info, "state": ev.state.value,
                                               "error": ev.reason or info.get("error")}
         self._reconcile()
 

@@ -26,7 +26,7 @@ import logging
 import time
 from typing import Any
 
-from common.messages import ErrorCode, Generate
+from common.messages import ErrorCode, Generate, Phase
 from services.gateway.request_channel import Backend, RequestStream, Unavailable
 
 log = logging.getLogger("lockstep.gateway.resume")
@@ -138,7 +138,7 @@ class Resumer:
             stats = await old.stats(timeout=STATS_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - no answer is no proof
             return False
-        return bool(getattr(stats, "peers_ok", False)) and stats.phase == "serving"
+        return bool(getattr(stats, "peers_ok", False)) and stats.phase == Phase.SERVING
 
     def first_token(self) -> None:
         """The first token after a resume reached the gateway: the time since the failure."""

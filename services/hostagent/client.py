@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from common.home import Paths
+from common.messages.vocab import ProcState
 from common.procs import ProcessIdentity
 from common.ssh import SshError, SshTarget, run_json
 from services.hostagent import agent_argv
@@ -62,15 +63,15 @@ def ident_from(d: Mapping[str, Any]) -> ProcessIdentity:
 
 
 def probe_states(host: RemoteHost, idents: list[ProcessIdentity],
-                 deployment_id: str | None = None) -> tuple[dict[int, str], list[dict]]:
-    """({pid: alive|gone|reused|ambiguous}, markers there) — markers of `deployment_id`
-    under the host's home when given, else none."""
+                 deployment_id: str | None = None) -> tuple[dict[int, ProcState], list[dict]]:
+    """({pid: its state there}, markers there) — markers of `deployment_id` under the
+    host's home when given, else none. The one reader of a probe's reply."""
     args = ["--identities-json", idents_json(idents)]
     if deployment_id is not None:
         args += ["--home", host.home, "--deployment", deployment_id]
     try:
         ans = host.agent("probe", *args)
-        return ({int(p["pid"]): str(p["state"]) for p in ans["processes"]},
+        return ({int(p["pid"]): ProcState(p["state"]) for p in ans["processes"]},
                 list(ans.get("markers", [])))
     except (KeyError, TypeError, ValueError) as exc:
         raise SshError(host.target.target, f"probe answered badly: {exc}") from None

@@ -16,6 +16,7 @@ import psutil
 
 from common import procs
 from common.home import Paths, read_markers
+from common.messages.vocab import ProcState
 from common.procs import START_TIME_TOLERANCE, ProcessIdentity
 from services.hostagent.base import (
     AgentError,
@@ -60,25 +61,25 @@ def cmd_wait_exit(args: argparse.Namespace) -> Any:
     return {"survivors": [identity_to_dict(s) for s in survivors]}
 
 
-def process_state(ident: ProcessIdentity) -> tuple[str, ProcessIdentity | None]:
+def process_state(ident: ProcessIdentity) -> tuple[ProcState, ProcessIdentity | None]:
     """alive: that process (an empty command line is one on its way out); gone: exited
     or a zombie; reused: the pid belongs to a process with another start time;
     ambiguous: same start time, another command line (neither provably it nor not)."""
     current = procs.identify(ident.pid)
     if current is None:
-        return "gone", None
+        return ProcState.GONE, None
     if abs(current.start_time - ident.start_time) > START_TIME_TOLERANCE:
-        return "reused", current
+        return ProcState.REUSED, current
     if not current.cmdline or current.cmdline == ident.cmdline:
-        return "alive", current
-    return "ambiguous", current
+        return ProcState.ALIVE, current
+    return ProcState.AMBIGUOUS, current
 
 
 def cmd_probe(args: argparse.Namespace) -> Any:
     out: dict[str, Any] = {"processes": []}
     for ident in identities_arg(args.identities_json, "--identities-json"):
         state, current = process_state(ident)
-        out["processes"].append({"pid": ident.pid, "state": state, "current": (
+        out["processes"].append({"pid": ident.pid, "state": state.value, "current": (
             identity_to_dict(current) if current is not None else None)})
     if args.home is not None:
         try:

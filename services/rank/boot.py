@@ -21,9 +21,8 @@ from pathlib import Path
 import mlx.core as mx
 
 from common.keys import KeyFileError, LaunchKeys, read_secret_file
-from common.messages import RankReady
+from common.messages import Phase, RankReady
 from common.rankspec import RankSpec
-from common.records import Phase
 from services.rank import events as ev
 from services.rank.disk_open import open_disk_tier
 from services.rank.disk_report import DISK_FLUSH_S, boot_report

@@ -12,11 +12,11 @@ from common.messages import (
     DiskIndex,
     Generate,
     Lease,
+    Phase,
     Plan,
     Serve,
     Shutdown,
 )
-from common.records import Phase
 
 
 @dataclass

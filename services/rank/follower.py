@@ -12,8 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
-from common.messages import Plan
-from common.records import Phase
+from common.messages import Phase, Plan
 from services.rank import events as ev
 from services.rank.loop import RankLoop
 from services.rank.phase_clock import LoopPhase

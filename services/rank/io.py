@@ -381,7 +381,7 @@ class RankIO:
             self.inbox.put(ev.AbortEv(body))
         elif isinstance(body, m.StatsRequest):
             rt = self.rt
-            stats = m.Stats(request_id=body.request_id, phase=rt.phase.value, step=rt.step,
+            stats = m.Stats(request_id=body.request_id, phase=rt.phase, step=rt.step,
                             active=rt.active, active_ids=list(rt.active_ids),
                             cancel_epoch=rt.cancel_epoch, peers_ok=rt.peers_ok)
             self.wire.send_to(self.requests, self.req, ident, stats)

@@ -26,8 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from common.messages import ErrorCode, Generate, Plan, PlanInsert, PlanRemove
-from common.records import Phase
+from common.messages import CancelScope, ErrorCode, Generate, Phase, Plan, PlanInsert, PlanRemove
 from services.rank import events as ev
 from services.rank.cache_clears import answers as clear_answers
 from services.rank.disk_plan import DiskPlanner
@@ -214,7 +213,7 @@ class Leader(RankLoop):
         if self.cancels:
             epoch = min(self.cancels)
             c = self.cancels.pop(epoch)
-            targets = list(self.scheduled) if c.scope == "all" else list(c.request_ids)
+            targets = list(self.scheduled) if c.scope == CancelScope.ALL else list(c.request_ids)
             for rid in targets:
                 if self.engine.has(rid):
                     removes.setdefault(rid, "cancel")

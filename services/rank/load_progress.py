@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common.messages import LoadProgress
+from common.messages import LoadProgress, Phase
 
-LOADING = "loading"
 PROC_IO = Path("/proc/self/io")
 
 
@@ -43,9 +42,9 @@ class LoadMeter:
         self.baseline: int | None = None
         self.total: int | None = None
 
-    def sample(self, phase: str, model_path: str) -> LoadProgress | None:
+    def sample(self, phase: Phase, model_path: str) -> LoadProgress | None:
         now = self.read()
-        if phase != LOADING:
+        if phase != Phase.LOADING:
             if self.total is None:  # not loaded yet: the baseline moves with the reads
                 self.baseline = now
             return None
@@ -60,6 +59,6 @@ class LoadMeter:
 _METER = LoadMeter()
 
 
-def sample(phase: str, model_path: str) -> LoadProgress | None:
+def sample(phase: Phase, model_path: str) -> LoadProgress | None:
     """The process's meter (one rank per process)."""
     return _METER.sample(phase, model_path)

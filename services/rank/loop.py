@@ -9,9 +9,8 @@ import logging
 import queue
 from typing import NoReturn
 
-from common.messages import CancelAck, Plan
+from common.messages import CancelAck, Phase, Plan
 from common.rankspec import RankSettings
-from common.records import Phase
 from services.rank import events as ev
 from services.rank.engine import Divergence, Emitted, Engine, Finished
 from services.rank.errors import StepCause, step_cause
@@ -80,9 +79,6 @@ class RankLoop:
     # -- cancel epochs -------------------------------------------------------------------
 
     def on_cancel_msg(self, c) -> None:
-        if c.scope not in ("all", "requests"):
-            self.io.drops["control.bad_cancel_scope"] += 1
-            return
         if c.epoch in self.acks:  # re-sent: the ack may have been lost
             self.io.post(Report(self.acks[c.epoch]))
         elif c.epoch <= self.rt.cancel_floor:

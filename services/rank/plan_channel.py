@@ -165,7 +165,7 @@ class FollowerSession:
             if len(body.disk_seqs) > self.spec.rank:
                 self.disk.ack(body.disk_seqs[self.spec.rank])
             pong = m.Pong(nonce=body.nonce, rank=self.spec.rank, step=self.rt.step,
-                          phase=self.rt.phase.value)
+                          phase=self.rt.phase)
             self.wire.send(self.sock, self.chan, pong)
 
     def _deliver(self, plans: list[m.Plan]) -> None:

@@ -30,9 +30,9 @@ import mlx.core as mx
 
 from common.envelope import BOOT_ID
 from common.home import Paths, marker_path, write_marker
-from common.messages import CacheStats, DiskIndex, Telemetry
+from common.messages import CacheStats, DiskIndex, Phase, Telemetry
 from common.rankspec import RankSpec
-from common.records import Phase, RankMarker
+from common.records import RankMarker
 from services.rank import load_progress
 from services.rank.outbox import AbortAll, Command
 from services.rank.phase_clock import PhaseClock
@@ -204,10 +204,10 @@ class RankRuntime:
         mem_active, mem_peak = self.memory()
         return Telemetry(
             deployment_id=self.spec.deployment_id, job_id=self.spec.job_id, rank=self.rank,
-            pid=self.pid, phase=self.phase.value, step=self.step, active=self.active,
+            pid=self.pid, phase=self.phase, step=self.step, active=self.active,
             cancel_epoch=self.cancel_epoch, mem_active=mem_active, mem_peak=mem_peak,
             at=self.clock(), error=self.error, rejects=self.rejects(), cache=self.cache_now(),
-            load=load_progress.sample(self.phase.value, self.spec.model_path),
+            load=load_progress.sample(self.phase, self.spec.model_path),
             phases=self.phases.snapshot(),
         )
 

@@ -30,8 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from common.messages import Ping
-from common.records import Phase
+from common.messages import Phase, Ping
 from services.rank.events import ExitEv
 from services.rank.outbox import Probe
 from services.rank.process_exit import EXIT_FAILED

@@ -14,7 +14,7 @@ import zmq
 
 from common.bus import PUB_MAX_SIZE, Channel, configure_listener
 from common.envelope import REGISTRY, Key
-from common.messages import EVENTS, Event
+from common.messages import EVENTS, Event, EventName, EventTopic
 from common.zmtp_watch import ZmtpWatch
 
 TOPIC = b"events"
@@ -46,8 +46,8 @@ class EventPublisher:
         """This process's rejection counters (its events socket), for the gateway's
         /metrics: the reaper has no admin socket of its own to be asked."""
         rows = [r for r in REGISTRY.snapshot() if r["service"] == "reaper"]
-        self.publish(Event(topic="reaper", name="rejections", deployment_id="", state="",
-                           at=time.time(), data={"rows": rows}))
+        self.publish(Event(topic=EventTopic.REAPER, name=EventName.REJECTIONS, deployment_id="",
+                           state=None, at=time.time(), data={"rows": rows}))
 
     def publish(self, event: Event) -> None:
         self.sock.send_multipart([TOPIC, self.channel.pack(event)], flags=zmq.NOBLOCK)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from common.home import Paths, read_manifests, remove_manifest, write_manifest
-from common.messages import Event
+from common.messages import Event, EventName, EventTopic, ReapOutcome
 from common.procs import (
     START_TIME_TOLERANCE,
     Kill,
@@ -282,9 +282,10 @@ def reap_orphans(paths: Paths, *, term_timeout: float = 5.0, kill_timeout: float
                                 "survivors": []})
         log.error("reap pass failed: %s", exc)
     report.duration_s = time.monotonic() - t0
-    _emit(publish, Event(topic="reap", name="pass", deployment_id="",
-                         state="blocked" if report.blocking else "ok",
-                         reason=report.summary(), at=time.time(), data=report.to_dict()))
+    _emit(publish, Event(topic=EventTopic.REAP, name=EventName.PASS, deployment_id="",
+                         state=None, reason=report.summary(), at=time.time(),
+                         data=report.to_dict(),
+                         outcome=ReapOutcome.BLOCKED if report.blocking else ReapOutcome.OK))
     return report
 
 
@@ -294,9 +295,10 @@ def _reap_all(paths: Paths, report: ReapReport, *, term_timeout: float, kill_tim
     for path, error in scan.unreadable:
         report.unreadable.append({"path": str(path), "error": error})
         log.error("unreadable launch manifest %s: %s", path, error)
-        _emit(publish, Event(topic="reap", name="manifest_unreadable", deployment_id="",
-                             state="blocked", reason=f"{path}: {error}", at=time.time(),
-                             data={"path": str(path), "error": error}))
+        _emit(publish, Event(topic=EventTopic.REAP, name=EventName.MANIFEST_UNREADABLE,
+                             deployment_id="", state=None, reason=f"{path}: {error}",
+                             at=time.time(), data={"path": str(path), "error": error},
+                             outcome=ReapOutcome.BLOCKED))
     for path, manifest in scan.manifests:
         try:
             _reap_one(paths, path, manifest, report, term_timeout=term_timeout,
@@ -333,10 +335,11 @@ def _reap_one(paths: Paths, path: Path, manifest: LaunchManifest, report: ReapRe
         except (OSError, ValueError) as exc:
             log.error("job %s: could not record the failure in %s: %s",
                       manifest.job_id, path, exc)
-        _emit(publish, Event(topic="reap", name="reap_failed",
-                             deployment_id=manifest.deployment_id, state="failed",
+        _emit(publish, Event(topic=EventTopic.REAP, name=EventName.REAP_FAILED,
+                             deployment_id=manifest.deployment_id, state=None,
                              reason=reason, at=time.time(),
-                             data={"job_id": manifest.job_id, "survivors": out.survivors}))
+                             data={"job_id": manifest.job_id, "survivors": out.survivors},
+                             outcome=ReapOutcome.FAILED))
         return
     remove_manifest(paths, manifest.job_id)
     _remove_secret(paths, manifest)
@@ -344,7 +347,8 @@ def _reap_one(paths: Paths, path: Path, manifest: LaunchManifest, report: ReapRe
     report.steps[manifest.job_id] = out.path
     log.warning("job %s reaped: %d rank(s), steps %s", manifest.job_id,
                 len(manifest.ranks), out.path or ["none alive"])
-    _emit(publish, Event(topic="reap", name="reaped", deployment_id=manifest.deployment_id,
-                         state="reaped", reason=why, at=time.time(),
-                         data={"job_id": manifest.job_id, "ranks": len(manifest.ranks),
-                               "path": out.path}))
+    _emit(publish, Event(topic=EventTopic.REAP, name=EventName.REAPED,
+                         deployment_id=manifest.deployment_id, state=None, reason=why,
+                         at=time.time(), data={"job_id": manifest.job_id,
+                                               "ranks": len(manifest.ranks), "path": out.path},
+                         outcome=ReapOutcome.REAPED))

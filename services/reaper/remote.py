@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from common.home import Paths, read_manifests
+from common.messages.vocab import ProcState
 from common.procs import ProcessIdentity
 from common.records import LaunchManifest, RankRecord
 from common.ssh import SshError, SshTarget
@@ -85,10 +86,10 @@ class SshRemoteReaper:
             states, _ = client.probe_states(host, idents)
         except SshError as exc:
             return failed(ranks, f"probe of {host.describe()} failed: {exc}"), []
-        out = failed([r for r in ranks if states.get(r.pid) == "ambiguous"],
+        out = failed([r for r in ranks if states.get(r.pid) == ProcState.AMBIGUOUS],
                      "identity ambiguous there: start time matches, command line differs; "
                      "not signalled, not proven gone")
-        live = [i for i in idents if states.get(i.pid) == "alive"]
+        live = [i for i in idents if states.get(i.pid) == ProcState.ALIVE]
         lad = Ladder(left=live)
         client.run_ladder(host, lad, {r.pid: r.pgid for r in ranks},
                           term_timeout=term_timeout, kill_timeout=kill_timeout)

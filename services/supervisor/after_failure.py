@@ -24,6 +24,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from common.messages import EventName, EventTopic
 from services.supervisor import lifecycle
 from services.supervisor.deployment import Deployment
 from services.supervisor.deployment_state import Claim, DeploymentState
@@ -83,13 +84,13 @@ async def _attempts(sup: Supervisor, dep: Deployment) -> None:
             log.info("deployment %s: teardown after the failure proven in %.1fs (attempt %d, "
                      "path %s)", dep.deployment_id, took, attempt,
                      " -> ".join((dep.teardown or {}).get("path") or []) or "none alive")
-            sup.emit("deployment", "teardown", dep, "teardown after the failure proven",
+            sup.emit(EventTopic.DEPLOYMENT, EventName.TEARDOWN, dep, "teardown after the failure proven",
                      {"outcome": dep.teardown or {}, "attempts": attempt})  # its ladder path
             return
         late = attempt >= MIN_ATTEMPTS and time.monotonic() + RETRY_S >= give_up_at
         if dep.abort_reason is not None or late:
             sup.set_state(dep, DeploymentState.TEARDOWN_FAILED, why)
-            sup.incident(dep, "teardown_failed", why, {"outcome": dep.teardown or {},
+            sup.incident(dep, EventName.TEARDOWN_FAILED, why, {"outcome": dep.teardown or {},
                                                         "attempts": attempt})
             return
         log.warning("deployment %s: teardown after the failure not proven (attempt %d, "

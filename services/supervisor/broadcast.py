@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from common.bus import AckCollector, BroadcastResult
-from common.messages import Cancel
+from common.messages import Cancel, CancelScope
 from services.supervisor.deployment import Deployment, RankState
 
 POLL_S = 0.05
@@ -53,7 +53,7 @@ class Broadcaster:
             if dep_id == deployment_id:
                 coll.forget(str(rank))
 
-    async def _send(self, dep: Deployment, epoch: int, scope: str, request_ids: list[str],
+    async def _send(self, dep: Deployment, epoch: int, scope: CancelScope, request_ids: list[str],
                     reason: str, deadline_s: float) -> BroadcastResult:
         body = Cancel(deployment_id=dep.deployment_id, epoch=epoch, scope=scope,
                       request_ids=list(request_ids), reason=reason)
@@ -70,7 +70,7 @@ class Broadcaster:
         finally:
             self.collectors.pop(key, None)
 
-    async def cancel(self, dep: Deployment, scope: str, request_ids: list[str], reason: str,
+    async def cancel(self, dep: Deployment, scope: CancelScope, request_ids: list[str], reason: str,
                      deadline_s: float) -> dict[str, Any]:
         epoch = self.epochs.next()
         res = await self._send(dep, epoch, scope, request_ids, reason, deadline_s)
@@ -84,7 +84,7 @@ class Broadcaster:
                         reason: str = "abort_all") -> dict[str, Any]:
         end = time.monotonic() + timeout_s
         epoch = self.epochs.next()
-        results = await asyncio.gather(*(self._send(d, epoch, "all", [], reason, timeout_s)
+        results = await asyncio.gather(*(self._send(d, epoch, CancelScope.ALL, [], reason, timeout_s)
                                          for d in deps))
         per_dep: dict[str, dict[str, Any]] = {}
         while True:

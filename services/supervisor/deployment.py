@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from common.bus import Channel
 from common.envelope import Key
 from common.keys import LaunchKeys, seal_key
-from common.messages import CacheStats, LoadProgress, PhaseTimes
+from common.messages import CacheStats, LoadProgress, Phase, PhaseTimes, ProcState
 from common.model_ref import model_id
 from common.procs import ProcessIdentity, is_alive
 from common.records import LaunchManifest
@@ -37,7 +37,7 @@ class RankState:
     identity: ProcessIdentity | None = None
     pgid: int = 0
     popen: subprocess.Popen | None = None
-    phase: str = "starting"
+    phase: Phase = Phase.STARTING
     step: int = 0
     active: int = 0
     cancel_epoch: int = 0  # last consumed, from telemetry
@@ -54,7 +54,7 @@ class RankState:
     error: str | None = None
     log_path: Path | None = None  # on the rank's host
     remote: RemoteHost | None = None  # for a rank on another host
-    remote_state: str = "unknown"  # last probe there: alive | gone | reused | ambiguous
+    remote_state: ProcState = ProcState.UNKNOWN  # its last probe there
     remote_marker: RankMarker | None = None  # its marker as last read there (identity-checked)
     remote_error: str | None = None  # the last probe's ssh failure, if any
 
@@ -65,7 +65,7 @@ class RankState:
         if self.popen is not None and self.popen.poll() is not None:
             return True
         if self.remote is not None:
-            return self.remote_state in ("gone", "reused")
+            return self.remote_state in (ProcState.GONE, ProcState.REUSED)
         return self.identity is not None and not is_alive(self.identity)
 
     @property
@@ -74,7 +74,7 @@ class RankState:
 
     def to_wire(self) -> dict[str, Any]:
         return {"rank": self.rank, "host": self.host, "remote": self.remote is not None,
-                "pid": self.pid, "phase": self.phase,
+                "pid": self.pid, "phase": self.phase.value,
                 "step": self.step, "active": self.active, "cancel_epoch": self.cancel_epoch,
                 "acked_epoch": self.acked_epoch, "mem_active": self.mem_active,
                 "last_seen": self.last_seen, "rejects": dict(self.rejects),

@@ -1,5 +1,5 @@
-"""A deployment's lifecycle state: one enum (its values are the wire strings of
-DeploymentInfo.state and Event.state), one table of the allowed edges, and the one
+"""A deployment's lifecycle: the enum (common/messages/vocab.py DeploymentState, the
+type of DeploymentInfo.state and Event.state), one table of the allowed edges, and the one
 owner of the transitions and of the claim that a launch, stop or teardown holds on it.
 
     launching -> loading -> canary -> serving            (deploy: lifecycle.start/_launch)
@@ -20,20 +20,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
-
-class DeploymentState(str, Enum):
-    LAUNCHING = "launching"
-    LOADING = "loading"
-    CANARY = "canary"
-    SERVING = "serving"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    FAILED = "failed"
-    TEARDOWN_FAILED = "teardown_failed"
-
-    def __str__(self) -> str:
-        return self.value
-
+from common.messages.vocab import DeploymentState
 
 S = DeploymentState
 ALLOWED: dict[DeploymentState, frozenset[DeploymentState]] = {

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from common.bus import BusTimeout, Channel, new_request_id
 from common.home import manifest_path, remove_manifest, retire_markers, write_manifest
-from common.messages import REQUESTS_OUT, Shutdown, Stats, StatsRequest
+from common.messages import REQUESTS_OUT, EventName, Shutdown, Stats, StatsRequest
 from common.rpc_client import AsyncRpcClient
 from common.sampling_defaults import SamplingOverrides
 from services.supervisor import job_launch, readiness, remote_ops
@@ -168,7 +168,7 @@ def _lost(dep: Deployment) -> str | None:
 
 async def _fail_launch(sup: Supervisor, dep: Deployment, err: LaunchError) -> None:
     dep.error = str(err)
-    sup.incident(dep, "launch_failed", dep.error, {"job_id": dep.job_id, "rank": err.rank})
+    sup.incident(dep, EventName.LAUNCH_FAILED, dep.error, {"job_id": dep.job_id, "rank": err.rank})
     try:
         outcome = await teardown(sup, dep, graceful_s=min(LAUNCH_FAILURE_GRACE_S,
                                                           sup.settings.graceful_timeout))
@@ -220,7 +220,7 @@ async def teardown(sup: Supervisor, dep: Deployment, *, graceful_s: float | None
     record_unproven(sup, dep, str(err))
     if final:
         sup.set_state(dep, S.TEARDOWN_FAILED, str(err))
-        sup.incident(dep, "teardown_failed", str(err), {"outcome": outcome.to_wire()})
+        sup.incident(dep, EventName.TEARDOWN_FAILED, str(err), {"outcome": outcome.to_wire()})
     raise err
 
 

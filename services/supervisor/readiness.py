@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from common.home import Paths, read_markers
-from common.messages import Serve
+from common.messages import DEAD_PHASES, Phase, Serve
 from common.procs import START_TIME_TOLERANCE, identify
 from common.records import RankMarker
 from services.supervisor.deployment import Deployment, RankState
@@ -18,8 +18,8 @@ from services.supervisor.errors import LaunchError
 from services.supervisor.process_launcher import log_tail
 
 POLL_S = 0.05
-READY_PHASES = frozenset({"ready", "serving"})
-DEAD_PHASES = frozenset({"failed", "peer_lost", "launcher_lost", "exiting"})
+READY_PHASES = frozenset({Phase.READY, Phase.SERVING})
+ENDED_PHASES = DEAD_PHASES | {Phase.EXITING}  # during a launch, exiting is a failure too
 
 
 def _same(rs: RankState, pid: int, start_time: float) -> bool:
@@ -50,8 +50,8 @@ def rank_failure(dep: Deployment, markers: dict[int, RankMarker]) -> LaunchError
         m = markers.get(rs.rank)
         code = rs.popen.poll() if rs.popen is not None else None
         dead = rs.exited
-        phase = m.phase.value if m else rs.phase
-        if dead or phase in DEAD_PHASES:
+        phase = m.phase if m else rs.phase
+        if dead or phase in ENDED_PHASES:
             why = (m.error if m and m.error else None) or rs.error
             if not why and rs.remote is None:
                 tail = log_tail(rs.log_path, 400).splitlines()
@@ -73,7 +73,7 @@ async def wait_ready(dep: Deployment, paths: Paths, timeout: float,
     while True:
         markers = own_markers(paths, dep)
         for r, m in markers.items():
-            dep.ranks[r].phase = m.phase.value
+            dep.ranks[r].phase = m.phase
         err = rank_failure(dep, markers)
         if err is not None:
             raise err
@@ -83,7 +83,7 @@ async def wait_ready(dep: Deployment, paths: Paths, timeout: float,
         for rs in dep.ranks.values():
             m = markers.get(rs.rank)
             ready = rs.ready is not None and _same(rs, rs.ready.pid, rs.ready.start_time)
-            if m is None or m.phase.value not in READY_PHASES or not ready:
+            if m is None or m.phase not in READY_PHASES or not ready:
                 missing.append(f"rank {rs.rank}: marker "
                                f"{m.phase.value if m else 'missing'}, rank_ready "
                                f"{'received' if ready else 'missing'}"
@@ -110,14 +110,14 @@ async def release_serve(dep: Deployment, paths: Paths, publish: Callable[[object
             next_send = now + 0.25
         markers = own_markers(paths, dep)
         for r, m in markers.items():
-            if m.phase.value == "serving":
-                dep.ranks[r].phase = "serving"
+            if m.phase == Phase.SERVING:
+                dep.ranks[r].phase = Phase.SERVING
         err = rank_failure(dep, markers)
         if err is not None:
             raise err
         if (why := aborted()) is not None:
             raise LaunchError(f"launch aborted: {why}")
-        waiting = [rs.rank for rs in dep.ranks.values() if rs.phase != "serving"]
+        waiting = [rs.rank for rs in dep.ranks.values() if rs.phase != Phase.SERVING]
         if not waiting:
             return
         if now >= deadline:

@@ -14,11 +14,13 @@ import asyncio
 import logging
 
 from common.atomic_json import StateFileError
+from common.messages import ProcState
 from common.records import RankMarker
 from common.ssh import SshError
+from services.hostagent.client import probe_states
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.deployment_state import DeploymentState
-from services.supervisor.remote import RemoteHost, idents_json
+from services.supervisor.remote import RemoteHost
 
 log = logging.getLogger("lockstep.supervisor")
 SERVING_FACTOR = 10
@@ -30,11 +32,7 @@ def probe_host(host: RemoteHost, ranks: list[RankState], deployment_id: str,
                job_id: str) -> None:
     """One probe of `host`: process states and this launch's markers there."""
     try:
-        ans = host.agent("probe", "--identities-json",
-                         idents_json([rs.identity for rs in ranks]),
-                         "--home", host.home, "--deployment", deployment_id)
-        states = {p["pid"]: p["state"] for p in ans["processes"]}
-        items = ans.get("markers", [])
+        states, items = probe_states(host, [rs.identity for rs in ranks], deployment_id)
     except (SshError, KeyError, TypeError) as exc:
         for rs in ranks:
             rs.remote_error = str(exc)
@@ -49,7 +47,7 @@ def probe_host(host: RemoteHost, ranks: list[RankState], deployment_id: str,
         markers[m.rank] = m
     for rs in ranks:
         rs.remote_error = None
-        rs.remote_state = states.get(rs.pid, "unknown")
+        rs.remote_state = states.get(rs.pid, ProcState.UNKNOWN)
         m = markers.get(rs.rank)
         if m is not None and m.job_id == job_id and m.pid == rs.pid:
             rs.remote_marker = m

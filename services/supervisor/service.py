@@ -18,10 +18,14 @@ from common.envelope import BOOT_ID, Message
 from common.home import Paths, write_supervisor_record
 from common.keys import kv_cache_key, load_cluster_key
 from common.messages import (
+    DEAD_PHASES,
+    TORN_DOWN,
     AdminRequest,
     CacheCleared,
     CancelAck,
     Event,
+    EventName,
+    EventTopic,
     Lease,
     RankReady,
     Telemetry,
@@ -49,10 +53,7 @@ from services.supervisor.teardown import TeardownSeams
 log = logging.getLogger("lockstep.supervisor")
 VERSION = "0.1.0"
 MONITOR_S = 0.25
-DEAD_PHASES = frozenset({"failed", "peer_lost", "launcher_lost"})
 JOURNAL_LEN = 200
-TORN_DOWN = frozenset({DeploymentState.STOPPED, DeploymentState.FAILED,
-                       DeploymentState.TEARDOWN_FAILED})
 
 
 class Supervisor:
@@ -162,10 +163,9 @@ class Supervisor:
 
     # --- events and state --------------------------------------------------------------
 
-    def emit(self, topic: str, name: str, dep: Deployment | None, reason: str = "",
-             data: dict[str, Any] | None = None, state: str | None = None) -> None:
-        ev = Event(topic=topic, name=name, deployment_id=dep.deployment_id if dep else "",
-                   state=state if state is not None else (dep.state.value if dep else ""),
+    def emit(self, topic: EventTopic, name: EventName, dep: Deployment, reason: str = "",
+             data: dict[str, Any] | None = None) -> None:
+        ev = Event(topic=topic, name=name, deployment_id=dep.deployment_id, state=dep.state,
                    reason=reason[:60000], at=time.time(), data=data or {})
         self.publish(ev)
 
@@ -180,12 +180,13 @@ class Supervisor:
             return
         log.info("deployment %s: %s -> %s %s", dep.deployment_id, was, state, reason)
         done = dep.teardown if state in TORN_DOWN else None  # its ladder path, for the console
-        self.emit("deployment", "state", dep, reason,
+        self.emit(EventTopic.DEPLOYMENT, EventName.STATE, dep, reason,
                   {"job_id": dep.job_id, **({"teardown": done} if done else {})})
 
-    def incident(self, dep: Deployment, name: str, reason: str, data: dict | None = None) -> None:
+    def incident(self, dep: Deployment, name: EventName, reason: str,
+                 data: dict | None = None) -> None:
         log.error("incident %s on %s: %s", name, dep.deployment_id, reason)
-        self.emit("incident", name, dep, reason, data)
+        self.emit(EventTopic.INCIDENT, name, dep, reason, data)
 
     def publish_dep(self, dep: Deployment, body: Any) -> None:
         if dep.control is not None:
@@ -317,7 +318,7 @@ class Supervisor:
         if not lost or dep.state == S.CANARY:
             return  # during the canary the launch itself reports the failure
         reason = "; ".join(lost)
-        self.incident(dep, "rank_lost", reason, {"job_id": dep.job_id})
+        self.incident(dep, EventName.RANK_LOST, reason, {"job_id": dep.job_id})
         dep.error = reason
         self.set_state(dep, S.FAILED, reason)
         dep.failure_task = self.spawn(teardown_after_failure(self, dep, reason))

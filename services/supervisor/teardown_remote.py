@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.atomic_json import StateFileError
+from common.messages.vocab import ProcState
 from common.procs import START_TIME_TOLERANCE, ProcessIdentity
 from common.records import RankMarker
 from common.ssh import SshError
@@ -28,7 +29,7 @@ from services.supervisor.deployment import RankState
 
 __all__ = ["STEPS", "HostTeardown", "ladder", "survivors", "sweep_and_prove", "wait_gone"]
 SWEEP_TERM_S = 0.2
-GONE_STATES = frozenset({"gone", "reused"})
+GONE_STATES = frozenset({ProcState.GONE, ProcState.REUSED})
 
 
 @dataclass

@@ -14,7 +14,7 @@ from common.bus import BusTimeout, Channel, new_request_id
 from common.deployment_info import DeploymentInfo, DeploymentInfoError, read_deployment_info
 from common.envelope import Key
 from common.home import Paths, read_supervisor_record
-from common.messages import ADMIN_OUT, AdminRequest
+from common.messages import ADMIN_OUT, AdminRequest, DeploymentState
 from common.rpc_client import SyncRpcClient
 
 
@@ -25,7 +25,7 @@ class UpError(Exception):
 class DeploymentDown(UpError):
     """The deployment left serving on its own (failed, stopped, teardown failed)."""
 
-    def __init__(self, dep_id: str, state: str, error: str | None) -> None:
+    def __init__(self, dep_id: str, state: DeploymentState, error: str | None) -> None:
         super().__init__(f"deployment {dep_id} is {state}: {error}")
         self.dep_id, self.state = dep_id, state
 
@@ -108,7 +108,7 @@ class AdminLink:
             return False
         for d in deps:
             rank_pids |= {r.pid for r in d.ranks if r.pid and not r.remote}  # local pids only
-            if d.state in ("stopped",):
+            if d.state == DeploymentState.STOPPED:
                 continue
             try:
                 out = self.call("stop", {"deployment_id": d.deployment_id, "force": True},

@@ -10,6 +10,7 @@ lines, not hundreds. Every finished stage's last line also goes to up.log.
 from __future__ import annotations
 
 from common.deployment_info import DeploymentInfo
+from common.messages import DeploymentState, Phase
 
 ERASE = "\r\x1b[K"
 
@@ -20,26 +21,26 @@ def _mib(n: int) -> str:
 
 def stage_line(dep: DeploymentInfo, *, coarse: bool) -> tuple[str, str]:
     """(stage, text) for one DeploymentInfo. `coarse`: load percentages in quarters."""
-    state = dep.state
-    if state == "loading":
+    S, state = DeploymentState, dep.state
+    if state == S.LOADING:
         parts = []
         for r in dep.ranks:
             ld = r.load
-            if r.phase == "loading" and ld is not None and ld.total_bytes:
+            if r.phase == Phase.LOADING and ld is not None and ld.total_bytes:
                 pct = 100 * min(ld.read_bytes, ld.total_bytes) // ld.total_bytes
                 pct = pct // 25 * 25 if coarse else pct
                 parts.append(f"rank {r.rank} {pct}%" + ("" if coarse else
                              f" ({_mib(ld.read_bytes)}/{_mib(ld.total_bytes)})"))
             else:
                 parts.append(f"rank {r.rank} {r.phase}")
-        return "loading", "loading weights: " + (", ".join(parts) or "ranks starting")
-    if state == "launching":
-        return "launching", f"launching {dep.world_size} rank(s) (backend {dep.backend})"
-    if state == "canary":
-        return "canary", "canary: greedy generations compared across runs"
-    if state == "serving":
-        return "serving", "canary passed: serving; waiting for the gateway's /ready"
-    return state, f"deployment {state}" + (f": {dep.error}" if dep.error else "")
+        return state.value, "loading weights: " + (", ".join(parts) or "ranks starting")
+    if state == S.LAUNCHING:
+        return state.value, f"launching {dep.world_size} rank(s) (backend {dep.backend})"
+    if state == S.CANARY:
+        return state.value, "canary: greedy generations compared across runs"
+    if state == S.SERVING:
+        return state.value, "canary passed: serving; waiting for the gateway's /ready"
+    return state.value, f"deployment {state}" + (f": {dep.error}" if dep.error else "")
 
 
 class UpProgress:

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from common.messages import FAILED_STATES, DeploymentState
 from common.model_ref import model_id
 from common.schema import to_wire
 from services.up.admin import DeploymentDown, UpError
@@ -23,7 +24,6 @@ from services.up.admin import DeploymentDown, UpError
 if TYPE_CHECKING:
     from services.up.run import Up
 
-DOWN = ("failed", "teardown_failed")
 
 
 @dataclass
@@ -87,15 +87,15 @@ class ReplicaSet:
             if dep is None:
                 continue
             self.up.note_ranks(dep)
-            if dep.state == "serving" and not rep.serving:
+            if dep.state == DeploymentState.SERVING and not rep.serving:
                 rep.serving = True
                 if not starting:
                     self.up.log(f"replica {rep.index} serving again as {rep.dep_id}")
-            elif dep.state in DOWN:
+            elif dep.state in FAILED_STATES:
                 self.redeploy(rep, dep.state, dep.error)
 
-    def redeploy(self, rep: Replica, state: str, error: str | None) -> None:
-        if state == "teardown_failed" or self.restarts_left <= 0:
+    def redeploy(self, rep: Replica, state: DeploymentState, error: str | None) -> None:
+        if state == DeploymentState.TEARDOWN_FAILED or self.restarts_left <= 0:
             raise DeploymentDown(rep.dep_id, state, error)
         self.restarts_left -= 1
         self.up.log(f"replica {rep.index}: deployment {rep.dep_id} is {state}: {error}; the "

@@ -21,6 +21,7 @@ import httpx
 from common.home import Paths
 from common.keys import KeyFileError, ensure_cluster_key
 from common.launcher_watch import LAUNCHER_ENV, launcher_value
+from common.messages import FAILED_STATES, DeploymentState
 from common.model_ref import model_id
 from common.procs import ProcessIdentity, identify, is_alive, snapshot_children, terminate_ladder
 from common.sampling_defaults import SamplingOverrides
@@ -187,7 +188,7 @@ class Up:
             except DeploymentDown as down:
                 # A rank died or a peer was lost: the ranks are gone (the supervisor proves
                 # it). Redeploy, a bounded number of times, instead of leaving no service.
-                if down.state == "teardown_failed" or restarts_left <= 0:
+                if down.state == DeploymentState.TEARDOWN_FAILED or restarts_left <= 0:
                     raise
                 restarts_left -= 1
                 self.log(f"{down}; redeploying ({restarts_left} restart(s) left)")
@@ -201,7 +202,7 @@ class Up:
         if dep is not None:
             self.note_ranks(dep)
             # "stopped" is an operator's unload through the admin API: not ours to undo
-            if dep.state in ("failed", "teardown_failed"):
+            if dep.state in FAILED_STATES:
                 raise DeploymentDown(dep_id, dep.state, dep.error)
 
     def note_ranks(self, dep) -> None:
@@ -228,7 +229,7 @@ class Up:
             self.progress(dep_id)
             dep = self.admin.deployment(dep_id)
             self.shown.update(dep)
-            if dep is not None and dep.state == "serving":
+            if dep is not None and dep.state == DeploymentState.SERVING:
                 break
             if time.monotonic() > deadline:
                 raise UpError(f"deployment {dep_id} not serving after {s.ready_timeout:.0f}s")

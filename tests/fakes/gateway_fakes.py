@@ -34,8 +34,11 @@ from common.messages import (
     AdminReply,
     AdminRequest,
     CacheStats,
+    DeploymentState,
     ErrorCode,
     Event,
+    EventName,
+    EventTopic,
     Generate,
     Stats,
     StatsRequest,
@@ -250,10 +253,11 @@ class FakeSupervisor:
                             cancel_epoch=0, acked_epoch=0, mem_active=0,
                             last_seen=time.time(), cache=self.rank_cache)]))
 
-    def publish(self, name: str = "state", topic: str = "events") -> None:
-        """An event; topic "deployment" (name "state") is a state change, as the supervisor's."""
-        ev = Event(topic=topic, name=name, deployment_id=self.deployment_id, state=self.state,
-                   at=time.time(), data={"job_id": "job-1"})
+    def publish(self, name: EventName = EventName.STATE,
+                topic: EventTopic = EventTopic.DEPLOYMENT) -> None:
+        """An event; topic deployment, name state is a state change, as the supervisor's."""
+        ev = Event(topic=topic, name=name, deployment_id=self.deployment_id,
+                   state=DeploymentState(self.state), at=time.time(), data={"job_id": "job-1"})
         self._pub.send_multipart([b"events", self._ev.pack(ev)])
 
     def _run(self) -> None:

@@ -6,7 +6,16 @@
 from __future__ import annotations
 
 from common.deployment_info import read_deployment_info
-from common.messages import CacheStats, Event, LoadProgress
+from common.messages import (
+    CacheStats,
+    DeploymentState,
+    Event,
+    EventName,
+    EventTopic,
+    LoadProgress,
+    Phase,
+    ReapOutcome,
+)
 from common.schema import to_wire
 from services.admin import status as admin_status
 from services.admin.cli import human
@@ -23,19 +32,22 @@ def _dep(state: str = "serving", dep_id: str = "dep-1", **rank1) -> dict:
                       requested_backend="auto", hosts=None, members=[])
     dep = Deployment(deployment_id=dep_id, job_id="job-1", plan=plan, initial=state,
                      requests_endpoint="tcp://127.0.0.1:6000",
-                     ranks={0: RankState(rank=0, host="mac-a", phase="serving", step=100,
+                     ranks={0: RankState(rank=0, host="mac-a", phase=Phase.SERVING, step=100,
                                          active=3, mem_active=512 * 2**20, last_seen=NOW - 0.5,
                                          cancel_epoch=4, acked_epoch=4,
                                          cache=CacheStats(entries=2, tokens=90, bytes=2**20,
                                                           hits=3, misses=1, hit_tokens=60)),
                             1: RankState(rank=1, host="mac-b", step=100, last_seen=NOW - 0.4,
-                                         **{"phase": "serving", **rank1})})
+                                         **{"phase": Phase.SERVING, **rank1})})
     return dep.to_wire()
 
 
 def _ev(topic: str, name: str, dep: str, state: str, reason: str, at: float, **data) -> dict:
-    return to_wire(Event(topic=topic, name=name, deployment_id=dep, state=state, reason=reason,
-                         at=at, data=data))
+    """A journal entry; for topic reap, `state` is the reap's outcome."""
+    reap = topic == EventTopic.REAP
+    return to_wire(Event(topic=EventTopic(topic), name=EventName(name), deployment_id=dep,
+                         state=None if reap else DeploymentState(state), reason=reason,
+                         at=at, data=data, outcome=ReapOutcome(state) if reap else None))
 
 
 JOURNAL = [
@@ -84,7 +96,7 @@ def test_watch_rates_steps_between_two_replies_and_shows_load() -> None:
     out = admin_status.render(_status(later), now=NOW + 2, prev=admin_status.steps_of(first))
     rank0 = next(ln for ln in out.splitlines() if ln.split()[:2] == ["0", "mac-a"])
     assert rank0.split()[5] == "15.0", rank0  # 30 steps in 2 s
-    loading = _dep("loading", phase="loading",
+    loading = _dep("loading", phase=Phase.LOADING,
                    load=LoadProgress(read_bytes=3 * 2**20, total_bytes=12 * 2**20))
     out = admin_status.render(_status(loading, events=[]), now=NOW)
     assert "load 25% of 12.0 MiB" in out and "last incidents" not in out
@@ -107,7 +119,7 @@ class FakeConsole:
 
 
 def _loading(read: int) -> object:
-    d = _dep("loading", phase="loading", load=LoadProgress(read_bytes=read, total_bytes=100 * 2**20))
+    d = _dep("loading", phase=Phase.LOADING, load=LoadProgress(read_bytes=read, total_bytes=100 * 2**20))
     d["ranks"][0]["phase"] = "starting"
     return read_deployment_info(d)
 
@@ -145,8 +157,8 @@ def test_load_meter_counts_reads_from_the_last_sample_before_loading(tmp_path) -
     (tmp_path / "tokenizer.json").write_bytes(b"y" * 50)  # not weights
     reads = iter([5000, 7000, 7400, 8500, 9000])
     m = LoadMeter(read=lambda: next(reads))
-    assert m.sample("starting", str(tmp_path)) is None
-    assert m.sample("starting", str(tmp_path)) is None  # the baseline: 7000
-    assert m.sample("loading", str(tmp_path)) == LoadProgress(400, 1000)
-    assert m.sample("loading", str(tmp_path)) == LoadProgress(1000, 1000)  # capped
-    assert m.sample("serving", str(tmp_path)) is None
+    assert m.sample(Phase.STARTING, str(tmp_path)) is None
+    assert m.sample(Phase.STARTING, str(tmp_path)) is None  # the baseline: 7000
+    assert m.sample(Phase.LOADING, str(tmp_path)) == LoadProgress(400, 1000)
+    assert m.sample(Phase.LOADING, str(tmp_path)) == LoadProgress(1000, 1000)  # capped
+    assert m.sample(Phase.SERVING, str(tmp_path)) is None

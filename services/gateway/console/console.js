@@ -241,7 +241,7 @@ function incidentOf(e) {
     return null;
   }
   if (e.topic === "reap") {
-    if (e.name === "pass" && !((data.reaped || []).length || e.state === "blocked")) return null;
+    if (e.name === "pass" && !((data.reaped || []).length || e.outcome === "blocked")) return null;
     const detail = e.name === "reaped" ? "job " + data.job_id + ", " + data.ranks + " rank(s), " +
       ((data.path || []).join(" → ") || "none alive") : "";
     return {kind: "reap " + e.name, cls: e.name === "reaped" ? "warn" : "bad", what: e.reason, detail};

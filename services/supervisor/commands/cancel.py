@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from common.messages import CancelScope
 from services.supervisor import lifecycle
 from services.supervisor.errors import AdminError
 
@@ -24,15 +25,13 @@ if TYPE_CHECKING:
 @dataclass
 class Args:
     deployment_id: str
-    scope: str = "requests"
+    scope: CancelScope = CancelScope.REQUESTS
     request_ids: list[str] = field(default_factory=list)
     reason: str = ""
 
 
 async def run(sup: Supervisor, args: Args) -> dict:
-    if args.scope not in ("all", "requests"):
-        raise AdminError("bad_request", "args.scope: must be 'all' or 'requests'")
-    if args.scope == "requests" and not args.request_ids:
+    if args.scope == CancelScope.REQUESTS and not args.request_ids:
         raise AdminError("bad_request", "args.request_ids: scope 'requests' needs ids")
     dep = lifecycle.get(sup, args.deployment_id)
     if dep.control is None or not dep.ranks:
