@@ -22,6 +22,7 @@ from common.config import (
     env_name,
     load_settings,
 )
+from common.messages.vocab import Backend
 from common.schema import decode_into, to_wire
 
 SCHEMA_VERSION = 1
@@ -121,7 +122,7 @@ class RankSpec:
     pp: int
     host: str
     model_path: str
-    backend: str  # ring | jaccl | mpi | none (single rank)
+    backend: Backend  # ring | jaccl | mpi | none (single rank)
     home: str
     secret_path: str
     control_endpoint: str  # supervisor control PUB (ranks connect SUB)

@@ -21,7 +21,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from common.keys import KeyFileError, LaunchKeys, read_secret_file
-from common.messages import Phase, RankReady
+from common.messages import Backend, Phase, RankReady
 from common.rankspec import RankSpec
 from services.rank import events as ev
 from services.rank.disk_open import open_disk_tier
@@ -67,9 +67,9 @@ def wait_for(rt: RankRuntime, io: RankIO, kind: type | tuple[type, ...], stash: 
 def init_distributed(spec: RankSpec):
     if spec.world_size == 1:
         return None
-    if spec.backend not in ("ring", "jaccl", "mpi"):
-        raise StartupError(f"backend {spec.backend!r} cannot run {spec.world_size} ranks")
-    group = mx.distributed.init(strict=True, backend=spec.backend)
+    if spec.backend not in (Backend.RING, Backend.JACCL, Backend.MPI):
+        raise StartupError(f"backend {spec.backend.value!r} cannot run {spec.world_size} ranks")
+    group = mx.distributed.init(strict=True, backend=spec.backend.value)
     if group.size() != spec.world_size or group.rank() != spec.rank:
         raise StartupError(f"distributed group is rank {group.rank()} of {group.size()}, the "
                            f"spec says rank {spec.rank} of {spec.world_size} (check MLX_RANK "

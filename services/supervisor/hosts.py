@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.messages import Backend
 from common.schema import SchemaError, decode_into
 from common.ssh import SshTarget, is_local
 
-BACKENDS = ("auto", "ring", "jaccl", "mpi")
+BACKENDS = (Backend.AUTO, Backend.RING, Backend.JACCL, Backend.MPI)  # what a deploy may ask
 
 
 @dataclass
@@ -75,12 +76,12 @@ class Member:
 
 @dataclass
 class Selection:
-    backend: str  # none | ring | jaccl | mpi
+    backend: Backend  # none | ring | jaccl | mpi
     members: list[Member]
     blockers: list[dict[str, str]]
 
     def to_wire(self) -> dict[str, Any]:
-        return {"backend": self.backend, "members": [m.to_wire() for m in self.members],
+        return {"backend": self.backend.value, "members": [m.to_wire() for m in self.members],
                 "blockers": list(self.blockers)}
 
 
@@ -121,12 +122,12 @@ class HostsFile:
 
     hosts: list[dict[str, Any]]  # the host records as written (validated), the file's
     #                              top-level ranks_per_host applied: a deploy's `hosts`
-    backend: str | None  # the file's backend, if it names one
+    backend: Backend | None  # the file's backend, if it names one
     envs: list[str]  # KEY=VALUE for every rank
 
-    def backend_for(self, requested: str) -> str:
+    def backend_for(self, requested: Backend | str) -> Backend | str:
         """The deploy's backend: the file's where the deploy asked for auto."""
-        return self.backend if requested == "auto" and self.backend else requested
+        return self.backend if requested == Backend.AUTO and self.backend else requested
 
 
 def read_hosts_file(path: Path) -> HostsFile:
@@ -149,7 +150,9 @@ def read_hosts_file(path: Path) -> HostsFile:
             h.setdefault("ranks_per_host", rph)
     decode_hosts(hosts)  # validate now, with the file's name in the error
     backend = doc.get("backend")
-    return HostsFile(hosts, str(backend) if backend else None, list(doc.get("envs") or []))
+    if backend and backend not in BACKENDS:
+        raise HostsError(f"hosts file {path}: backend: must be one of {', '.join(BACKENDS)}")
+    return HostsFile(hosts, Backend(backend) if backend else None, list(doc.get("envs") or []))
 
 
 def members_from_host_records(records: list[HostRecord] | list[dict], *,
@@ -213,14 +216,15 @@ def jaccl_devices(members: list[Member]) -> list[list[str | None]]:
     return out
 
 
-def select_backend(members: list[Member], requested: str = "auto") -> Selection:
+def select_backend(members: list[Member], requested: Backend | str = Backend.AUTO) -> Selection:
     """Apply the selection rule; an explicit request is honoured except that jaccl with
     blockers is refused by the caller (the blockers are always listed)."""
     if requested not in BACKENDS:
         raise HostsError(f"backend: must be one of {', '.join(BACKENDS)}")
+    requested = Backend(requested)
     if len(members) < 2:
         why = "fewer than two members: single rank, no distributed init"
-        return Selection("none", members, [{"member": m.host, "reason": why} for m in members]
+        return Selection(Backend.NONE, members, [{"member": m.host, "reason": why} for m in members]
                          or [{"member": "", "reason": why}])
     host_count = max(m.host_index for m in members) + 1
     used = {m.host_index for m in members}
@@ -235,8 +239,8 @@ def select_backend(members: list[Member], requested: str = "auto") -> Selection:
         if per_host > 1:
             blockers.append({"member": m.host,
                              "reason": f"{per_host} ranks on one host: jaccl runs one per host"})
-    if requested == "auto":
-        backend = "ring" if blockers else "jaccl"
+    if requested == Backend.AUTO:
+        backend = Backend.RING if blockers else Backend.JACCL
     else:
         backend = requested
     return Selection(backend, members, blockers)

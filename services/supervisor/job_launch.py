@@ -26,7 +26,7 @@ import psutil
 from common.bus import Channel
 from common.home import Paths, write_manifest
 from common.keys import LaunchKeys, new_launch_secret
-from common.messages import REPORT
+from common.messages import REPORT, Backend
 from common.rankspec import SCHEMA_VERSION as SPEC_VERSION
 from common.rankspec import (
     WATCHDOG_ENV,
@@ -130,8 +130,8 @@ def _probe_ports(dep: Deployment, launcher: SshLauncher | None) -> dict[int, lis
         groups.setdefault(("" if m.local else m.ssh, m.ip), []).append(m)
 
     def need(m: Member) -> int:
-        extra = (2 + (backend == "jaccl")) if m.index == 0 else 0
-        return extra + (backend == "ring")
+        extra = (2 + (backend == Backend.JACCL)) if m.index == 0 else 0
+        return extra + (backend == Backend.RING)
 
     def probe(key: tuple[str, str]) -> list[int]:
         ms = groups[key]
@@ -167,10 +167,10 @@ def prepare(dep: Deployment, paths: Paths, me: SupervisorIdentity,
     host0 = members[0].ip
     dep.plan_endpoint = f"tcp://{host0}:{ports[0][0]}"
     dep.requests_endpoint = f"tcp://{host0}:{ports[0][1]}"
-    if dep.plan.backend == "ring":
+    if dep.plan.backend == Backend.RING:
         hosts = [[f"{m.ip}:{ports[m.index][-1]}"] for m in members]
         _write_private(jd / "hostfile.json", json.dumps(hosts))
-    elif dep.plan.backend == "jaccl":
+    elif dep.plan.backend == Backend.JACCL:
         dep.jaccl_coordinator = f"{host0}:{ports[0][2]}"
         _write_private(jd / "hostfile.json", json.dumps(jaccl_devices(members)))
     dep.manifest = LaunchManifest(
@@ -190,7 +190,7 @@ def _spec(dep: Deployment, rank: int, paths: Paths, me: SupervisorIdentity,
     m = dep.plan.members[rank]
     where = _home_of(dep, m, paths)  # the same layout under that host's home
     hostfile = (where.runtime / "jobs" / dep.job_id / "hostfile.json"
-                if dep.plan.backend in ("ring", "jaccl") else None)
+                if dep.plan.backend in (Backend.RING, Backend.JACCL) else None)
     control, report = dep.rank_endpoints.get(rank, (me.control_endpoint, me.report_endpoint))
     return RankSpec(
         schema_version=SPEC_VERSION, deployment_id=dep.deployment_id, job_id=dep.job_id,
@@ -221,9 +221,9 @@ def _env(dep: Deployment, rank: int, paths: Paths, settings: SupervisorSettings,
     env["MLX_RANK"] = str(rank)
     env["LOCKSTEP_HOME"] = str(paths.home)
     env["LOCKSTEP_JOB_ID"] = dep.job_id
-    if dep.plan.backend == "ring":
+    if dep.plan.backend == Backend.RING:
         env["MLX_HOSTFILE"] = str(dep.job_dir / "hostfile.json")
-    elif dep.plan.backend == "jaccl":
+    elif dep.plan.backend == Backend.JACCL:
         env["MLX_IBV_DEVICES"] = str(dep.job_dir / "hostfile.json")
         env["MLX_JACCL_COORDINATOR"] = dep.jaccl_coordinator
     else:

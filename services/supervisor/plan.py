@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.messages import Backend
 from common.model_ref import ModelNotFound, model_id, resolve
 from common.sampling_defaults import SamplingDefaults, SamplingOverrides, check_overrides
 from common.sampling_defaults import resolve as resolve_sampling
@@ -40,8 +41,8 @@ class DeployPlan:
     model_path: str
     tp: int
     pp: int
-    backend: str  # none | ring | jaccl | mpi
-    requested_backend: str
+    backend: Backend  # none | ring | jaccl | mpi
+    requested_backend: Backend
     hosts: list[dict[str, Any]] | None  # the host records as given; None = this machine
     members: list[Member]
     blockers: list[dict[str, str]] = field(default_factory=list)
@@ -57,14 +58,14 @@ class DeployPlan:
 
     def to_wire(self) -> dict[str, Any]:
         return {"model_path": self.model_path, "tp": self.tp, "pp": self.pp,
-                "backend": self.backend, "requested_backend": self.requested_backend,
+                "backend": self.backend.value, "requested_backend": self.requested_backend.value,
                 "world_size": self.world_size, "hosts": self.hosts,
                 "members": [m.to_wire() for m in self.members], "blockers": self.blockers,
                 "envs": self.envs, "sampling": to_wire(self.sampling),
                 "replica": self.replica, "replicas": self.replicas}
 
 
-def selection_for(hosts: list[dict[str, Any]] | None, backend: str,
+def selection_for(hosts: list[dict[str, Any]] | None, backend: Backend | str,
                   slots: int | None = None) -> Selection:
     """Backend selection over host records (None = this machine, `slots` ranks on it)."""
     try:
@@ -80,7 +81,7 @@ def selection_for(hosts: list[dict[str, Any]] | None, backend: str,
 
 
 def make_plan(model_path: str, tp: int, pp: int, hosts: list[dict[str, Any]] | None,
-              backend: str, envs: list[str] | None = None,
+              backend: Backend | str, envs: list[str] | None = None,
               sampling: SamplingOverrides | None = None, *, replica: int = 0,
               replicas: int = 1) -> DeployPlan:
     if tp < 1 or pp < 1:
@@ -89,6 +90,7 @@ def make_plan(model_path: str, tp: int, pp: int, hosts: list[dict[str, Any]] | N
         raise AdminError("bad_request", "sampling: " + "; ".join(bad))
     if backend not in BACKENDS:
         raise AdminError("bad_request", f"backend: must be one of {', '.join(BACKENDS)}")
+    backend = Backend(backend)
     try:  # a directory, or a Hugging Face repo id in the local cache (offline)
         model_path = str(resolve(model_path))
     except ModelNotFound as exc:
@@ -99,14 +101,14 @@ def make_plan(model_path: str, tp: int, pp: int, hosts: list[dict[str, Any]] | N
         raise AdminError("bad_request", str(exc)) from None
     sel = selection_for(hosts, backend, tp * pp)
     if tp * pp == 1:
-        backend_used = "none"
+        backend_used = Backend.NONE
     else:
         backend_used = sel.backend
-        if backend_used == "jaccl" and sel.blockers:
+        if backend_used == Backend.JACCL and sel.blockers:
             reasons = "; ".join(f"{b['member']}: {b['reason']}" for b in sel.blockers)
             raise AdminError("bad_request", f"backend jaccl is blocked: {reasons}",
                              {"blockers": sel.blockers})
-    if backend_used == "mpi":
+    if backend_used == Backend.MPI:
         raise AdminError("bad_request", "backend mpi needs ranks started by mpirun; this "
                                         "launcher does not do that yet (use ring or jaccl)")
     return DeployPlan(str(Path(model_path).resolve()), tp, pp, backend_used, backend,

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from common.messages import Backend
 from common.ssh import SshError, SshTarget
 from services.hostagent.client import RemoteHost, ident_from, idents_json, remove_launch_files
 from services.supervisor.hosts import Member
@@ -105,7 +106,7 @@ def remote_rank_argv(rank_command: str, python: str, spec_path: str) -> list[str
 
 
 def remote_env(*, plan_envs: list[str], extra: Mapping[str, str], rank: int, home: str,
-               job_id: str, backend: str, hostfile: str, coordinator: str = ""
+               job_id: str, backend: Backend, hostfile: str, coordinator: str = ""
                ) -> dict[str, str | None]:
     """Only the rank's own variables: the plan's envs (hosts file and deploy), the
     supervisor's extra rank env, MLX_RANK, LOCKSTEP_HOME and LOCKSTEP_JOB_ID, the MLX
@@ -120,9 +121,9 @@ def remote_env(*, plan_envs: list[str], extra: Mapping[str, str], rank: int, hom
     env.update(extra)
     env.update({"MLX_RANK": str(rank), "LOCKSTEP_HOME": home, "LOCKSTEP_JOB_ID": job_id,
                 "TEMP": None})
-    if backend == "ring":
+    if backend == Backend.RING:
         env["MLX_HOSTFILE"] = hostfile
-    elif backend == "jaccl":
+    elif backend == Backend.JACCL:
         env["MLX_IBV_DEVICES"] = hostfile
         env["MLX_JACCL_COORDINATOR"] = coordinator
         env["MLX_HOSTFILE"] = None
