@@ -238,7 +238,11 @@ def _unlink(p: Path) -> bool:
 def _mkdirs(folder: Path) -> None:
     for p in reversed([folder, *folder.parents]):  # 0700, the parents we make too
         if not p.is_dir():
-            p.mkdir(mode=0o700)  # a file in the way raises
+            try:
+                p.mkdir(mode=0o700)
+            except FileExistsError:  # another rank of this host made it meanwhile
+                if not p.is_dir():
+                    raise  # a file in the way
 
 
 class DiskTier:

@@ -509,3 +509,27 @@ def test_write_costs_the_step_thread_no_copy(tiers):
         costs.append(time.perf_counter() - t0)
     assert t.flush(30) and t.stats().written == 3
     assert min(costs) < 0.005, costs
+
+
+def test_two_ranks_of_one_host_making_the_same_parents_at_once(tmp_path, monkeypatch):
+    """Ranks of one host open their tiers together: the shared parents (kvcache/<model>)
+    may appear between a rank's check and its mkdir; that is not an error."""
+    from services.rank import disk_tier as dt
+
+    shared = tmp_path / "kvcache" / "model"
+    shared.mkdir(parents=True)
+    real = Path.is_dir
+    raced = set()
+
+    def is_dir(self):  # the first look at each shared parent: not there yet
+        if self in (shared, shared.parent) and self not in raced:
+            raced.add(self)
+            return False
+        return real(self)
+
+    monkeypatch.setattr(Path, "is_dir", is_dir)
+    dt._mkdirs(shared / "r0-tp2-pp1-rank1")
+    assert raced == {shared, shared.parent} and real(shared / "r0-tp2-pp1-rank1")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileExistsError):
+        dt._mkdirs(tmp_path / "file" / "sub")
