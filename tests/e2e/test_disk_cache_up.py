@@ -1,7 +1,14 @@
 """The prefix cache's disk tier through `lockstep up` (TP=2, tiny preset), as a user
-meets it: a conversation outlives a killed rank (the redeploy serves its next turn from
-disk) and a Ctrl-C (`up` started again on the same home serves turn 9 from disk, with
-the text a cold run gives); `admin cache-clear` empties both tiers.
+meets it: a conversation outlives a killed rank and a Ctrl-C, and `admin cache-clear`
+empties both tiers.
+
+- Rank 1 is SIGKILLed while turn 5 streams: the stream resumes on the redeployed
+  deployment (issue 28), whose first request, the continuation, reads the earlier
+  turns back from disk instead of prefilling them; the resumed text equals the same
+  turn asked again afterwards.
+- `up` stopped with Ctrl-C and started again on the same home serves turn 9 with
+  cached_tokens covering turns 1-8, read from disk, and the text a cold run gives (the
+  same turn once `cache-clear` emptied both tiers).
 """
 
 from __future__ import annotations
@@ -9,13 +16,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from tests.gwutil import GaveUp, free_port, poll_until
+from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
 from tests.support.processes import interrupt, process_gone, up_argv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +33,9 @@ pytestmark = pytest.mark.timeout(600)
 class Up:
     def __init__(self, tmp: Path, home: Path, name: str) -> None:
         self.port, self.out = free_port(), tmp / f"{name}.out"
-        env = {**os.environ, "LOCKSTEP_PEER_ABORT_GRACE": "1"}
+        # rank 0 sleeps 20 ms a step (test seam): turn 5 is surely mid-stream at the kill
+        env = {**os.environ, "LOCKSTEP_PEER_ABORT_GRACE": "1",
+               "LOCKSTEP_RANK_TEST_SEAMS": "true", "LOCKSTEP_TEST_STEP_DELAY_S": "0.02"}
         self.log = open(self.out, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             up_argv(home, self.port, "--tp", "2", "--restarts", "2",
@@ -47,8 +57,9 @@ class Up:
                          timeout=10).json()["deployments"]
         return next((d for d in deps if d["state"] == "serving"), None)
 
-    def chat(self, messages: list[dict]) -> tuple[str, int, int]:
-        body = {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 8}
+    def chat(self, messages: list[dict], **kw) -> tuple[str, int, int]:
+        body = {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 8,
+                **kw}
         r = httpx.post(self.url + "/v1/chat/completions", json=body, timeout=120)
         assert r.status_code == 200, r.text
         j = r.json()
@@ -73,6 +84,32 @@ def turn(i: int) -> dict:
         for k in range(30))}
 
 
+MAX5 = 48
+NO_EOS = {"0": -100, "2": -100}  # the tiny preset's EOS ids: turn 5 runs to MAX5
+
+
+def stream_killing(up: Up, messages: list[dict], victim: int) -> str:
+    """Turn 5, streamed; rank `victim` SIGKILLed once 5 chunks arrived. Its text."""
+    body = {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": MAX5,
+            "logit_bias": NO_EOS, "stream": True}
+    text, chunks, finish = [], 0, None
+    with httpx.stream("POST", up.url + "/v1/chat/completions", json=body,
+                      timeout=httpx.Timeout(180, read=180)) as r:
+        assert r.status_code == 200
+        for kind, data in sse_lines(r):
+            if kind != "data" or data == "[DONE]":
+                continue
+            assert "error" not in data, data
+            ch = data["choices"][0]
+            text.append(ch["delta"].get("content") or "")
+            finish = ch.get("finish_reason") or finish
+            chunks += 1
+            if chunks == 5:
+                os.kill(victim, signal.SIGKILL)
+    assert chunks > 5 and finish == "length", (chunks, finish)
+    return "".join(text)
+
+
 def test_a_conversation_outlives_a_killed_rank_and_a_restart(tmp_path):
     home = tmp_path / "home"
     msgs: list[dict] = []
@@ -91,13 +128,33 @@ def test_a_conversation_outlives_a_killed_rank_and_a_restart(tmp_path):
             say(up, i)
         dep = up.serving()
         victim = next(r for r in dep["ranks"] if r["rank"] == 1)["pid"]
-        os.kill(victim, signal.SIGKILL)
-        poll_until(lambda: (d := up.serving()) is not None and d["job_id"] != dep["job_id"],
-                   180, "the redeploy serving")
-        # turn 5 on the redeployed ranks: its history comes from disk, not a prefill
-        assert say(up, 4) >= prompts[3]
+        msgs.append(turn(4))
+        resumed = stream_killing(up, msgs, victim)
+        d2 = up.serving()
+        assert d2 is not None and d2["job_id"] != dep["job_id"]
+        resumes = httpx.get(up.url + "/admin/api/cluster/status", headers=up.hdr,
+                            timeout=10).json()["gateway"]["recent_resumes"]
+        assert len(resumes) == 1, resumes
+        # the continuation was the redeployed ranks' first request: the history it
+        # started from came from disk (rank 0 loaded it), not a prefill
         poll_until(lambda: (up.rank0_cache() or {}).get("disk_hits", 0) >= 1, 10,
                    "rank 0's telemetry counting the disk hit")
+        again, p5, cached5 = up.chat(msgs, max_tokens=MAX5, logit_bias=NO_EOS)
+        assert again == resumed and cached5 >= prompts[3]
+        msgs.append({"role": "assistant", "content": again})
+        prompts.append(p5)
+        # /metrics and admin status show the tiers apart
+        metrics = httpx.get(up.url + "/metrics", timeout=10).text
+        hits = [float(ln.rsplit(" ", 1)[1]) for ln in metrics.splitlines()
+                if ln.startswith("lockstep_rank_prefix_cache_disk_hits_total{")
+                and 'rank="0"' in ln]
+        assert hits and hits[0] >= 1, metrics[-2000:]
+        assert any(ln.startswith("lockstep_rank_prefix_cache_disk_bytes{")
+                   for ln in metrics.splitlines())
+        status = subprocess.run(
+            [sys.executable, "-m", "services", "admin", "--home", str(home), "status"],
+            cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert "; disk " in status.stdout, status.stdout + status.stderr
         for i in range(5, 8):
             say(up, i)
     finally:
