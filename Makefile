@@ -10,7 +10,7 @@ EXTRAS := test$(if $(filter Linux,$(UNAME)),$(comma)cpu,)
 
 .PHONY: up test bench soak lint system-deps blas venv model-wheel clean
 
-# The BLAS Lockstep preloads into its ranks on Linux (services/rank/env.py find_openblas).
+# The BLAS Lockstep preloads into its ranks on Linux (common/rank_env.py find_openblas).
 OPENBLAS_PKG := libopenblas0-pthread
 
 $(STAMP): pyproject.toml

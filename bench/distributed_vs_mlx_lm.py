@@ -6,7 +6,7 @@ Systems (bench preset, built into the run's work directory; the tiny default can
 - mlx_lm_launch: `mlx.launch -n 2 --backend ring --starting-port P --cwd REPO --env K=V ...
   -- python -m bench.mlx_lm_serve --model DIR --decode-concurrency 16 --prompt-concurrency 8
   --prefill-step-size 512 --prompt-cache-size 0`; the `--env`s are the rank environment
-  (services/rank/env.py: the same OpenBLAS LD_PRELOAD, OPENBLAS_NUM_THREADS=1, MLX buffer
+  (common/rank_env.py: the same OpenBLAS LD_PRELOAD, OPENBLAS_NUM_THREADS=1, MLX buffer
   limits), checked on both running ranks (bench.servers.check_blas; the run fails
   otherwise). bench.mlx_lm_serve is `mlx_lm server` with the gateway's listen backlog.
 - mlx_lm_ranks: the same two mlx_lm.server ranks started by the bench the way mlx.launch

@@ -29,8 +29,8 @@ from typing import Any
 import psutil
 
 from bench import RESULTS, write_result
+from common.rank_env import find_openblas, rank_environment
 from common.rankspec import RankSettings
-from services.rank.env import find_openblas, rank_environment
 from tests.e2e.rank_harness import REPO, Deployment, model_dir
 
 NAME = "rank"

@@ -24,8 +24,8 @@ from typing import Any
 
 from bench import write_result
 from common.messages import PlanInsert, TokenBias
+from common.rank_env import rank_environment
 from common.rankspec import RankSettings
-from services.rank.env import rank_environment
 from tests.e2e.rank_harness import REPO, model_dir
 
 NAME = "sampling"

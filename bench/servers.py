@@ -72,7 +72,7 @@ def batch_settings() -> dict[str, int]:
 
 
 def rank_env() -> dict[str, str]:
-    from services.rank.env import rank_environment
+    from common.rank_env import rank_environment
 
     return rank_environment(rank_settings(), os.environ)
 

@@ -31,7 +31,7 @@ Commands (the answer is one JSON line on stdout; exit 0 on success, 1 with
           once and the child is re-parented. With --env-json-stdin the environment is
           this process's environment updated by the JSON object on stdin (a null value
           removes a variable); with --env-replace it is exactly that object. --rank-env
-          then applies the rank's environment rules on this host (services.rank.env:
+          then applies the rank's environment rules on this host (common.rank_env:
           DESIGN 5.3 defaults yielding to set values, OpenBLAS preload, no TEMP).
     write-file PATH [--mode 600] [--parents]
         → {"path", "bytes", "mode"}; content from stdin, written atomically (temp file

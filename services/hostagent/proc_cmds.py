@@ -119,8 +119,8 @@ def _child_env(args: argparse.Namespace) -> dict[str, str] | None:
 def _rank_env(env: dict[str, str] | None) -> dict[str, str]:
     """The rank service's own environment rules, applied on this host: DESIGN 5.3
     defaults yielding to what is set, OpenBLAS preload if this host has it, no TEMP."""
+    from common.rank_env import rank_environment
     from common.rankspec import RankSettings
-    from services.rank.env import rank_environment
 
     return dict(rank_environment(RankSettings(), os.environ if env is None else env))
 

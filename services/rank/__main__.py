@@ -4,7 +4,7 @@ The launcher (the supervisor, or tests/e2e/rank_harness.py) provides:
 - FILE: a RankSpec JSON (common/rankspec.py, mode 0600) naming the deployment, rank,
   model, endpoints, `secret_path` (the launch secret, 0600) and RankSettings;
 - MLX_RANK and MLX_HOSTFILE in the environment for a distributed backend, plus
-  `services.rank.env.rank_environment(settings, base_env)` (buffer limits, OpenBLAS);
+  `common.rank_env.rank_environment(settings, base_env)` (buffer limits, OpenBLAS);
 - a control PUB and a report ROUTER already bound at the spec's endpoints, publishing
   LEASE (the rank loads only after it saw one) and, after every RANK_READY, SERVE.
 

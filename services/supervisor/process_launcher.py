@@ -20,8 +20,8 @@ from typing import Protocol
 
 from common import ports
 from common.procs import ProcessIdentity, identify
+from common.rank_env import rank_environment
 from common.rankspec import RankSettings
-from services.rank.env import rank_environment
 
 IDENTITY_SETTLE_S = 2.0
 ROOT = Path(__file__).resolve().parents[2]  # the source tree (ranks run `-m services.rank`)

@@ -33,8 +33,8 @@ from common import messages as m
 from common.atomic_json import read_json
 from common.home import Paths, marker_path
 from common.keys import LaunchKeys, new_launch_secret
+from common.rank_env import rank_environment
 from common.rankspec import SCHEMA_VERSION, RankSettings, RankSpec
-from services.rank.env import rank_environment
 from services.rank.removals import read_removals, removals_path, token_digest
 from tests.e2e.rank_harness_process import (
     REPO,

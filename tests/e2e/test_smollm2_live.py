@@ -24,10 +24,10 @@ import openai
 import psutil
 import pytest
 
+from common.rank_env import find_openblas
 from models.gguf_model import WheelMissing, build_smollm2
 from models.gguf_model.convert import default_weights
 from models.gguf_model.wheel import FETCH_COMMAND, cache_dir
-from services.rank.env import find_openblas
 from tests.gwutil import GaveUp, free_port, poll_until
 from tests.support.processes import interrupt
 

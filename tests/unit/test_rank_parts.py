@@ -10,8 +10,8 @@ import mlx.core as mx
 import pytest
 
 from common.messages import Plan, PlanInsert, PlanRemove
+from common.rank_env import DEFAULTS, rank_environment
 from common.rankspec import RankSettings
-from services.rank.env import DEFAULTS, rank_environment
 from services.rank.planwire import PlanOrder, ReplayBuffer
 from services.rank.removals import RemovalLog, read_removals, token_digest
 from services.rank.sampling import make_sampler, token_seed

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from common.config import ENV_PREFIX
+from common.rank_env import HostBlasSettings
 from common.rankspec import ENV_OVERRIDES, RankSettings
 from services.gateway.settings import GatewaySettings
-from services.rank.env import HostBlasSettings
 from services.rank.seams import SeamSettings
 from services.reaper.__main__ import ReaperSettings
 from services.supervisor import settings as supervisor_settings

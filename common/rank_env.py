@@ -1,4 +1,6 @@
-"""The environment a rank process starts with; called by whoever launches ranks.
+"""The environment a rank process starts with, applied by whoever launches ranks (the
+supervisor's local launcher, a host agent's `spawn --rank-env`, the test and bench
+harnesses) — launcher-side rules, kept here so no launcher imports the rank service.
 
     rank_environment(settings, base_env) -> dict
 
