@@ -29,7 +29,16 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from services.gateway.errors import ApiError
-from services.gateway.generation import Final, Generation
+from services.gateway.generation import (
+    EndEvent,
+    Final,
+    Generation,
+    KeepaliveEvent,
+    ReasoningEvent,
+    TextEvent,
+    ToolCallEvent,
+)
+from services.gateway.generation import Event as GenerationEvent
 from services.gateway.streaming import run_to_end
 from services.gateway.toolcalls import ToolCall
 
@@ -142,8 +151,9 @@ class Blocks:
         return out + [("content_block_stop", {"type": "content_block_stop",
                                               "index": len(self.blocks) - 1})]
 
-    def feed(self, kind: str, val: Any) -> list[Event]:
-        if kind == "text" and val:
+    def feed(self, ev: GenerationEvent) -> list[Event]:
+        if isinstance(ev, TextEvent) and ev.text:
+            val = ev.text
             out: list[Event] = []
             if self.kind != "text":
                 val = self.held + val
@@ -154,21 +164,21 @@ class Blocks:
                 self.held = ""
             self.blocks[-1]["text"] += val
             return out + [self._delta({"type": "text_delta", "text": val})]
-        if kind == "reasoning" and val:
+        if isinstance(ev, ReasoningEvent) and ev.text:
             out = [] if self.kind == "thinking" else self._start(
                 {"type": "thinking", "thinking": "", "signature": ""})
             if self.omit_thinking:
                 return out
-            self.blocks[-1]["thinking"] += val
-            return out + [self._delta({"type": "thinking_delta", "thinking": val})]
-        if kind == "tool_call":
-            call: ToolCall = val
+            self.blocks[-1]["thinking"] += ev.text
+            return out + [self._delta({"type": "thinking_delta", "thinking": ev.text})]
+        if isinstance(ev, ToolCallEvent):
+            call: ToolCall = ev.call
             out = self._start({"type": "tool_use", "id": tool_use_id(call), "name": call.name,
                                "input": {}})
             self.blocks[-1]["input"] = json.loads(call.arguments)
             out.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
             return out + self.close()
-        if kind == "keepalive":
+        if isinstance(ev, KeepaliveEvent):
             return [("ping", {"type": "ping"})]
         return []
 
@@ -195,15 +205,15 @@ async def stream(gen: Generation, blocks: Blocks, rid: str, model: str, prompt_t
     start = message(rid, model, [], None, None, usage(None, prompt_tokens))
     yield sse("message_start", {"type": "message_start", "message": start})
     yield sse("ping", {"type": "ping"})
-    async for kind, val in gen.events():
-        if kind != "end":
-            events = blocks.feed(kind, val)
-            if events and kind != "keepalive":
+    async for ev in gen.events():
+        if not isinstance(ev, EndEvent):
+            events = blocks.feed(ev)
+            if events and not isinstance(ev, KeepaliveEvent):
                 gen.mark_visible()
             for name, data in events:
                 yield sse(name, data)
             continue
-        final: Final = val
+        final = ev.final
         on_end(final)
         for name, data in blocks.close():
             yield sse(name, data)

@@ -1,11 +1,11 @@
 """From token chunks to what the client sees: detokenize → stop strings → tool calls.
 
-`Generation.events()` yields, in order, ("text", str), ("reasoning", str) (chat: the
-model's reasoning, output_parser.py), ("tool_call", ToolCall),
-("logprobs", [TokenLogprob]) before the text of those tokens (only if the request asked),
-("keepalive", None) while rank 0 is quiet, and finally ("end", Final). It never raises
-for an outcome of the request itself: a read timeout or a rank error ends as a Final
-carrying an ApiError, an abort as finish_reason "abort".
+`Generation.events()` yields, in order, `TextEvent`, `ReasoningEvent` (chat: the
+model's reasoning, output_parser.py), `ToolCallEvent`, `LogprobsEvent` before the text of
+those tokens (only if the request asked), `KEEPALIVE` while rank 0 is quiet, and finally
+one `EndEvent` carrying the Final. It never raises for an outcome of the request itself:
+a read timeout or a rank error ends as a Final carrying an ApiError, an abort as
+finish_reason "abort".
 """
 
 from __future__ import annotations
@@ -50,6 +50,42 @@ class Final:
 
     def timings(self) -> dict:
         return {"ttft_model_ms": _ms(self.model_ttft_ms), "ttft_visible_ms": _ms(self.visible_ttft_ms)}
+
+
+@dataclass(frozen=True, slots=True)
+class TextEvent:
+    text: str  # what the client sees as content (or a completion's text)
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningEvent:
+    text: str  # inside the model's reasoning block
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallEvent:
+    call: ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobsEvent:
+    entries: list[TokenLogprob]  # of tokens whose text follows
+
+
+@dataclass(frozen=True, slots=True)
+class KeepaliveEvent:
+    """Rank 0 is quiet: the consumer may send a keep-alive."""
+
+
+KEEPALIVE = KeepaliveEvent()
+
+
+@dataclass(frozen=True, slots=True)
+class EndEvent:
+    final: Final  # the last event of every generation
+
+
+Event = TextEvent | ReasoningEvent | ToolCallEvent | LogprobsEvent | KeepaliveEvent | EndEvent
 
 
 @dataclass(frozen=True)
@@ -133,24 +169,27 @@ class Generation:
             if self.metrics is not None:
                 self.metrics.ttft_visible.labels(model=self.model).observe(self.visible_at - self.started_at)
 
-    def _text_events(self, text: str, final: bool = False) -> list[tuple[str, object]]:
+    def _text_events(self, text: str, final: bool = False) -> list[Event]:
         out = self.stops.feed(text)
         if final:
             out += self.stops.flush()
         if self.tools is None:
-            return [("text", out)] if out else []
-        events = self.tools.feed(out) if out else []
+            return [TextEvent(out)] if out else []
+        parsed = self.tools.feed(out) if out else []
         if final:
-            events += self.tools.flush()
-        kept = []
-        for k, v in events:
+            parsed += self.tools.flush()
+        kept: list[Event] = []
+        for k, v in parsed:
             if k == "tool_call":
                 if self.one_call and self.calls:
                     continue
                 self.calls.append(v)  # type: ignore[arg-type]
+                kept.append(ToolCallEvent(v))  # type: ignore[arg-type]
             elif k == "reasoning":
                 self.reasoning.append(v)  # type: ignore[arg-type]
-            kept.append(("text", v) if k == "content" else (k, v))
+                kept.append(ReasoningEvent(v))  # type: ignore[arg-type]
+            else:
+                kept.append(TextEvent(v))  # type: ignore[arg-type]
         return kept
 
     def _observe_tokens(self, times: list[float]) -> None:
@@ -164,7 +203,7 @@ class Generation:
             prev = t
         self._last_token_time = prev
 
-    async def events(self) -> AsyncIterator[tuple[str, object]]:
+    async def events(self) -> AsyncIterator[Event]:
         s = self.stream
         error: ApiError | None = None
         finish = "stop"
@@ -179,7 +218,7 @@ class Generation:
                 break
             first = await s.next(min(self.keepalive_s, left))
             if first is None:
-                yield "keepalive", None
+                yield KEEPALIVE
                 continue
             bodies = [first, *s.ready()]  # behind? coalesce what is queued into one delta
             body = bodies[-1]
@@ -199,7 +238,7 @@ class Generation:
                 self._observe_tokens(b.token_times)
             if lps:  # before the text of the same tokens
                 self.logprobs += lps
-                yield "logprobs", lps
+                yield LogprobsEvent(lps)
             if tokens:
                 self.completion_tokens += len(tokens)
                 self.token_ids += tokens
@@ -232,7 +271,7 @@ class Generation:
                     while not task.done():
                         await asyncio.wait({task}, timeout=self.keepalive_s)
                         if not task.done():
-                            yield "keepalive", None
+                            yield KEEPALIVE
                 finally:
                     if not task.done():
                         task.cancel()
@@ -262,7 +301,7 @@ class Generation:
             if self.model_ttft_ms is not None:  # rank 0 prefilled it: a hit or a miss
                 self.metrics.prefix_cache(self.model, self.cached_tokens)
         visible = None if self.visible_at is None else (self.visible_at - self.started_at) * 1000
-        yield "end", Final(finish, s.prompt_len, self.completion_tokens, self.model_ttft_ms,
-                           visible, error, list(self.calls),
-                           s.abort_reason, self.logprobs, self.cached_tokens,
-                           0 if self.thinking is None else self.thinking.count)
+        yield EndEvent(Final(finish, s.prompt_len, self.completion_tokens, self.model_ttft_ms,
+                             visible, error, list(self.calls),
+                             s.abort_reason, self.logprobs, self.cached_tokens,
+                             0 if self.thinking is None else self.thinking.count))

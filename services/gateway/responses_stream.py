@@ -29,7 +29,17 @@ import time
 from typing import Any
 
 from services.gateway import logprobs as lp
-from services.gateway.generation import Final, Generation
+from services.gateway.generation import (
+    EndEvent,
+    Final,
+    Generation,
+    KeepaliveEvent,
+    LogprobsEvent,
+    ReasoningEvent,
+    TextEvent,
+    ToolCallEvent,
+)
+from services.gateway.generation import Event as GenerationEvent
 from services.gateway.responses_schemas import ResponsesRequest
 from services.gateway.streaming import run_to_end
 from services.gateway.toolcalls import ToolCall
@@ -109,11 +119,12 @@ class Output:
         out, self.pending = self.pending, []
         return lp.chat(out)["content"] if out and self.logprobs else []
 
-    def feed(self, kind: str, val: Any) -> list[dict]:
-        if kind == "logprobs":
-            self.pending += val
+    def feed(self, ev: GenerationEvent) -> list[dict]:
+        if isinstance(ev, LogprobsEvent):
+            self.pending += ev.entries
             return []
-        if kind == "text" and val:
+        if isinstance(ev, TextEvent) and ev.text:
+            val = ev.text
             out: list[dict] = []
             if self.open is None or self.open["type"] != "message":
                 val = self.held + val
@@ -128,14 +139,14 @@ class Output:
             part["logprobs"] += lps
             return out + [self._at({"type": "response.output_text.delta", "delta": val,
                                     "logprobs": lps})]
-        if kind == "reasoning" and val:
+        if isinstance(ev, ReasoningEvent) and ev.text:
             out = [] if self.open is not None and self.open["type"] == "reasoning" else \
                 self._start({"id": item_id("rs"), "type": "reasoning", "summary": [],
                              "content": [], "status": "in_progress"})
-            self.open["content"][0]["text"] += val
-            return out + [self._at({"type": "response.reasoning_text.delta", "delta": val})]
-        if kind == "tool_call":
-            call: ToolCall = val
+            self.open["content"][0]["text"] += ev.text
+            return out + [self._at({"type": "response.reasoning_text.delta", "delta": ev.text})]
+        if isinstance(ev, ToolCallEvent):
+            call: ToolCall = ev.call
             self.pending = []
             if self.max_calls is not None and self.calls >= self.max_calls:
                 return []
@@ -241,20 +252,20 @@ async def stream(gen: Generation, out: Output, env: Envelope, on_end):
     snapshot = env.body("in_progress", [])
     yield seq({"type": "response.created", "response": snapshot})
     yield seq({"type": "response.in_progress", "response": snapshot})
-    async for kind, val in gen.events():
-        if kind == "keepalive":
+    async for ev in gen.events():
+        if isinstance(ev, KeepaliveEvent):
             yield KEEPALIVE
             continue
-        if kind != "end":
-            events = out.feed(kind, val)
+        if not isinstance(ev, EndEvent):
+            events = out.feed(ev)
             if events:
                 gen.mark_visible()
-            for ev in events:
-                yield seq(ev)
+            for e in events:
+                yield seq(e)
             continue
-        final: Final = val
-        for ev in out.close():
-            yield seq(ev)
+        final = ev.final
+        for e in out.close():
+            yield seq(e)
         status = status_of(final)
         body = env.body(status, out.items, final, error_of(final))
         on_end(final, body)

@@ -20,7 +20,17 @@ from typing import Any
 from starlette.responses import Response
 
 from services.gateway import logprobs as lp
-from services.gateway.generation import Final, Generation
+from services.gateway.generation import (
+    EndEvent,
+    Event,
+    Final,
+    Generation,
+    KeepaliveEvent,
+    LogprobsEvent,
+    ReasoningEvent,
+    TextEvent,
+    ToolCallEvent,
+)
 from services.gateway.toolcalls import ToolCall
 
 DONE = b"data: [DONE]\n\n"
@@ -99,26 +109,26 @@ class Shape:
                 "choices": [choice], "usage": final.usage(), "lockstep": final.timings()}
 
 
-async def run_to_end(gen: Generation, feed: Callable[[str, Any], Any],
+async def run_to_end(gen: Generation, feed: Callable[[Event], Any],
                      close: Callable[[], Any] | None = None) -> Final:
     """Run a generation to its end for a non-streamed answer: every event before the
-    final one to `feed(kind, value)`, then `close()`; the final event's Final, whose
-    visible TTFT is now (the whole body is the first visible byte)."""
-    async for kind, val in gen.events():
-        if kind == "end":
+    final one to `feed(event)`, then `close()`; the final event's Final, whose visible
+    TTFT is now (the whole body is the first visible byte)."""
+    async for ev in gen.events():
+        if isinstance(ev, EndEvent):
             if close is not None:
                 close()
             gen.mark_visible()
-            val.visible_ttft_ms = (gen.visible_at - gen.started_at) * 1000
-            return val
-        feed(kind, val)
+            ev.final.visible_ttft_ms = (gen.visible_at - gen.started_at) * 1000
+            return ev.final
+        feed(ev)
     raise RuntimeError("generation ended without a final event")
 
 
 async def collect(gen: Generation, prefix: str = "") -> tuple[str, Final]:
     """Run a generation to its end (non-streaming): its text after `prefix`, its Final."""
     parts = [prefix] if prefix else []
-    final = await run_to_end(gen, lambda kind, val: parts.append(val) if kind == "text" else None)
+    final = await run_to_end(gen, lambda ev: parts.append(ev.text) if isinstance(ev, TextEvent) else None)
     return "".join(parts), final
 
 
@@ -141,35 +151,35 @@ async def sse_events(gen: Generation, shape: Shape, prefix: str = "",
     if prefix:  # echo
         gen.mark_visible()
         yield sse(shape.chunk(text=prefix, index=index))
-    async for kind, val in gen.events():
-        if kind == "keepalive":
-            yield KEEPALIVE
-        elif kind == "logprobs":
-            pending += val
-        elif kind == "text":
-            gen.mark_visible()
-            yield sse(shape.chunk(index=index, text=val, logprobs=take()))
-        elif kind == "reasoning":
-            gen.mark_visible()
-            yield sse(shape.chunk(index=index, reasoning=val))
-        elif kind == "tool_call":
-            gen.mark_visible()
-            yield sse(shape.chunk(index=index, tool_call=(n_calls, val), logprobs=take()))
-            n_calls += 1
-        elif kind == "end":
-            final: Final = val
-            if on_end is not None:
-                on_end(final)
-            if final.error is not None:
-                yield sse(final.error.body())
-            else:
-                yield sse(shape.chunk(index=index, finish=final.finish_reason, logprobs=take(),
-                                      extra={"lockstep": final.timings()}))
-                if shape.include_usage and tail:
-                    yield sse(shape.usage_chunk(final))
-            if tail:
-                yield DONE
-            return
+    async for ev in gen.events():
+        match ev:
+            case KeepaliveEvent():
+                yield KEEPALIVE
+            case LogprobsEvent(entries):
+                pending += entries
+            case TextEvent(text):
+                gen.mark_visible()
+                yield sse(shape.chunk(index=index, text=text, logprobs=take()))
+            case ReasoningEvent(text):
+                gen.mark_visible()
+                yield sse(shape.chunk(index=index, reasoning=text))
+            case ToolCallEvent(call):
+                gen.mark_visible()
+                yield sse(shape.chunk(index=index, tool_call=(n_calls, call), logprobs=take()))
+                n_calls += 1
+            case EndEvent(final):
+                if on_end is not None:
+                    on_end(final)
+                if final.error is not None:
+                    yield sse(final.error.body())
+                else:
+                    yield sse(shape.chunk(index=index, finish=final.finish_reason, logprobs=take(),
+                                          extra={"lockstep": final.timings()}))
+                    if shape.include_usage and tail:
+                        yield sse(shape.usage_chunk(final))
+                if tail:
+                    yield DONE
+                return
 
 
 class EventStreamResponse(Response):

@@ -14,7 +14,7 @@ import pytest
 from services.gateway import anthropic_render as render
 from services.gateway import anthropic_schemas as s
 from services.gateway.errors import ApiError
-from services.gateway.generation import Final
+from services.gateway.generation import Final, ReasoningEvent, TextEvent, ToolCallEvent
 from services.gateway.request_fields import Support
 from services.gateway.toolcalls import ToolCall
 
@@ -158,8 +158,8 @@ def test_translation_onto_a_chat_request():
 
 def test_blocks_hold_leading_whitespace_and_close_in_order():
     b = render.Blocks("sig")
-    evs = b.feed("reasoning", "think") + b.feed("text", "\n\n") + b.feed("text", "Hi")
-    evs += b.feed("tool_call", ToolCall("call_ab", "f", '{"x": 1}')) + b.feed("text", "\n")
+    evs = b.feed(ReasoningEvent("think")) + b.feed(TextEvent("\n\n")) + b.feed(TextEvent("Hi"))
+    evs += b.feed(ToolCallEvent(ToolCall("call_ab", "f", '{"x": 1}'))) + b.feed(TextEvent("\n"))
     evs += b.close()
     assert b.blocks == [{"type": "thinking", "thinking": "think", "signature": "sig"},
                         {"type": "text", "text": "\n\nHi"},

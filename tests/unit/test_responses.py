@@ -16,6 +16,7 @@ from openai.types.responses.response_create_params import (
 from services.gateway import responses_schemas as rs
 from services.gateway import responses_translate as rt
 from services.gateway.errors import ApiError
+from services.gateway.generation import LogprobsEvent, ReasoningEvent, TextEvent, ToolCallEvent
 from services.gateway.logprobs import TokenLogprob
 from services.gateway.request_fields import Support
 from services.gateway.response_store import ResponseStore, output_as_input
@@ -178,11 +179,11 @@ def types(events: list[dict]) -> list[str]:
 
 def test_output_builder_event_order_text_reasoning_and_calls():
     out = Output(logprobs=True)
-    ev = out.feed("reasoning", "think")
-    ev += out.feed("text", "  ")  # held: no message is whitespace alone
-    ev += out.feed("logprobs", [TokenLogprob("Hi", [72, 105], -0.5, [])])
-    ev += out.feed("text", "Hi")
-    ev += out.feed("tool_call", ToolCall("call_abc", "add", '{"a": 1}'))
+    ev = out.feed(ReasoningEvent("think"))
+    ev += out.feed(TextEvent("  "))  # held: no message is whitespace alone
+    ev += out.feed(LogprobsEvent([TokenLogprob("Hi", [72, 105], -0.5, [])]))
+    ev += out.feed(TextEvent("Hi"))
+    ev += out.feed(ToolCallEvent(ToolCall("call_abc", "add", '{"a": 1}')))
     ev += out.close()
     assert types(ev) == [
         "response.output_item.added", "response.content_part.added",
@@ -206,15 +207,15 @@ def test_output_builder_event_order_text_reasoning_and_calls():
     assert nums == [0, 1, 2]
     capped = Output(max_calls=1)
     for i in range(3):
-        capped.feed("tool_call", ToolCall(f"call_{i}", "add", "{}"))
+        capped.feed(ToolCallEvent(ToolCall(f"call_{i}", "add", "{}")))
     assert [i["call_id"] for i in capped.items] == ["call_0"]
 
 
 def test_output_items_continue_as_input_items():
     out = Output()
-    out.feed("reasoning", "r")
-    out.feed("text", "hello")
-    out.feed("tool_call", ToolCall("call_1", "add", '{"a": 1}'))
+    out.feed(ReasoningEvent("r"))
+    out.feed(TextEvent("hello"))
+    out.feed(ToolCallEvent(ToolCall("call_1", "add", '{"a": 1}')))
     items = output_as_input(out.items)
     assert [i["type"] for i in items] == ["reasoning", "message", "function_call"]
     for i, item in enumerate(items):
