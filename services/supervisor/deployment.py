@@ -1,7 +1,15 @@
-"""One deployment's state as the supervisor sees it, and its DeploymentInfo wire form."""
+"""One deployment's state as the supervisor sees it, and its DeploymentInfo wire form.
+
+`Deployment` and `RankState` own their mutable fields: other modules change them through
+the methods here (a report received, a probe, a teardown recorded, an abort asked),
+never by assigning a field. The lifecycle state itself moves only through `life`
+(deployment_state.StateMachine, its one table of edges); the launch's setup fields
+(keys, channels, endpoints, manifest, remote hosts) are written once by the launch
+(job_launch.prepare, remote_ops.launch_remote)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import time
 from dataclasses import InitVar, dataclass, field
@@ -14,7 +22,7 @@ from common.keys import LaunchKeys, seal_key
 from common.messages import CacheStats, LoadProgress, Phase, PhaseTimes, ProcState
 from common.model_ref import model_id
 from common.procs import ProcessIdentity, is_alive
-from common.records import LaunchManifest
+from common.records import LaunchManifest, RankRecord
 from common.schema import to_wire
 from services.supervisor.deployment_state import LIVE, DeploymentState, StateMachine
 from services.supervisor.plan import DeployPlan
@@ -22,7 +30,7 @@ from services.supervisor.plan import DeployPlan
 if TYPE_CHECKING:
     import asyncio
 
-    from common.messages import RankReady
+    from common.messages import RankReady, Telemetry
     from common.records import RankMarker
     from services.hostagent.client import RemoteHost
     from services.supervisor.errors import LaunchError
@@ -71,6 +79,49 @@ class RankState:
     @property
     def pid(self) -> int:
         return self.identity.pid if self.identity else 0
+
+    # --- what changes it ------------------------------------------------------------------
+
+    def started(self, identity: ProcessIdentity, pgid: int, popen: subprocess.Popen | None,
+                remote: RemoteHost | None) -> None:
+        self.identity, self.pgid, self.popen, self.remote = identity, pgid, popen, remote
+
+    def seen(self, now: float) -> None:
+        self.last_seen = now
+
+    def on_ready(self, body: RankReady, now: float) -> None:
+        """An identity-checked RANK_READY."""
+        self.ready, self.last_seen = body, now
+
+    def on_telemetry(self, body: Telemetry, now: float, rx: float) -> None:
+        """`now` wall time, `rx` monotonic receive time."""
+        self.phase, self.step, self.active = body.phase, body.step, body.active
+        self.cancel_epoch, self.mem_active = body.cancel_epoch, body.mem_active
+        self.last_seen, self.telemetry_rx = now, rx
+        self.rejects = dict(body.rejects)  # "socket.reason" -> count, for status/metrics
+        self.cache = body.cache  # the prefix cache's figures (None: off), for status/metrics
+        self.load = body.load  # while loading: weights bytes read / total
+        self.phases = body.phases  # time per loop phase (None: an older rank), for metrics
+        if body.error:
+            self.error = body.error
+
+    def on_ack(self, epoch: int, now: float, rx: float) -> None:
+        if epoch > self.acked_epoch:
+            self.acked_epoch, self.acked_at = epoch, rx
+        self.last_seen = now
+
+    def on_error(self, error: str) -> None:
+        self.error = error
+
+    def on_probe(self, state: ProcState, marker: RankMarker | None) -> None:
+        """One probe of its host answered: its process state there and, if found and
+        identity-checked, its marker (None keeps the last one read)."""
+        self.remote_error, self.remote_state = None, state
+        if marker is not None:
+            self.remote_marker = marker
+
+    def on_probe_failed(self, error: str) -> None:
+        self.remote_error = error
 
     def to_wire(self) -> dict[str, Any]:
         return {"rank": self.rank, "host": self.host, "remote": self.remote is not None,
@@ -132,6 +183,68 @@ class Deployment:
     @property
     def model_name(self) -> str:
         return model_id(self.plan.model_path)  # a HF snapshot: its repo id
+
+    # --- what changes it (the state: `life`) ---------------------------------------------
+
+    def next_lease_seq(self) -> int:
+        self.lease_seq += 1
+        return self.lease_seq
+
+    def request_abort(self, reason: str) -> None:
+        """End a launch in progress and any retries after a failure (the first reason
+        asked is kept)."""
+        self.abort_reason = self.abort_reason or reason
+
+    def launching(self, task: asyncio.Task[None]) -> None:
+        self.launch_task = task
+
+    def watching_remote(self, task: asyncio.Task[None]) -> None:
+        self.remote_watch = task
+
+    def stop_watching_remote(self) -> None:
+        if self.remote_watch is not None:
+            self.remote_watch.cancel()
+
+    def canary_passed(self, at: float | None = None) -> None:
+        self.canary_at = time.time() if at is None else at
+
+    def record_error(self, error: str) -> None:
+        self.error = error
+
+    def rank_lost(self, reason: str, teardown: asyncio.Task[None]) -> None:
+        """The monitor saw a rank gone while serving; `teardown` tears down the rest."""
+        self.error, self.failure_task = reason, teardown
+
+    def launch_failed(self, err: LaunchError, outcome: dict[str, Any] | None) -> None:
+        """The failed launch's error, and its teardown's outcome when that was proven
+        (None: the teardown failed too, `err.teardown`)."""
+        self.launch_error = err
+        if outcome is not None:
+            self.teardown = outcome
+
+    def record_teardown(self, outcome: dict[str, Any]) -> None:
+        self.teardown = outcome
+
+    def remote_files_left(self, errors: list[str]) -> None:
+        """After a proven teardown: launch files some remote hosts kept."""
+        if errors and self.teardown is not None:
+            self.teardown["remote_files_left"] = errors
+
+    def add_teardown_failure(self, line: str, keep: int = 20) -> LaunchManifest:
+        """An unproven teardown appended to the manifest (the last `keep`); the new
+        manifest, for the caller to write."""
+        assert self.manifest is not None
+        failures = [*self.manifest.teardown_failures, line][-keep:]
+        self.manifest = dataclasses.replace(self.manifest, teardown_failures=failures)
+        return self.manifest
+
+    def record_ranks(self, ranks: list[RankRecord]) -> LaunchManifest:
+        """Every started rank in the manifest; the new manifest, for the caller to write."""
+        assert self.manifest is not None
+        self.manifest = dataclasses.replace(self.manifest, ranks=list(ranks))
+        return self.manifest
+
+    # --- what it shows --------------------------------------------------------------------
 
     def identities(self) -> list[ProcessIdentity]:
         return [r.identity for r in self.ranks.values() if r.identity is not None]

@@ -242,7 +242,7 @@ class _Recorder:
         self.lock = threading.Lock()
 
     def started(self, rs: RankState, m: Member, s: Started, host: RemoteHost | None) -> None:
-        rs.identity, rs.pgid, rs.popen, rs.remote = s.identity, s.pgid, s.popen, host
+        rs.started(s.identity, s.pgid, s.popen, host)
         where = _home_of(self.dep, m, self.paths)
         rec = RankRecord(
             rank=rs.rank, host=m.host, pid=s.identity.pid, pgid=s.pgid,
@@ -253,8 +253,7 @@ class _Recorder:
             home=host.home if host else None)
         with self.lock:
             self.records = sorted([*self.records, rec], key=lambda r: r.rank)
-            self.dep.manifest = dataclasses.replace(self.dep.manifest, ranks=list(self.records))
-            write_manifest(self.paths, self.dep.manifest)
+            write_manifest(self.paths, self.dep.record_ranks(self.records))
 
 
 def start_ranks(dep: Deployment, paths: Paths, me: SupervisorIdentity,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hmac
 import logging
 import re
@@ -111,7 +110,7 @@ async def start(sup: Supervisor, dep_id: str, plan: DeployPlan, *, wait: bool) -
     sup.deployments[dep_id] = dep
     sup.set_state(dep, S.LAUNCHING, f"backend {plan.backend}, world size {plan.world_size}")
     task = sup.spawn(_launch(sup, dep))
-    dep.launch_task = task
+    dep.launching(task)
     if not wait:
         return {"deployment_id": dep_id, "job_id": dep.job_id, "state": dep.state.value}
     await asyncio.shield(task)
@@ -141,7 +140,7 @@ async def _launch(sup: Supervisor, dep: Deployment) -> None:
                                       window_s=s.canary_window_s, tokens=s.canary_tokens,
                                       timeout=s.canary_timeout_s,
                                       aborted=lambda: aborted() or _lost(dep))
-            dep.canary_at = time.time()
+            dep.canary_passed()
             dep.life.release()
             sup.set_state(dep, S.SERVING, f"canary passed {s.canary_runs}x: tokens {tokens}")
         except asyncio.CancelledError:  # the supervisor is closing: leave nothing running
@@ -167,17 +166,16 @@ def _lost(dep: Deployment) -> str | None:
 
 
 async def _fail_launch(sup: Supervisor, dep: Deployment, err: LaunchError) -> None:
-    dep.error = str(err)
+    dep.record_error(str(err))
     sup.incident(dep, EventName.LAUNCH_FAILED, dep.error, {"job_id": dep.job_id, "rank": err.rank})
     try:
         outcome = await teardown(sup, dep, graceful_s=min(LAUNCH_FAILURE_GRACE_S,
                                                           sup.settings.graceful_timeout))
     except TeardownError as td:
         err.teardown = td
-        dep.launch_error = err
+        dep.launch_failed(err, None)
         return
-    dep.launch_error = err
-    dep.teardown = outcome.to_wire()
+    dep.launch_failed(err, outcome.to_wire())
     sup.set_state(dep, S.FAILED, dep.error)
 
 
@@ -204,14 +202,13 @@ async def teardown(sup: Supervisor, dep: Deployment, *, graceful_s: float | None
     the manifest. `final` (a stop): the state becomes teardown_failed; not final (an
     attempt after a failure, retried: after_failure): the state is left to the caller."""
     s = sup.settings
-    if dep.remote_watch is not None:
-        dep.remote_watch.cancel()
+    dep.stop_watching_remote()
     body = Shutdown(deployment_id=dep.deployment_id, job_id=dep.job_id, reason="stop")
     outcome = await verified_teardown(
         dep, sup.paths, publish_shutdown=lambda: sup.publish_dep(dep, body),
         graceful_s=s.graceful_timeout if graceful_s is None else graceful_s,
         stop_timeout=s.stop_timeout, kill_timeout=s.kill_timeout, seams=sup.seams)
-    dep.teardown = outcome.to_wire()
+    dep.record_teardown(outcome.to_wire())
     if outcome.proven:
         await remote_ops.remove_remote_files(sup, dep)
         _finalize(sup, dep)
@@ -230,9 +227,7 @@ def record_unproven(sup: Supervisor, dep: Deployment, why: str) -> None:
     if dep.manifest is None or not manifest_path(sup.paths, dep.job_id).exists():
         return
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    failures = [*dep.manifest.teardown_failures, f"{stamp} supervisor: {why}"][-20:]
-    dep.manifest = dataclasses.replace(dep.manifest, teardown_failures=failures)
-    write_manifest(sup.paths, dep.manifest)
+    write_manifest(sup.paths, dep.add_teardown_failure(f"{stamp} supervisor: {why}"))
 
 
 # --- stop -------------------------------------------------------------------------------
@@ -242,7 +237,7 @@ async def stop(sup: Supervisor, deployment_id: str, *, force: bool) -> dict[str,
     dep = get(sup, deployment_id)
     task = dep.launch_task
     if task is not None and not task.done():
-        dep.abort_reason = "stop requested"
+        dep.request_abort("stop requested")
         await asyncio.shield(task)
         if dep.state == S.TEARDOWN_FAILED:
             raise _teardown_admin_error(dep)

@@ -47,7 +47,7 @@ async def launch_remote(sup: Supervisor, dep: Deployment) -> None:
                                 remote=sup.remote_launcher)
     finally:
         if any(rs.remote is not None for rs in dep.ranks.values()):
-            dep.remote_watch = sup.spawn(remote_watch.watch(dep, s.remote_poll_s))
+            dep.watching_remote(sup.spawn(remote_watch.watch(dep, s.remote_poll_s)))
 
 
 async def remove_remote_files(sup: Supervisor, dep: Deployment) -> None:
@@ -66,5 +66,4 @@ async def remove_remote_files(sup: Supervisor, dep: Deployment) -> None:
     hosts = list(dep.remote_hosts.values())
     errors = [e for e in await asyncio.gather(*(asyncio.to_thread(remove, h) for h in hosts))
               if e]
-    if errors and dep.teardown is not None:
-        dep.teardown["remote_files_left"] = errors
+    dep.remote_files_left(errors)

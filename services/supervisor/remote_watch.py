@@ -35,7 +35,7 @@ def probe_host(host: RemoteHost, ranks: list[RankState], deployment_id: str,
         states, items = probe_states(host, [rs.identity for rs in ranks], deployment_id)
     except (SshError, KeyError, TypeError) as exc:
         for rs in ranks:
-            rs.remote_error = str(exc)
+            rs.on_probe_failed(str(exc))
         log.warning("probe of %s failed: %s", host.describe(), exc)
         return
     markers: dict[int, RankMarker] = {}
@@ -46,11 +46,9 @@ def probe_host(host: RemoteHost, ranks: list[RankState], deployment_id: str,
             continue
         markers[m.rank] = m
     for rs in ranks:
-        rs.remote_error = None
-        rs.remote_state = states.get(rs.pid, ProcState.UNKNOWN)
         m = markers.get(rs.rank)
-        if m is not None and m.job_id == job_id and m.pid == rs.pid:
-            rs.remote_marker = m
+        ok = m is not None and m.job_id == job_id and m.pid == rs.pid
+        rs.on_probe(states.get(rs.pid, ProcState.UNKNOWN), m if ok else None)
 
 
 def remote_groups(dep: Deployment) -> dict[tuple[str, str, str], list[RankState]]:

@@ -130,7 +130,7 @@ class Supervisor:
         """Stop every deployment (verified), then the loops and sockets."""
         if teardown:
             for dep in self.deployments.values():
-                dep.abort_reason = dep.abort_reason or "supervisor closing"  # ends retries
+                dep.request_abort("supervisor closing")  # ends retries
             for dep_id in list(self.deployments):
                 with contextlib.suppress(AdminError):
                     await lifecycle.stop(self, dep_id, force=True)
@@ -244,33 +244,22 @@ class Supervisor:
         if isinstance(body, RankReady):
             if body.job_id != dep.job_id or body.pid != rs.pid or abs(
                     body.start_time - rs.identity.start_time) > START_TIME_TOLERANCE:
-                rs.error = (f"rank_ready identity mismatch: pid {body.pid} start "
+                rs.on_error(f"rank_ready identity mismatch: pid {body.pid} start "
                             f"{body.start_time:.2f} vs manifest pid {rs.pid}")
                 log.error("deployment %s rank %d: %s", dep.deployment_id, body.rank, rs.error)
                 return
-            rs.ready = body
-            rs.last_seen = now
+            rs.on_ready(body, now)
         elif isinstance(body, Telemetry):
             if body.pid != rs.pid or body.job_id != dep.job_id:
                 return
-            rs.phase, rs.step, rs.active = body.phase, body.step, body.active
-            rs.cancel_epoch, rs.mem_active = body.cancel_epoch, body.mem_active
-            rs.last_seen, rs.telemetry_rx = now, time.monotonic()
-            rs.rejects = dict(body.rejects)  # "socket.reason" -> count, for status/metrics
-            rs.cache = body.cache  # the prefix cache's figures (None: off), for status/metrics
-            rs.load = body.load  # while loading: weights bytes read / total
-            rs.phases = body.phases  # time per loop phase (None: an older rank), for metrics
-            if body.error:
-                rs.error = body.error
+            rs.on_telemetry(body, now, time.monotonic())
         elif isinstance(body, CancelAck):
-            if body.epoch > rs.acked_epoch:
-                rs.acked_epoch, rs.acked_at = body.epoch, time.monotonic()
-            rs.last_seen = now
+            rs.on_ack(body.epoch, now, time.monotonic())
             self.broadcaster.on_ack(dep.deployment_id, body.epoch, body.rank,
                                     {"step_applied": body.step_applied,
                                      "cancelled": list(body.cancelled)})
         elif isinstance(body, CacheCleared):
-            rs.last_seen = now
+            rs.seen(now)
             self.cache_clears.on_cleared(dep.deployment_id, body)
 
     # --- loops ----------------------------------------------------------------------------
@@ -282,9 +271,9 @@ class Supervisor:
                 if dep.state not in LIVE or dep.control is None:
                     continue
                 starting = starting or dep.state in STARTING
-                dep.lease_seq += 1
                 self.publish_dep(dep, Lease(
-                    deployment_id=dep.deployment_id, job_id=dep.job_id, lease_seq=dep.lease_seq,
+                    deployment_id=dep.deployment_id, job_id=dep.job_id,
+                    lease_seq=dep.next_lease_seq(),
                     ttl_s=self.settings.lease_ttl, cancel_epoch=self.epochs.current))
             # Ranks wait for their first lease before loading: renew fast while starting.
             await asyncio.sleep(min(0.2, self.settings.lease_interval) if starting
@@ -319,6 +308,6 @@ class Supervisor:
             return  # during the canary the launch itself reports the failure
         reason = "; ".join(lost)
         self.incident(dep, EventName.RANK_LOST, reason, {"job_id": dep.job_id})
-        dep.error = reason
+        dep.record_error(reason)
         self.set_state(dep, S.FAILED, reason)
-        dep.failure_task = self.spawn(teardown_after_failure(self, dep, reason))
+        dep.rank_lost(reason, self.spawn(teardown_after_failure(self, dep, reason)))
