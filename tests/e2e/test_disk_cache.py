@@ -14,6 +14,7 @@ caught when rank 0 reads it, before any rank is told to load it.
 from __future__ import annotations
 
 import secrets
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,36 @@ def test_disk_budget_holds_under_distinct_long_prompts(tmp_path):
         folder = sum(p.stat().st_size for p in rank_files(d.paths.home, 0))
         assert 0 < folder <= budget
         assert len(last_disk(d)) < 8  # some were dropped to keep within it
+
+
+def test_a_full_disk_keeps_the_cache_in_memory_and_fails_no_request(reference, tmp_path):
+    """Every rank's kvcache folder on a 64 KiB tmpfs (an entry of the tiny model is
+    bigger): every write fails with ENOSPC on both ranks; requests are served as ever,
+    from memory too, each rank says so once, and rank 0 drops the entries everywhere."""
+    home = tmp_path / "home"
+    (home / "kvcache").mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(home / "kvcache")],
+                   check=True)
+    try:
+        with Deployment(tmp_path / "d", mode="tp", settings=SETTINGS, home=home,
+                        cache_key=secrets.token_bytes(32)) as d:
+            a = words(40, 200)
+            ra = d.generate(a, max_tokens=12)
+            b = a + ra.tokens + words(41, 20)
+            rb = d.generate(b, max_tokens=12)
+            assert cached(rb) == len(a) + len(ra.tokens)  # the memory tier serves it
+            assert (ra.tokens, rb.tokens) == (ref_tokens(reference, a), ref_tokens(reference, b))
+            for r in range(2):
+                d.wait(lambda r=r: (t := d.telemetry(r)) and t.cache
+                       and t.cache.disk_write_errors >= 2, 20, f"rank {r}'s failed writes")
+            d.wait(lambda: last_disk(d) == [], 20, "the failed entries dropped everywhere")
+            for r in range(2):
+                warned = [ln for ln in d.log(r).splitlines() if "WARNING" in ln and "disk" in ln]
+                assert len(warned) == 1, warned  # one warning, not one per entry
+            assert stats(d, 0).disk_entries == 0
+    finally:
+        subprocess.run(["umount", str(home / "kvcache")], check=False)
+
+
+def ref_tokens(ref: Deployment, prompt: list[int]) -> list[int]:
+    return ref.generate(prompt, max_tokens=12).tokens
