@@ -28,11 +28,9 @@ from mlx_lm.models.cache import (
 
 from services.rank import disk_tier
 from services.rank.disk_tier import (
-    DISK_BUDGET_MAX,
     DiskEntryError,
     DiskTier,
     Reject,
-    default_disk_budget,
     entry_key,
     model_fingerprint,
     placement_name,
@@ -414,7 +412,10 @@ def test_names_keys_and_budget():
     assert placement_name(0, 2, 1, 1) == "r0-tp2-pp1-rank1"
     assert entry_key([1, 2, 3]) == entry_key((1, 2, 3)) != entry_key([1, 2, 4])
     assert len(entry_key([])) == 32
-    assert 0 < default_disk_budget(Path("/no/such/dir/below/root")) <= DISK_BUDGET_MAX
+    # the budget is the supervisor's (common.rankspec.auto_prompt_cache_disk_bytes)
+    from common.rankspec import PROMPT_CACHE_DISK_AUTO_MAX, auto_prompt_cache_disk_bytes
+    assert auto_prompt_cache_disk_bytes(10 << 30) == 1 << 30
+    assert auto_prompt_cache_disk_bytes(10 << 40) == PROMPT_CACHE_DISK_AUTO_MAX
 
 
 # -- MLX and threads -----------------------------------------------------------------------
