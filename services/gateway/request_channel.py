@@ -37,7 +37,6 @@ from common.messages import (
     Generate,
     Stats,
     StatsRequest,
-    Tokens,
 )
 from common.rpc_client import AsyncRpcClient
 from common.sampling_defaults import SamplingDefaults
@@ -250,19 +249,17 @@ class Backend:
         self.lost = reason
         for s in list(self.streams.values()):
             if s.queue.final_at is None:
-                s.queue.put_nowait(Tokens(request_id=s.request_id, tokens=[], index=0,
-                                          finish_reason="error", error=reason,
-                                          error_code=ErrorCode.RANK_LOST))
+                s.end_here("error", reason, ErrorCode.RANK_LOST)
                 self._unregister(s)
 
     def fail_all(self, reason: str, failed: bool = False) -> None:
         """The deployment is gone: end every stream, forget them all. `failed`: it failed
         (typed deployment_failed: the request may resume); else a cancellation (abort)."""
         for s in list(self.streams.values()):
-            s.queue.put_nowait(Tokens(
-                request_id=s.request_id, tokens=[], index=0,
-                finish_reason="error" if failed else "abort", error=reason,
-                error_code=ErrorCode.DEPLOYMENT_FAILED if failed else None))
+            if failed:
+                s.end_here("error", reason, ErrorCode.DEPLOYMENT_FAILED)
+            else:
+                s.end_here("abort", reason)
             self._unregister(s)
 
     async def wait_drained(self, timeout: float) -> bool:
@@ -281,8 +278,7 @@ class Backend:
             for s in list(self.streams.values()):
                 if s.request_id not in ids and (s.released or s.abort_reason):
                     if s.queue.final_at is None:  # its final chunk was lost: end it here
-                        s.queue.put_nowait(Tokens(request_id=s.request_id, tokens=[], index=0,
-                                                  finish_reason="abort"))
+                        s.end_here("abort")
                     self._unregister(s)
         await self.wait_drained(max(0.0, timeout - 1.0) if ids is None else 0.5)
         return self.active

@@ -133,6 +133,15 @@ class RequestStream:
                 self.backend.overloads["rank"] += 1
         return body
 
+    def end_here(self, finish_reason: str, error: str | None = None,
+                 error_code: ErrorCode | None = None) -> None:
+        """End the stream at the gateway (rank 0 lost, the deployment gone, a final chunk
+        that never came): the one final chunk not from rank 0, queued as rank 0 would
+        send it, so the consumer reads every end the same way."""
+        self.queue.put_nowait(Tokens(request_id=self.request_id, tokens=[], index=0,
+                                     finish_reason=finish_reason, error=error,
+                                     error_code=error_code))
+
     def release(self, abort_reason: str | None = None) -> None:
         """The consumer is done; abort rank-side if the request is still running."""
         self.backend.release(self, abort_reason)

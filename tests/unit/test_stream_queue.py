@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+import types
 
-from common.messages import Tokens
-from services.gateway.request_stream import StreamQueue
+from common.messages import ErrorCode, Tokens
+from services.gateway.request_stream import RequestStream, StreamQueue
 
 
 def test_a_cancelled_waiter_does_not_deafen_the_next_one():
@@ -36,5 +37,17 @@ def test_a_waiter_times_out_with_none_and_later_items_still_arrive():
         q.put_nowait(Tokens(request_id="r", tokens=[1], index=0))
         got = await q.get_within(1)
         assert got.tokens == [1] and q.empty()
+
+    asyncio.run(main())
+
+
+def test_a_stream_ended_at_the_gateway_reads_as_rank_0s_final_chunk():
+    async def main() -> None:
+        s = RequestStream(types.SimpleNamespace(tokens_out=0), "r-1", prompt_len=3)
+        s.end_here("error", "link closed", ErrorCode.RANK_LOST)
+        body = await s.next(1)
+        assert (body.request_id, body.finish_reason, body.error, body.error_code) \
+            == ("r-1", "error", "link closed", ErrorCode.RANK_LOST)
+        assert s.finished and s.finish_reason == "error" and s.queue.final_at is not None
 
     asyncio.run(main())
