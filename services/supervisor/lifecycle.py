@@ -32,7 +32,7 @@ from services.supervisor.plan import DeployPlan, make_plan, signature
 from services.supervisor.teardown import TeardownOutcome, verified_teardown
 
 if TYPE_CHECKING:
-    from services.supervisor.service import Supervisor
+    from services.supervisor.interfaces import LifecycleHost
 
 log = logging.getLogger("lockstep.supervisor")
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -44,7 +44,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
 
 
-async def default_model(sup: Supervisor) -> str:
+async def default_model(sup: LifecycleHost) -> str:
     from models.tinymodel import build_model
 
     async with sup.model_lock:
@@ -52,7 +52,7 @@ async def default_model(sup: Supervisor) -> str:
     return str(path)
 
 
-def get(sup: Supervisor, deployment_id: str) -> Deployment:
+def get(sup: LifecycleHost, deployment_id: str) -> Deployment:
     dep = sup.deployments.get(deployment_id)
     if dep is None:
         raise AdminError("not_found", f"no deployment {deployment_id!r}")
@@ -62,7 +62,7 @@ def get(sup: Supervisor, deployment_id: str) -> Deployment:
 # --- deploy ---------------------------------------------------------------------------
 
 
-async def deploy(sup: Supervisor, *, model_path: str | None, tp: int, pp: int, hosts, backend: str,
+async def deploy(sup: LifecycleHost, *, model_path: str | None, tp: int, pp: int, hosts, backend: str,
                  deployment_id: str | None, wait: bool, envs: list[str],
                  sampling: SamplingOverrides | None = None, replicas: int = 1,
                  replica: int | None = None) -> dict[str, Any]:
@@ -101,7 +101,7 @@ async def deploy(sup: Supervisor, *, model_path: str | None, tp: int, pp: int, h
     return {**results[0], "deployments": results}
 
 
-async def start(sup: Supervisor, dep_id: str, plan: DeployPlan, *, wait: bool) -> dict[str, Any]:
+async def start(sup: LifecycleHost, dep_id: str, plan: DeployPlan, *, wait: bool) -> dict[str, Any]:
     await sup.reap()  # raises reap_blocked: nothing is spawned
     if dep_id in sup.deployments and sup.deployments[dep_id].busy:
         raise AdminError("conflict", f"deployment {dep_id} is busy")
@@ -117,7 +117,7 @@ async def start(sup: Supervisor, dep_id: str, plan: DeployPlan, *, wait: bool) -
     return {"deployment_id": dep_id, "job_id": dep.job_id, "state": dep.state.value}
 
 
-async def _launch(sup: Supervisor, dep: Deployment) -> None:
+async def _launch(sup: LifecycleHost, dep: Deployment) -> None:
     s = sup.settings
     def aborted() -> str | None:
         return dep.abort_reason
@@ -165,7 +165,7 @@ def _lost(dep: Deployment) -> str | None:
     return None
 
 
-async def _fail_launch(sup: Supervisor, dep: Deployment, err: LaunchError) -> None:
+async def _fail_launch(sup: LifecycleHost, dep: Deployment, err: LaunchError) -> None:
     dep.record_error(str(err))
     sup.incident(dep, EventName.LAUNCH_FAILED, dep.error, {"job_id": dep.job_id, "rank": err.rank})
     try:
@@ -182,7 +182,7 @@ async def _fail_launch(sup: Supervisor, dep: Deployment, err: LaunchError) -> No
 # --- teardown bookkeeping --------------------------------------------------------------
 
 
-def _finalize(sup: Supervisor, dep: Deployment) -> None:
+def _finalize(sup: LifecycleHost, dep: Deployment) -> None:
     """Verified: remove the manifest, the launch secret, the job files and the markers."""
     remove_manifest(sup.paths, dep.job_id)
     if dep.secret_path is not None:
@@ -196,7 +196,7 @@ def _finalize(sup: Supervisor, dep: Deployment) -> None:
         sup.sockets.drop_report_route(dep.keys.report)
 
 
-async def teardown(sup: Supervisor, dep: Deployment, *, graceful_s: float | None = None,
+async def teardown(sup: LifecycleHost, dep: Deployment, *, graceful_s: float | None = None,
                    final: bool = True) -> TeardownOutcome:
     """Verified teardown; raises TeardownError if not proven, with the evidence kept in
     the manifest. `final` (a stop): the state becomes teardown_failed; not final (an
@@ -221,7 +221,7 @@ async def teardown(sup: Supervisor, dep: Deployment, *, graceful_s: float | None
     raise err
 
 
-def record_unproven(sup: Supervisor, dep: Deployment, why: str) -> None:
+def record_unproven(sup: LifecycleHost, dep: Deployment, why: str) -> None:
     """An unproven teardown, appended to the manifest (kept: the reaper and the next stop
     start from it). Never one that a proven teardown has removed."""
     if dep.manifest is None or not manifest_path(sup.paths, dep.job_id).exists():
@@ -233,7 +233,7 @@ def record_unproven(sup: Supervisor, dep: Deployment, why: str) -> None:
 # --- stop -------------------------------------------------------------------------------
 
 
-async def stop(sup: Supervisor, deployment_id: str, *, force: bool) -> dict[str, Any]:
+async def stop(sup: LifecycleHost, deployment_id: str, *, force: bool) -> dict[str, Any]:
     dep = get(sup, deployment_id)
     task = dep.launch_task
     if task is not None and not task.done():
@@ -282,7 +282,7 @@ async def stop(sup: Supervisor, deployment_id: str, *, force: bool) -> dict[str,
     return reply
 
 
-async def active_requests(sup: Supervisor, dep: Deployment) -> int:
+async def active_requests(sup: LifecycleHost, dep: Deployment) -> int:
     """Active requests as rank 0 counts them now (a fresh STATS): telemetry lags by up to
     one interval either way, so a request admitted since the last report counts too. Only
     when rank 0 cannot answer (not serving, or no reply in time) does telemetry decide."""
@@ -324,7 +324,7 @@ def launch_failure(dep: Deployment) -> AdminError:
 # --- replan -----------------------------------------------------------------------------
 
 
-async def replan(sup: Supervisor, deployment_id: str, backend: str, sig: str | None,
+async def replan(sup: LifecycleHost, deployment_id: str, backend: str, sig: str | None,
                  force: bool = False) -> dict[str, Any]:
     dep = get(sup, deployment_id)
     if dep.busy:

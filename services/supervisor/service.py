@@ -57,6 +57,8 @@ JOURNAL_LEN = 200
 
 
 class Supervisor:
+    version = VERSION
+
     def __init__(self, settings: SupervisorSettings, *, launcher: Launcher | None = None,
                  seams: TeardownSeams | None = None, rank_env: dict[str, str] | None = None,
                  reap_fn=None) -> None:
@@ -219,7 +221,20 @@ class Supervisor:
                              self.last_reap)
         return self.last_reap
 
-    # --- admin ---------------------------------------------------------------------------
+    # --- admin (commands see the supervisor as interfaces.CommandHost) -------------------
+
+    def get(self, deployment_id: str) -> Deployment:
+        return lifecycle.get(self, deployment_id)
+
+    async def deploy(self, **kw: Any) -> dict[str, Any]:
+        return await lifecycle.deploy(self, **kw)
+
+    async def stop_deployment(self, deployment_id: str, *, force: bool) -> dict[str, Any]:
+        return await lifecycle.stop(self, deployment_id, force=force)
+
+    async def replan(self, deployment_id: str, backend: str, sig: str | None,
+                     force: bool = False) -> dict[str, Any]:
+        return await lifecycle.replan(self, deployment_id, backend, sig, force)
 
     async def _on_admin(self, ident: bytes, msg: Message) -> None:
         self.spawn(self._answer(ident, msg.body))

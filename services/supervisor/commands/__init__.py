@@ -1,7 +1,8 @@
 """Admin commands: one module per command, its docstring the protocol doc; this
 registry maps names to modules. Each module has `Args` (a dataclass the request's
 `args` are decoded into strictly: a bad field is `bad_request` naming it) and
-`async run(sup, args) -> dict`.
+`async run(sup, args) -> dict`, where `sup` is what a command sees of the supervisor
+(interfaces.CommandHost: the table, its identity, and deploy/stop/replan/reap).
 
 Wire: `AdminRequest(request_id, command, args)` → `AdminReply(request_id, ok, code,
 message, data)`; `code` is an AdminCode (common/messages/admin.py): OK on success, else why not.
@@ -31,7 +32,7 @@ from services.supervisor.commands import (
 from services.supervisor.errors import AdminError
 
 if TYPE_CHECKING:
-    from services.supervisor.service import Supervisor
+    from services.supervisor.interfaces import CommandHost
 
 log = logging.getLogger("lockstep.supervisor.admin")
 
@@ -43,7 +44,7 @@ REGISTRY: dict[str, ModuleType] = {
 }
 
 
-async def dispatch(sup: Supervisor, req: AdminRequest) -> AdminReply:
+async def dispatch(sup: CommandHost, req: AdminRequest) -> AdminReply:
     mod = REGISTRY.get(req.command)
     try:
         if mod is None:

@@ -15,12 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.supervisor import lifecycle
 from services.supervisor.deployment import LIVE
 from services.supervisor.errors import AdminError
 
 if TYPE_CHECKING:
-    from services.supervisor.service import Supervisor
+    from services.supervisor.interfaces import CommandHost
 
 
 @dataclass
@@ -29,9 +28,9 @@ class Args:
     timeout_s: float | None = None
 
 
-async def run(sup: Supervisor, args: Args) -> dict:
+async def run(sup: CommandHost, args: Args) -> dict:
     if args.deployment_id is not None:
-        deps = [lifecycle.get(sup, args.deployment_id)]
+        deps = [sup.get(args.deployment_id)]
     else:
         deps = [d for d in sup.deployments.values() if d.state in LIVE and d.control]
     deps = [d for d in deps if d.control is not None and d.ranks]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from services.supervisor.plan import selection_for
 
 if TYPE_CHECKING:
-    from services.supervisor.service import Supervisor
+    from services.supervisor.interfaces import CommandHost
 
 
 @dataclass
@@ -29,5 +29,5 @@ class Args:
     backend: str = "auto"
 
 
-async def run(sup: Supervisor, args: Args) -> dict:
+async def run(sup: CommandHost, args: Args) -> dict:
     return selection_for(args.hosts, args.backend).to_wire()

@@ -17,12 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.supervisor import lifecycle
 from services.supervisor.deployment_state import DeploymentState
 from services.supervisor.errors import AdminError
 
 if TYPE_CHECKING:
-    from services.supervisor.service import Supervisor
+    from services.supervisor.interfaces import CommandHost
 
 
 @dataclass
@@ -31,11 +30,11 @@ class Args:
     timeout_s: float | None = None
 
 
-async def run(sup: Supervisor, args: Args) -> dict:
+async def run(sup: CommandHost, args: Args) -> dict:
     timeout = sup.settings.cancel_timeout if args.timeout_s is None else args.timeout_s
     if not 0 < timeout <= 600:
         raise AdminError("bad_request", "args.timeout_s: must be within (0, 600]")
-    dep = lifecycle.get(sup, args.deployment_id)
+    dep = sup.get(args.deployment_id)
     if dep.state is not DeploymentState.SERVING or dep.control is None:
         raise AdminError("conflict", f"deployment {dep.deployment_id} is {dep.state}, not "
                          "serving: its ranks hold no cache to clear")

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from common.messages import CancelScope
-from services.supervisor import lifecycle
 from services.supervisor.errors import AdminError
 
 if TYPE_CHECKING:
-    from services.supervisor.service import Supervisor
+    from services.supervisor.interfaces import CommandHost
 
 
 @dataclass
@@ -30,10 +29,10 @@ class Args:
     reason: str = ""
 
 
-async def run(sup: Supervisor, args: Args) -> dict:
+async def run(sup: CommandHost, args: Args) -> dict:
     if args.scope == CancelScope.REQUESTS and not args.request_ids:
         raise AdminError("bad_request", "args.request_ids: scope 'requests' needs ids")
-    dep = lifecycle.get(sup, args.deployment_id)
+    dep = sup.get(args.deployment_id)
     if dep.control is None or not dep.ranks:
         raise AdminError("conflict", f"deployment {dep.deployment_id} has no running ranks")
     return await sup.broadcaster.cancel(dep, args.scope, args.request_ids,

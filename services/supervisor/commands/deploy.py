@@ -33,7 +33,7 @@ from services.supervisor import lifecycle
 from services.supervisor.deployment_state import DeploymentState as S
 
 if TYPE_CHECKING:
-    from services.supervisor.service import Supervisor
+    from services.supervisor.interfaces import CommandHost
 
 
 @dataclass
@@ -51,12 +51,12 @@ class Args:
     replica: int | None = None
 
 
-async def run(sup: Supervisor, args: Args) -> dict:
-    result = await lifecycle.deploy(sup, model_path=args.model_path, tp=args.tp, pp=args.pp,
+async def run(sup: CommandHost, args: Args) -> dict:
+    result = await sup.deploy(model_path=args.model_path, tp=args.tp, pp=args.pp,
                               hosts=args.hosts, backend=args.backend,
                               deployment_id=args.deployment_id, wait=args.wait, envs=args.envs,
-                                    sampling=args.sampling, replicas=args.replicas,
-                                    replica=args.replica)
+                              sampling=args.sampling, replicas=args.replicas,
+                              replica=args.replica)
     if args.wait and "deployments" not in result:
         dep = sup.deployments.get(result["deployment_id"])
         if dep is not None and dep.job_id == result["job_id"] and dep.state != S.SERVING:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from services.supervisor.service import Supervisor
+    from services.supervisor.interfaces import CommandHost
 
 
 @dataclass
@@ -27,5 +27,5 @@ class Args:
     pass
 
 
-async def run(sup: Supervisor, args: Args) -> dict:
+async def run(sup: CommandHost, args: Args) -> dict:
     return {"deployments": [d.to_wire(cluster_key=sup.cluster_key) for d in sup.deployments.values()]}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from common.envelope import BOOT_ID
 
 if TYPE_CHECKING:
-    from services.supervisor.service import Supervisor
+    from services.supervisor.interfaces import CommandHost
 
 
 @dataclass
@@ -21,7 +21,5 @@ class Args:
     pass
 
 
-async def run(sup: Supervisor, args: Args) -> dict:
-    from services.supervisor.service import VERSION
-
-    return {"pid": sup.me.pid, "boot_id": BOOT_ID, "version": VERSION}
+async def run(sup: CommandHost, args: Args) -> dict:
+    return {"pid": sup.me.pid, "boot_id": BOOT_ID, "version": sup.version}

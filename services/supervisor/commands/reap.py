@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from services.supervisor.errors import AdminError
 
 if TYPE_CHECKING:
-    from services.supervisor.service import Supervisor
+    from services.supervisor.interfaces import CommandHost
 
 
 @dataclass
@@ -23,7 +23,7 @@ class Args:
     pass
 
 
-async def run(sup: Supervisor, args: Args) -> dict:
+async def run(sup: CommandHost, args: Args) -> dict:
     try:
         return await sup.reap()
     except AdminError as exc:

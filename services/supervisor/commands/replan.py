@@ -20,7 +20,7 @@ from services.supervisor import lifecycle
 from services.supervisor.deployment_state import DeploymentState as S
 
 if TYPE_CHECKING:
-    from services.supervisor.service import Supervisor
+    from services.supervisor.interfaces import CommandHost
 
 
 @dataclass
@@ -31,9 +31,8 @@ class Args:
     force: bool = False
 
 
-async def run(sup: Supervisor, args: Args) -> dict:
-    result = await lifecycle.replan(sup, args.deployment_id, args.backend, args.signature,
-                              args.force)
+async def run(sup: CommandHost, args: Args) -> dict:
+    result = await sup.replan(args.deployment_id, args.backend, args.signature, args.force)
     if not result["preview"]:
         dep = sup.deployments.get(args.deployment_id)
         if dep is not None and dep.state != S.SERVING:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from common.envelope import BOOT_ID, REGISTRY
 
 if TYPE_CHECKING:
-    from services.supervisor.service import Supervisor
+    from services.supervisor.interfaces import CommandHost
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Args:
     pass
 
 
-async def run(sup: Supervisor, args: Args) -> dict:
+async def run(sup: CommandHost, args: Args) -> dict:
     sk = sup.sockets
     return {
         "supervisor": {"pid": sup.me.pid, "boot_id": BOOT_ID,
@@ -49,7 +49,7 @@ async def run(sup: Supervisor, args: Args) -> dict:
     }
 
 
-def rank_rejections(sup: Supervisor) -> list[dict]:
+def rank_rejections(sup: CommandHost) -> list[dict]:
     """Ranks' `socket.reason` counters (from telemetry) as status rows, summed over ranks."""
     total: Counter[tuple[str, str]] = Counter()
     for dep in sup.deployments.values():

@@ -18,10 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.supervisor import lifecycle
-
 if TYPE_CHECKING:
-    from services.supervisor.service import Supervisor
+    from services.supervisor.interfaces import CommandHost
 
 
 @dataclass
@@ -30,5 +28,5 @@ class Args:
     force: bool = False
 
 
-async def run(sup: Supervisor, args: Args) -> dict:
-    return await lifecycle.stop(sup, args.deployment_id, force=args.force)
+async def run(sup: CommandHost, args: Args) -> dict:
+    return await sup.stop_deployment(args.deployment_id, force=args.force)
