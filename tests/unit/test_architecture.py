@@ -39,6 +39,49 @@ def arrows_from(folder: str, *, into: str) -> list[str]:
     return found
 
 
+# docs/design.md "Parts and arrows": the top-level parts each may import (bench/ and
+# tests/ may import anything; services/__main__ names its subcommands as strings).
+PARTS = ("common", "models", "services.rank", "services.gateway", "services.hostagent",
+         "services.reaper", "services.supervisor", "services.up", "services.admin")
+ALLOWED = {
+    "common": {"common"},
+    "models": {"common", "models"},
+    "services.rank": {"common", "services.rank"},
+    "services.gateway": {"common", "services.gateway"},
+    "services.hostagent": {"common", "services.hostagent"},
+    "services.reaper": {"common", "services.hostagent", "services.reaper"},
+    "services.supervisor": {"common", "models", "services.hostagent", "services.reaper",
+                            "services.supervisor"},
+    "services.up": {"common", "models", "services.supervisor", "services.up"},
+    "services.admin": {"common", "services.supervisor", "services.admin"},
+}
+OURS = ("common", "models", "services", "bench", "tests")
+
+
+def part_of(module: str) -> str:
+    for part in sorted(PARTS, key=len, reverse=True):
+        if module == part or module.startswith(part + "."):
+            return part
+    return module.split(".")[0]
+
+
+def test_every_arrow_between_parts_is_an_allowed_one():
+    bad = []
+    for part, allowed in ALLOWED.items():
+        for path in sorted((ROOT / part.replace(".", "/")).rglob("*.py")):
+            package = ".".join(path.relative_to(ROOT).parts[:-1])
+            for name in imported_modules(path.read_text(encoding="utf-8"), package):
+                if name.split(".")[0] in OURS and part_of(name) not in allowed:
+                    bad.append(f"{path.relative_to(ROOT)}: {name}")
+    assert sorted(set(bad)) == []
+
+
+def test_every_service_folder_is_a_part():
+    folders = {f"services.{p.name}" for p in (ROOT / "services").iterdir()
+               if (p / "__init__.py").exists()}
+    assert folders == {p for p in PARTS if p.startswith("services.")}
+
+
 def test_supervisor_never_imports_the_rank():
     assert arrows_from("services/supervisor", into="services.rank") == []
 
