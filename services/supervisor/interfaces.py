@@ -1,5 +1,5 @@
 """What the parts of the supervisor see of it, each the members it uses and nothing else
-(`service.Supervisor` provides both; tests/unit/supervisor/test_command_host.py checks
+(`service.Supervisor` provides both; tests/unit/supervisor/test_host_interfaces.py checks
 the uses against the declarations):
 
 - `CommandHost`, for the admin commands (commands/*): the deployment table and the
