@@ -21,7 +21,9 @@ log = logging.getLogger("lockstep.bus")
 class AsyncRpcClient:
     """DEALER client with request ids: replies are matched by `request_id`, so a
     timed-out call never wedges the socket (no REQ state machine), and late replies
-    are dropped. Streams (many replies per id) get a queue via `open_stream`.
+    are dropped. Streams (many replies per id) get a queue via `open_stream`, or live in
+    the owner's own registry, looked up through `route` (request id → something with
+    `put_nowait`, or None): the gateway keeps each request in one place that way.
 
     The socket is a plain one, read from an event-loop reader callback rather than
     pyzmq's futures: every reply then costs one callback (no future, no Task wake-up
@@ -33,7 +35,8 @@ class AsyncRpcClient:
     BURST = 64  # messages read per callback before letting other callbacks run
 
     def __init__(self, ctx: zmq.Context, endpoint: str, channel: Channel,
-                 options: dict[int, int] | None = None) -> None:
+                 options: dict[int, int] | None = None,
+                 route: Callable[[str], Any] | None = None) -> None:
         self.endpoint = endpoint
         self.channel = channel
         # A plain socket on the (asyncio) context: tracked by it (destroy closes it),
@@ -46,6 +49,7 @@ class AsyncRpcClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: dict[str, asyncio.Future] = {}
         self._streams: dict[str, asyncio.Queue] = {}
+        self._route_to = route  # the owner's registry, after `_streams`
         self._writable: list[asyncio.Future] = []  # sends waiting for room (POLLOUT)
         self._scheduled = False
         self.closed = False
@@ -105,6 +109,8 @@ class AsyncRpcClient:
             fut.set_result(item)
             return
         q = self._streams.get(rid)
+        if q is None and self._route_to is not None:
+            q = self._route_to(rid)
         if q is not None:
             q.put_nowait(item)
         else:

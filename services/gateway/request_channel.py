@@ -7,7 +7,9 @@ rank 0 no longer lists it (STATS), or the deployment is gone. The consumer (the 
 handler) `release`s a stream when it is done with it; releasing an unfinished stream
 sends ABORT at once and a drain task waits for the final chunk. Streams whose consumer
 went away without releasing (an orphan) are reaped by `reap_orphans` after a grace
-period.
+period. Active means registered in `streams`, the one place a request id lives here
+(the client routes rank 0's chunks through it); every way out — release, drain, reap,
+rank 0 lost, the deployment gone, resumed elsewhere — is `RequestStream.close`.
 
 Admission: at most `max_inflight` streams are active at once (running and waiting on
 rank 0, released ones still draining included); beyond that `generate` (and
@@ -66,16 +68,20 @@ class Backend:
         # what requests that name no temperature / top_p / ... are sampled with (the
         # record was validated with the whole DeploymentInfo by cluster_view)
         self.sampling = decode_into(SamplingDefaults, info.get("sampling") or {})
+        # The one registry of this deployment's requests (request id → stream): admission
+        # counts it, the client routes rank 0's chunks through it, `RequestStream.close`
+        # is the only way out.
+        self.streams: dict[str, RequestStream] = {}
         # `key`: the requests key, opened from the sealed admin-reply field by the caller
         # (common.keys.requests_key_of).
         channel = Channel("gateway", "requests", sender="gateway", send_key=key, accept=REQUESTS_OUT)
-        self.client = AsyncRpcClient(ctx, self.endpoint, channel, options=DEALER_OPTIONS)
+        self.client = AsyncRpcClient(ctx, self.endpoint, channel, options=DEALER_OPTIONS,
+                                     route=self.streams.get)
         # Rank 0 lost is seen here, at once (rank_link.py): its streams fail in-band.
         self.link = LinkWatch(self.client.sock, self.endpoint, self.fail_lost)
         self.cache_index = follow(self.client)  # rank 0's prefix cache, from its events
         self.lost: str | None = None  # why rank 0 is lost: not routed to any more
         self.draining = False  # an operator's unload: no new requests, in-flight ones finish
-        self.streams: dict[str, RequestStream] = {}
         self.orphan_grace_s = orphan_grace_s
         self.max_inflight = max_inflight  # 0: no bound
         self.retry_after_s = retry_after_s
@@ -114,16 +120,14 @@ class Backend:
         self.check_room()  # no await before the stream is registered: the bound holds
         s = RequestStream(self, gen.request_id, len(gen.prompt))
         s.route_cached = cached
-        self.client.open_stream(gen.request_id, s.queue)
-        self.streams[gen.request_id] = s
-        self._drained.clear()
+        self._register(s)
         try:
             await asyncio.wait_for(self.client.send(gen), SEND_TIMEOUT_S)
         except asyncio.TimeoutError:
-            self._unregister(s)
+            s.close()
             raise Unavailable(self, f"rank 0 does not take requests ({self.endpoint})") from None
         except BaseException:
-            self._unregister(s)
+            s.close()
             raise
         return s
 
@@ -134,13 +138,11 @@ class Backend:
         if self.lost:
             raise Unavailable(self, self.lost)
         s.rebind(self, gen.request_id)
-        self.client.open_stream(gen.request_id, s.queue)
-        self.streams[gen.request_id] = s
-        self._drained.clear()
+        self._register(s)
         try:
             await asyncio.wait_for(self.client.send(gen), SEND_TIMEOUT_S)
         except BaseException as exc:
-            self._unregister(s)
+            s.close()
             s.finished = True  # nothing runs for it here
             if isinstance(exc, asyncio.TimeoutError):
                 raise Unavailable(self, f"rank 0 does not take requests ({self.endpoint})") \
@@ -150,7 +152,7 @@ class Backend:
     def forget(self, s: RequestStream) -> None:
         """`s` goes on elsewhere: stop counting it here, and if this rank 0 may still run
         it (its link came back), ABORT it (a new id elsewhere: never run twice)."""
-        self._unregister(s)
+        s.close()
         if not self.closed:
             self._spawn(self._send_abort(s.request_id, "resumed_elsewhere"))
 
@@ -169,7 +171,7 @@ class Backend:
         if s.finished or s.queue.final_at is not None:
             if s.finish_reason in ("stop", "length"):
                 self.last_ok_at = time.time()
-            self._unregister(s)
+            s.close()
             return
         self.abort(s, abort_reason or "client")
         self._spawn(self._drain(s))
@@ -198,7 +200,7 @@ class Backend:
             if ids is not None and s.request_id not in ids:
                 break  # rank 0 no longer has it: the final chunk was lost
             await self._send_abort(s.request_id, s.abort_reason or "client")
-        self._unregister(s)
+        s.close()
 
     def reap_orphans(self, now: float | None = None) -> int:
         """Unregister streams whose backend finished but whose consumer is gone."""
@@ -211,13 +213,17 @@ class Backend:
             if final_at is not None and now - max(final_at, s.consumer_seen) > self.orphan_grace_s:
                 log.info("reaped orphaned stream %s on %s", s.request_id, self.deployment_id)
                 self._on_abort("orphan")
-                self._unregister(s)
+                s.close()
                 n += 1
         return n
 
-    def _unregister(self, s: RequestStream) -> None:
+    def _register(self, s: RequestStream) -> None:
+        self.streams[s.request_id] = s
+        self._drained.clear()
+
+    def unregister(self, s: RequestStream) -> None:
+        """`s` leaves the registry (RequestStream.close, the one caller)."""
         self.streams.pop(s.request_id, None)
-        self.client.close_stream(s.request_id)
         if not self.streams:
             self._drained.set()
 
@@ -250,7 +256,7 @@ class Backend:
         for s in list(self.streams.values()):
             if s.queue.final_at is None:
                 s.end_here("error", reason, ErrorCode.RANK_LOST)
-                self._unregister(s)
+                s.close()
 
     def fail_all(self, reason: str, failed: bool = False) -> None:
         """The deployment is gone: end every stream, forget them all. `failed`: it failed
@@ -260,7 +266,7 @@ class Backend:
                 s.end_here("error", reason, ErrorCode.DEPLOYMENT_FAILED)
             else:
                 s.end_here("abort", reason)
-            self._unregister(s)
+            s.close()
 
     async def wait_drained(self, timeout: float) -> bool:
         try:
@@ -279,7 +285,7 @@ class Backend:
                 if s.request_id not in ids and (s.released or s.abort_reason):
                     if s.queue.final_at is None:  # its final chunk was lost: end it here
                         s.end_here("abort")
-                    self._unregister(s)
+                    s.close()
         await self.wait_drained(max(0.0, timeout - 1.0) if ids is None else 0.5)
         return self.active
 

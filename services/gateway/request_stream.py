@@ -1,8 +1,10 @@
 """One request's stream from rank 0, as the gateway's consumer (the HTTP handler, its
 Generation) reads it: the chunks in order (`StreamQueue`), and what they said so far
-(`RequestStream`: finished, finish reason, tokens, a rank-side refusal). Its
-registration, release, abort and drain belong to the deployment's channel
-(request_channel.Backend), which `release` hands it to."""
+(`RequestStream`: finished, finish reason, tokens, a rank-side refusal). A stream is
+registered in one place, its deployment's channel (`Backend.streams`, request id →
+stream; the channel's client routes rank 0's chunks through it), and leaves it by one
+path, `close`. Release, abort and drain are the channel's (request_channel.Backend),
+which `release` hands the stream to."""
 
 from __future__ import annotations
 
@@ -132,6 +134,16 @@ class RequestStream:
                 self.refusal = Overloaded(self.backend, "rank", None)
                 self.backend.overloads["rank"] += 1
         return body
+
+    def put_nowait(self, item) -> None:
+        """A chunk from rank 0: the channel's client routes it here by request id."""
+        self.queue.put_nowait(item)
+
+    def close(self) -> None:
+        """Leave the channel's registry, the one teardown: the stream no longer counts as
+        active there (admission, drains), and rank 0's late chunks for it are dropped.
+        Idempotent."""
+        self.backend.unregister(self)
 
     def end_here(self, finish_reason: str, error: str | None = None,
                  error_code: ErrorCode | None = None) -> None:

@@ -275,3 +275,28 @@ async def test_async_send_waiting_for_room_goes_out_when_a_server_appears(
     server = servers(endpoint)
     await asyncio.wait_for(waiting, 10)
     await apoll_for(lambda: server.served == 2, 10.0, "both requests served")
+
+
+@pytest.mark.timeout(30)
+async def test_async_stream_routed_through_the_owners_registry(endpoints, actx):
+    """`route`: replies for an id the owner keeps in its own registry go there (the
+    gateway's Backend.streams); once the owner drops the id, late ones are dropped."""
+    router = configure(actx.socket(zmq.ROUTER))
+    endpoint = bind(router, endpoints("route"))
+    server_ch = Channel("route", "admin", sender="server", send_key=KEY, accept=ADMIN_IN)
+    registry: dict[str, asyncio.Queue] = {"s": asyncio.Queue()}
+    client = AsyncRpcClient(actx, endpoint, client_channel(),
+                            options={zmq.ROUTING_ID: b"route-test"}, route=registry.get)
+    try:
+        q = registry["s"]
+        await client.send(request("hello"))  # the server has seen us: the route exists
+        await asyncio.wait_for(router.recv_multipart(), 5)
+        await router.send_multipart([b"route-test", server_ch.pack(AdminReply("s", True, "ok", "a"))])
+        assert (await asyncio.wait_for(q.get(), 5)).body.message == "a"
+        del registry["s"]  # the owner's teardown: nothing else to close
+        await router.send_multipart([b"route-test", server_ch.pack(AdminReply("s", True, "ok", "late"))])
+        await asyncio.sleep(0.3)
+        assert q.empty()
+    finally:
+        client.close()
+        router.close(0)
