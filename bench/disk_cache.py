@@ -33,6 +33,7 @@ from typing import Any
 
 from bench import RESULTS, write_result
 from tests.e2e.rank_harness import Deployment
+from tests.e2e.rank_harness import words as harness_words
 
 NAME = "disk_cache"
 TARGET_DISK_VS_COLD = 0.3
@@ -40,11 +41,7 @@ TARGET_DECODE_RATIO = 0.95
 
 
 def words(seed: int, n: int) -> list[int]:
-    x, out = seed * 7919 + 17, []
-    for _ in range(n):
-        x = (x * 1103515245 + 12345) % (1 << 31)
-        out.append(5 + x % 1000)  # within both presets' vocabularies
-    return out
+    return harness_words(seed, n, vocab=1000)  # the prompts bench/results was measured with
 
 
 def settings(disk_bytes: int) -> dict:

@@ -50,7 +50,17 @@ from tests.support.ports import free_ports
 
 MODEL_CACHE = Path(os.environ.get("LOCKSTEP_TEST_MODEL_CACHE",
                                   Path(tempfile.gettempdir()) / "lockstep-models"))
-__all__ = ["REPO", "Deployment", "Result", "model_dir", "poll_until", "token_digest"]
+__all__ = ["REPO", "Deployment", "Result", "model_dir", "poll_until", "token_digest", "words"]
+
+
+def words(seed: int, n: int, vocab: int = 900) -> list[int]:
+    """`n` token ids in [5, 5 + vocab), a fixed function of `seed` (distinct seeds share no
+    prefix): prompts for real ranks, within both presets' vocabularies."""
+    x, out = seed * 7919 + 17, []
+    for _ in range(n):
+        x = (x * 1103515245 + 12345) % (1 << 31)
+        out.append(5 + x % vocab)
+    return out
 
 
 def model_dir(preset: str = "tiny") -> Path:

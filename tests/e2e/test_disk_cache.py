@@ -21,19 +21,11 @@ import pytest
 
 from services.rank.disk_tier import entry_key
 from services.rank.prefix_store import cache_index_path, read_cache_index
-from tests.e2e.rank_harness import Deployment
+from tests.e2e.rank_harness import Deployment, words
 
 SETTINGS = {"prompt_cache_entries": 3, "prefill_step": 16,
             "prompt_cache_disk_bytes": 64 << 20}
 pytestmark = pytest.mark.timeout(400)
-
-
-def words(seed: int, n: int) -> list[int]:
-    x, out = seed * 7919 + 17, []
-    for _ in range(n):
-        x = (x * 1103515245 + 12345) % (1 << 31)
-        out.append(5 + x % 900)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -15,19 +15,10 @@ from __future__ import annotations
 import pytest
 
 from services.rank.prefix_store import cache_index_path, read_cache_index
-from tests.e2e.rank_harness import Deployment, poll_until
+from tests.e2e.rank_harness import Deployment, poll_until, words
 
 SETTINGS = {"prompt_cache_entries": 3, "prefill_step": 16}
 pytestmark = pytest.mark.timeout(300)
-
-
-def words(seed: int, n: int) -> list[int]:
-    """`n` token ids, a fixed function of `seed` (distinct seeds share no prefix)."""
-    x, out = seed * 7919 + 17, []
-    for _ in range(n):
-        x = (x * 1103515245 + 12345) % (1 << 31)
-        out.append(5 + x % 900)
-    return out
 
 
 @pytest.fixture(scope="module")
