@@ -70,8 +70,14 @@ class RankState:
     def exited(self) -> bool:
         """Observed gone: our child has exited, or the process (here, or over ssh on
         its host) is gone. An unreachable remote host proves nothing."""
-        if self.popen is not None and self.popen.poll() is not None:
-            return True
+        if self.popen is not None:
+            if self.popen.poll() is not None:
+                return True
+            if self.identity is not None and self.popen.pid == self.identity.pid:
+                # Our own unreaped child: its pid cannot name another process, so
+                # poll() is the whole answer (the monitor asks 4x a second; psutil's
+                # identity read was most of an idle supervisor's CPU).
+                return False
         if self.remote is not None:
             return self.remote_state in (ProcState.GONE, ProcState.REUSED)
         return self.identity is not None and not is_alive(self.identity)
