@@ -2,16 +2,18 @@
 
 `Deployment` and `RankState` own their mutable fields: other modules change them through
 the methods here (a report received, a probe, a teardown recorded, an abort asked),
-never by assigning a field. The lifecycle state itself moves only through `life`
-(deployment_state.StateMachine, its one table of edges); the launch's setup fields
-(keys, channels, endpoints, manifest, remote hosts) are written once by the launch
-(job_launch.prepare, remote_ops.launch_remote)."""
+never by assigning a field (tests/unit/supervisor/test_deployment_owner.py checks it). The
+lifecycle state itself moves only through `life` (deployment_state.StateMachine, its one
+table of edges); what a launch fixes before its first rank starts (job files, keys,
+channels, endpoints, manifest) arrives once, as a `LaunchSetup` (`launched`), its remote
+hosts just before (`placed`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from services.hostagent.client import RemoteHost
     from services.supervisor.errors import LaunchError
 
-__all__ = ["LIVE", "Deployment", "DeploymentState", "RankState"]
+__all__ = ["LIVE", "Deployment", "DeploymentState", "LaunchSetup", "RankState"]
 
 
 @dataclass
@@ -89,8 +91,15 @@ class RankState:
     # --- what changes it ------------------------------------------------------------------
 
     def started(self, identity: ProcessIdentity, pgid: int, popen: subprocess.Popen | None,
-                remote: RemoteHost | None) -> None:
+                remote: RemoteHost | None, log_path: Path) -> None:
+        """Its process runs: here (`popen`, our child) or on `remote`; its output goes to
+        `log_path` on that host."""
         self.identity, self.pgid, self.popen, self.remote = identity, pgid, popen, remote
+        self.log_path = log_path
+
+    def on_marker(self, phase: Phase) -> None:
+        """Its identity-checked marker shows `phase` (readiness)."""
+        self.phase = phase
 
     def seen(self, now: float) -> None:
         self.last_seen = now
@@ -138,6 +147,23 @@ class RankState:
                 "cache": None if self.cache is None else to_wire(self.cache),
                 "load": None if self.load is None else to_wire(self.load),
                 "phases": None if self.phases is None else to_wire(self.phases)}
+
+
+@dataclass(frozen=True)
+class LaunchSetup:
+    """What a launch fixes before its first rank starts (job_launch.prepare): its files
+    here, its keys and channels, rank 0's endpoints, and the control/report endpoints
+    each remote rank reaches the supervisor on."""
+
+    job_dir: Path
+    secret_path: Path
+    keys: LaunchKeys
+    control: Channel  # signs control PUB messages for this launch
+    report: Channel  # verifies this launch's report messages
+    plan_endpoint: str
+    requests_endpoint: str
+    jaccl_coordinator: str = ""  # jaccl: rank 0's coordinator address
+    rank_endpoints: Mapping[int, tuple[str, str]] = field(default_factory=dict)  # (ctl, report)
 
 
 @dataclass
@@ -191,6 +217,26 @@ class Deployment:
         return model_id(self.plan.model_path)  # a HF snapshot: its repo id
 
     # --- what changes it (the state: `life`) ---------------------------------------------
+
+    def placed(self, remote_hosts: Mapping[int, RemoteHost]) -> None:
+        """The hosts its remote ranks go to (by host index), known before anything is
+        written there: a failed launch removes its launch files on each."""
+        self.remote_hosts = dict(remote_hosts)
+
+    def launched(self, setup: LaunchSetup, manifest: LaunchManifest) -> None:
+        """The launch's setup, once, and its manifest (no ranks yet) as written."""
+        assert self.keys is None, f"{self.deployment_id}: launched twice"
+        self.job_dir, self.secret_path, self.keys = setup.job_dir, setup.secret_path, setup.keys
+        self.control, self.report = setup.control, setup.report
+        self.plan_endpoint, self.requests_endpoint = setup.plan_endpoint, setup.requests_endpoint
+        self.jaccl_coordinator = setup.jaccl_coordinator
+        self.rank_endpoints = dict(setup.rank_endpoints)
+        self.manifest = manifest
+
+    def ranks_planned(self) -> None:
+        """A RankState for every member of the plan, before the first one starts."""
+        for m in self.plan.members:
+            self.ranks[m.index] = RankState(rank=m.index, host=m.host)
 
     def next_lease_seq(self) -> int:
         self.lease_seq += 1

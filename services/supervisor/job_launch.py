@@ -11,6 +11,7 @@ home needed to reach it again (supervisor teardown or, after a crash, the reaper
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -36,7 +37,7 @@ from common.rankspec import (
     auto_prompt_cache_disk_bytes,
 )
 from common.records import LaunchManifest, RankRecord
-from services.supervisor.deployment import Deployment, RankState
+from services.supervisor.deployment import Deployment, LaunchSetup, RankState
 from services.supervisor.errors import LaunchError
 from services.supervisor.hosts import Member, jaccl_devices
 from services.supervisor.process_launcher import (
@@ -149,35 +150,47 @@ def _probe_ports(dep: Deployment, launcher: SshLauncher | None) -> dict[int, lis
 
 
 def prepare(dep: Deployment, paths: Paths, me: SupervisorIdentity,
-            launcher: SshLauncher | None = None) -> None:
-    """Secret, channels, rank 0's endpoints, hostfile, manifest (with no ranks yet).
-    `dep.remote_hosts` and `dep.rank_endpoints` are set by the caller for remote ranks."""
-    jd = job_dir(paths, dep.job_id)
-    jd.mkdir(parents=True, exist_ok=False, mode=0o700)
-    dep.job_dir = jd
-    dep.secret_path = paths.secrets / f"{dep.job_id}.key"
-    secret = new_launch_secret(dep.secret_path)
-    dep.keys = LaunchKeys(secret, dep.deployment_id, dep.job_id)
-    _write_private(jd / KV_KEY_FILE, me.kv_key.hex() + "\n")
-    dep.control = Channel("supervisor", "control", sender=me.sender, send_key=dep.keys.control)
-    dep.report = Channel("supervisor", "report", sender=me.sender, send_key=dep.keys.report,
-                         accept=REPORT)
+            launcher: SshLauncher | None = None, *,
+            rank_endpoints: dict[int, tuple[str, str]] | None = None) -> None:
+    """Ports (probed on each rank's host: `dep.remote_hosts`, `Deployment.placed`), then
+    secret, channels, hostfile and manifest (with no ranks yet), given to the deployment
+    at once (`Deployment.launched`). `rank_endpoints`: the control/report endpoints each
+    remote rank reaches the supervisor on. Files made here before a step fails are
+    removed here: the teardown knows only what `launched` recorded."""
     members = dep.plan.members
     ports = _probe_ports(dep, launcher)
     host0 = members[0].ip
-    dep.plan_endpoint = f"tcp://{host0}:{ports[0][0]}"
-    dep.requests_endpoint = f"tcp://{host0}:{ports[0][1]}"
-    if dep.plan.backend == Backend.RING:
-        hosts = [[f"{m.ip}:{ports[m.index][-1]}"] for m in members]
-        _write_private(jd / "hostfile.json", json.dumps(hosts))
-    elif dep.plan.backend == Backend.JACCL:
-        dep.jaccl_coordinator = f"{host0}:{ports[0][2]}"
-        _write_private(jd / "hostfile.json", json.dumps(jaccl_devices(members)))
-    dep.manifest = LaunchManifest(
-        job_id=dep.job_id, deployment_id=dep.deployment_id, supervisor_pid=me.pid,
-        supervisor_start_time=me.start_time, supervisor_boot_id=me.boot_id,
-        created_at=time.time(), ranks=[], secret_path=str(dep.secret_path))
-    write_manifest(paths, dep.manifest)
+    jd = job_dir(paths, dep.job_id)
+    secret_path = paths.secrets / f"{dep.job_id}.key"
+    jd.mkdir(parents=True, exist_ok=False, mode=0o700)
+    try:
+        keys = LaunchKeys(new_launch_secret(secret_path), dep.deployment_id, dep.job_id)
+        _write_private(jd / KV_KEY_FILE, me.kv_key.hex() + "\n")
+        coordinator = ""
+        if dep.plan.backend == Backend.RING:
+            hosts = [[f"{m.ip}:{ports[m.index][-1]}"] for m in members]
+            _write_private(jd / "hostfile.json", json.dumps(hosts))
+        elif dep.plan.backend == Backend.JACCL:
+            coordinator = f"{host0}:{ports[0][2]}"
+            _write_private(jd / "hostfile.json", json.dumps(jaccl_devices(members)))
+        manifest = LaunchManifest(
+            job_id=dep.job_id, deployment_id=dep.deployment_id, supervisor_pid=me.pid,
+            supervisor_start_time=me.start_time, supervisor_boot_id=me.boot_id,
+            created_at=time.time(), ranks=[], secret_path=str(secret_path))
+        write_manifest(paths, manifest)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            secret_path.unlink()
+        shutil.rmtree(jd, ignore_errors=True)
+        raise
+    dep.launched(LaunchSetup(
+        job_dir=jd, secret_path=secret_path, keys=keys,
+        control=Channel("supervisor", "control", sender=me.sender, send_key=keys.control),
+        report=Channel("supervisor", "report", sender=me.sender, send_key=keys.report,
+                       accept=REPORT),
+        plan_endpoint=f"tcp://{host0}:{ports[0][0]}",
+        requests_endpoint=f"tcp://{host0}:{ports[0][1]}",
+        jaccl_coordinator=coordinator, rank_endpoints=dict(rank_endpoints or {})), manifest)
 
 
 def _home_of(dep: Deployment, m: Member, paths: Paths) -> Paths:
@@ -242,7 +255,7 @@ class _Recorder:
         self.lock = threading.Lock()
 
     def started(self, rs: RankState, m: Member, s: Started, host: RemoteHost | None) -> None:
-        rs.started(s.identity, s.pgid, s.popen, host)
+        rs.started(s.identity, s.pgid, s.popen, host, s.log_path)
         where = _home_of(self.dep, m, self.paths)
         rec = RankRecord(
             rank=rs.rank, host=m.host, pid=s.identity.pid, pgid=s.pgid,
@@ -265,17 +278,17 @@ def start_ranks(dep: Deployment, paths: Paths, me: SupervisorIdentity,
     rec = _Recorder(dep, paths)
     local: list[Member] = []
     by_host: dict[int, list[Member]] = {}
+    dep.ranks_planned()
     for m in dep.plan.members:
-        dep.ranks[m.index] = RankState(rank=m.index, host=m.host)
         (local.append(m) if m.local else by_host.setdefault(m.host_index, []).append(m))
     for m in local:
         rs = dep.ranks[m.index]
         spec_path = dep.job_dir / f"rank-{m.index}.spec.json"
         _spec(dep, m.index, paths, me, settings, floor).save(spec_path)
         env = _env(dep, m.index, paths, settings, dict(extra_env or {}))
-        rs.log_path = paths.logs / f"{dep.job_id}-rank{m.index}.log"
+        log_path = paths.logs / f"{dep.job_id}-rank{m.index}.log"
         try:
-            started = launcher.start(settings.rank_argv(spec_path), env, rs.log_path,
+            started = launcher.start(settings.rank_argv(spec_path), env, log_path,
                                      rank=m.index, host_ssh=m.ssh)
         except LaunchFailed as exc:
             raise LaunchError(str(exc), rank=m.index) from None
@@ -308,8 +321,7 @@ def _start_on_host(dep: Deployment, members: list[Member], paths: Paths,
         parallel(lambda f: launcher.write_file(host, f[0], f[1]), files)
         for m in members:
             rs = dep.ranks[m.index]
-            log_path = str(there.logs / f"{dep.job_id}-rank{m.index}.log")
-            rs.log_path = Path(log_path)  # on that host
+            log_path = str(there.logs / f"{dep.job_id}-rank{m.index}.log")  # on that host
             argv = remote_rank_argv(settings.rank_command, host.python,
                                     str(jd / f"rank-{m.index}.spec.json"))
             env = remote_env(plan_envs=dep.plan.envs, extra=extra, rank=m.index,

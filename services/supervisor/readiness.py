@@ -73,7 +73,7 @@ async def wait_ready(dep: Deployment, paths: Paths, timeout: float,
     while True:
         markers = own_markers(paths, dep)
         for r, m in markers.items():
-            dep.ranks[r].phase = m.phase
+            dep.ranks[r].on_marker(m.phase)
         err = rank_failure(dep, markers)
         if err is not None:
             raise err
@@ -111,7 +111,7 @@ async def release_serve(dep: Deployment, paths: Paths, publish: Callable[[object
         markers = own_markers(paths, dep)
         for r, m in markers.items():
             if m.phase == Phase.SERVING:
-                dep.ranks[r].phase = Phase.SERVING
+                dep.ranks[r].on_marker(Phase.SERVING)
         err = rank_failure(dep, markers)
         if err is not None:
             raise err

@@ -28,16 +28,18 @@ async def launch_remote(sup: LifecycleHost, dep: Deployment) -> None:
     in the loop's thread), then files and processes over ssh in worker threads (the
     loop keeps publishing leases meanwhile), then the watch on their hosts."""
     s = sup.settings
-    dep.remote_hosts = hosts_of(dep.plan.members, sup.remote_launcher)
+    dep.placed(hosts_of(dep.plan.members, sup.remote_launcher))
+    endpoints: dict[int, tuple[str, str]] = {}
     for m in dep.plan.members:
         if not m.local:
             try:
-                dep.rank_endpoints[m.index] = sup.sockets.rank_endpoints_toward(m.ip)
+                endpoints[m.index] = sup.sockets.rank_endpoints_toward(m.ip)
             except (OSError, zmq.ZMQError) as exc:
                 raise LaunchError(f"rank {m.index} on {m.host}: no control/report endpoint "
                                   f"it can reach: {exc}", rank=m.index) from None
     try:
-        await asyncio.to_thread(job_launch.prepare, dep, sup.paths, sup.me, sup.remote_launcher)
+        await asyncio.to_thread(job_launch.prepare, dep, sup.paths, sup.me, sup.remote_launcher,
+                                rank_endpoints=endpoints)
     except LaunchFailed as exc:
         raise LaunchError(str(exc)) from None
     sup.sockets.add_report_route(dep.keys.report, dep.report, dep)

@@ -3,7 +3,10 @@ report, a probe, an abort, a teardown recorded."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from common.messages import Phase, ProcState, Telemetry
+from common.procs import ProcessIdentity
 from common.records import LaunchManifest
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.plan import DeployPlan
@@ -60,3 +63,12 @@ def test_abort_lease_and_teardown_records() -> None:
         written = dep.add_teardown_failure(f"attempt {i}")
     assert written is dep.manifest and len(written.teardown_failures) == 20
     assert written.teardown_failures[-1] == "attempt 24"
+
+
+def test_a_rank_started_and_its_marker_read() -> None:
+    rs = RankState(rank=0, host="h")
+    ident = ProcessIdentity(pid=42, start_time=1.0, cmdline=("python",))
+    rs.started(ident, 42, None, None, Path("/logs/j-rank0.log"))
+    assert (rs.pid, rs.pgid, rs.log_path, rs.remote) == (42, 42, Path("/logs/j-rank0.log"), None)
+    rs.on_marker(Phase.READY)
+    assert rs.phase == Phase.READY
