@@ -1,21 +1,16 @@
 """`lockstep admin COMMAND` — the supervisor's signed ZeroMQ admin socket from the shell.
 
     lockstep admin [--home DIR] [--endpoint EP] [--timeout S] [--json] COMMAND ...
-      ping | status | watch | deployments | reap
-      deploy [--model PATH] [--tp N] [--pp N] [--replicas N] [--hosts FILE] [--backend B] [--id ID]
-             [--no-wait]
-      stop ID [--force]
-      cancel ID [--scope all|requests] [--request-id RID ...] [--reason TEXT]
-      abort-all [ID] [--timeout-s S]
-      cache-clear ID [--timeout-s S]
-      backend-selection --hosts FILE [--backend B]
-      replan ID --backend B [--signature SIG] [--force]
+
+Every COMMAND, its flags and its help come from the registry of admin commands
+(common/messages/commands: one module per command, its Args' fields are the flags and
+its Reply renders the answer); `lockstep admin COMMAND --help` shows them. `watch` is the
+CLI's own: `status` redrawn every second in place until Ctrl-C (exit 0).
 
 The endpoint comes from `$LOCKSTEP_HOME/runtime/supervisor.json` unless given. Exit
 status: 0 ok, 1 the supervisor answered with an error (its code is printed), 2 usage,
 3 no answer (supervisor not running, or the deadline passed). `--json` prints the whole
-reply `{ok, code, message, data}`. `watch` redraws `status` every second in place
-(services/admin/status.py) until Ctrl-C (exit 0).
+reply `{ok, code, message, data}`.
 """
 
 from __future__ import annotations
@@ -32,17 +27,25 @@ import zmq
 
 from common.atomic_json import StateFileError
 from common.bus import BusTimeout, Channel, new_request_id
-from common.deployment_info import DeploymentInfoError, read_deployment_info
 from common.envelope import Key
 from common.home import Paths, default_home, read_supervisor_record
 from common.keys import KeyFileError, load_cluster_key
-from common.messages import ADMIN_OUT, AdminReply, AdminRequest, CacheStats
+from common.messages import ADMIN_OUT, AdminReply, AdminRequest
+from common.messages.commands import COMMANDS, Command, ReplyError, args_wire, command_of
+from common.messages.commands.status import Reply as StatusReply
 from common.rpc_client import SyncRpcClient
-from common.sampling_defaults import FIELDS as SAMPLING_FIELDS
-from services.admin import status as admin_status
+from services.admin.flags import add_fields, args_from
 
-LONG_COMMANDS = {"deploy": 900.0, "stop": 120.0, "replan": 900.0, "abort_all": 120.0,
-                 "cancel": 60.0, "reap": 120.0, "cache_clear": 620.0}
+CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
+WATCH = "watch"  # the CLI's own subcommand: `status`, redrawn
+
+
+class AdminFailed(Exception):
+    """The supervisor answered a command with an error (`reply.code`, `reply.message`)."""
+
+    def __init__(self, command: str, reply: AdminReply) -> None:
+        super().__init__(f"{command}: {reply.code}: {reply.message}")
+        self.reply = reply
 
 
 class AdminClient:
@@ -61,9 +64,20 @@ class AdminClient:
         return cls(endpoint or supervisor_endpoint(Path(home)), key)
 
     def call(self, command: str, timeout: float | None = None, **args: Any) -> AdminReply:
+        """The reply as it came (ok or not; `data` as sent): for --json and tests."""
         req = AdminRequest(request_id=new_request_id(), command=command, args=args)
-        msg = self.rpc.call(req, timeout if timeout is not None else LONG_COMMANDS.get(command, 15.0))
-        return msg.body
+        cmd = COMMANDS.get(command)
+        wait = timeout if timeout is not None else (cmd.wait_s if cmd else 15.0)
+        return self.rpc.call(req, wait).body
+
+    def ask(self, args: Any, timeout: float | None = None) -> Any:
+        """Run the command whose Args `args` is: its Reply, decoded once. AdminFailed if
+        the supervisor refused, ReplyError if it answered with something else."""
+        cmd = command_of(args)
+        reply = self.call(cmd.name, timeout, **args_wire(args))
+        if not reply.ok:
+            raise AdminFailed(cmd.name, reply)
+        return cmd.decode(reply.data)
 
     def close(self) -> None:
         self.rpc.close()
@@ -77,23 +91,6 @@ def supervisor_endpoint(home: Path) -> str:
     except StateFileError as exc:
         raise SystemExit(f"lockstep admin: no supervisor found under {home} ({exc}); "
                          "start one with `lockstep supervisor` or pass --endpoint") from None
-
-
-def _hosts_args(path: str | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    from services.supervisor.hosts import HostsError, read_hosts_file
-
-    try:
-        doc = read_hosts_file(Path(path))
-    except HostsError as exc:
-        raise SystemExit(f"lockstep admin: {exc}") from None
-    out: dict[str, Any] = {"hosts": doc.hosts}
-    if doc.envs:
-        out["envs"] = doc.envs
-    if doc.backend:
-        out["backend"] = doc.backend
-    return out
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,135 +107,30 @@ def _parser() -> argparse.ArgumentParser:
         parser.add_argument("--json", action="store_true",
                             default=False if default is None else default,
                             help="print the whole reply as JSON")
-    sub = ap.add_subparsers(dest="command", required=True)
-
-    def add(name: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common])
-
-    for name in ("ping", "status", "watch", "deployments", "reap"):
-        add(name)
-    p = add("deploy")
-    p.add_argument("--model", dest="model_path")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--hosts")
-    p.add_argument("--backend", choices=("auto", "ring", "jaccl", "mpi"))
-    p.add_argument("--id", dest="deployment_id")
-    p.add_argument("--replicas", type=int, default=1)
-    p.add_argument("--no-wait", dest="wait", action="store_false")
-    for flag, tp in (("--temperature", float), ("--top-p", float), ("--top-k", int),
-                     ("--min-p", float), ("--repetition-penalty", float)):
-        p.add_argument(flag, type=tp)  # sampling defaults for requests that name none
-    p = add("stop")
-    p.add_argument("deployment_id")
-    p.add_argument("--force", action="store_true")
-    p = add("cancel")
-    p.add_argument("deployment_id")
-    p.add_argument("--scope", choices=("all", "requests"), default="requests")
-    p.add_argument("--request-id", dest="request_ids", action="append", default=[])
-    p.add_argument("--reason", default="")
-    p = add("abort-all")
-    p.add_argument("deployment_id", nargs="?")
-    p.add_argument("--timeout-s", type=float, default=None)
-    p = add("cache-clear")
-    p.add_argument("deployment_id")
-    p.add_argument("--timeout-s", type=float, default=None)
-    p = add("backend-selection")
-    p.add_argument("--hosts", required=True)
-    p.add_argument("--backend", choices=("auto", "ring", "jaccl", "mpi"), default=None)
-    p = add("replan")
-    p.add_argument("deployment_id")
-    p.add_argument("--backend", choices=("auto", "ring", "jaccl", "mpi"), required=True)
-    p.add_argument("--signature")
-    p.add_argument("--force", action="store_true")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for cmd in COMMANDS.values():
+        add_fields(sub.add_parser(cmd.cli, parents=[common], help=cmd.summary,
+                                  description=cmd.module.__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter),
+                   cmd.args)
+    sub.add_parser(WATCH, parents=[common], help="status, redrawn every second until Ctrl-C")
     return ap
 
 
-def build_request(ns: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    cmd = ns.command.replace("-", "_")
-    a: dict[str, Any] = {}
-    if cmd == "deploy":
-        a = {"model_path": ns.model_path, "tp": ns.tp, "pp": ns.pp,
-             "deployment_id": ns.deployment_id, "wait": ns.wait, "replicas": ns.replicas,
-             **_hosts_args(ns.hosts)}
-        if ns.backend:
-            a["backend"] = ns.backend
-        given = {k: getattr(ns, k) for k in SAMPLING_FIELDS if getattr(ns, k) is not None}
-        if given:
-            a["sampling"] = given
-    elif cmd == "stop":
-        a = {"deployment_id": ns.deployment_id, "force": ns.force}
-    elif cmd == "cancel":
-        a = {"deployment_id": ns.deployment_id, "scope": ns.scope,
-             "request_ids": ns.request_ids, "reason": ns.reason}
-    elif cmd in ("abort_all", "cache_clear"):
-        a = {"deployment_id": ns.deployment_id, "timeout_s": ns.timeout_s}
-    elif cmd == "backend_selection":
-        a = _hosts_args(ns.hosts)
-        a.pop("envs", None)
-        if ns.backend:
-            a["backend"] = ns.backend
-    elif cmd == "replan":
-        a = {"deployment_id": ns.deployment_id, "backend": ns.backend,
-             "signature": ns.signature, "force": ns.force}
-    return cmd, a
+def build_request(ns: argparse.Namespace) -> tuple[Command | None, Any]:
+    """(the command, its Args) from the parsed command line; (None, None) for watch."""
+    if ns.command == WATCH:
+        return None, None
+    cmd = next(c for c in COMMANDS.values() if c.cli == ns.command)
+    try:
+        return cmd, args_from(ns, cmd.args)
+    except ValueError as exc:  # a hosts file that cannot be used
+        raise SystemExit(f"lockstep admin: {exc}") from None
 
 
-def human(cmd: str, data: dict[str, Any]) -> str:
-    if cmd == "status":
-        return admin_status.render(data)
-    if cmd == "deployments":
-        lines = []
-        for d in map(read_deployment_info, data["deployments"]):
-            lines.append(f"{d.deployment_id}  {d.state:<15} {d.model} tp={d.tp} "
-                         f"pp={d.pp} backend={d.backend} job={d.job_id}"
-                         + (f"  error: {d.error}" if d.error else ""))
-            for r in d.ranks:
-                lines.append(f"    rank {r.rank} pid {r.pid:<7} {r.phase:<10} "
-                             f"step {r.step:<6} active {r.active:<3} "
-                             f"acked epoch {r.acked_epoch}" + _cache_text(r.cache))
-        if not data["deployments"]:
-            lines.append("no deployments")
-        return "\n".join(lines)
-    if cmd == "stop":
-        o = data["outcome"]
-        return (f"stopped {data['deployment_id']}: {' -> '.join(o.get('path') or ['none alive'])} "
-                f"in {o.get('duration_s', 0):.2f}s, every rank's exit proven")
-    if cmd == "abort_all":
-        return (f"epoch {data['epoch']}: zero active {data['zero_active']}; ranks "
-                f"{data['ranks']}; missing acks {data['missing']}")
-    if cmd == "cache_clear":
-        if not data["enabled"]:
-            return f"{data['deployment_id']}: the prefix cache is off, nothing to clear"
-        return (f"{data['deployment_id']}: every rank's prefix cache emptied at step "
-                f"{data['step']} (clear {data['clear_id']}, {data['sends']} sends)")
-    if cmd == "backend_selection":
-        lines = [f"backend {data['backend']} ({len(data['members'])} members)"]
-        lines += [f"  blocker {b['member']}: {b['reason']}" for b in data["blockers"]]
-        return "\n".join(lines)
-    if cmd == "ping":
-        return f"supervisor pid {data['pid']} (boot {data['boot_id']}, version {data['version']})"
-    if cmd == "deploy" or (cmd == "replan" and not data.get("preview")):
-        return f"{data['deployment_id']}: {data['state']} (job {data['job_id']})"
-    if cmd == "replan":
-        return (f"preview: {json.dumps(data['current'], sort_keys=True)} -> "
-                f"{json.dumps(data['plan'], sort_keys=True)}\n"
-                f"apply with: --signature {data['signature']}")
-    if cmd == "cancel":
-        return (f"epoch {data['epoch']}: acked by ranks {sorted(data['acked'])}; missing "
-                f"{data['missing']}; dead {data['dead']} ({data['sends']} sends)")
-    if cmd == "reap":
-        lines = [f"reaped {data['reaped'] or 'none'}; active {data['active'] or 'none'}"]
-        lines += [f"  FAILED {f['job_id']}: {f['reason']}" for f in data.get("failures") or []]
-        lines += [f"  UNREADABLE {u['path']}: {u['error']}" for u in data.get("unreadable") or []]
-        return "\n".join(lines)
-    return json.dumps(data, indent=2, sort_keys=True)
-
-
-def _cache_text(c: CacheStats | None) -> str:
-    if c is None:  # off, or no telemetry with it yet
-        return "  cache -"
-    return f"  cache {c.entries} entries {c.tokens} tokens {c.bytes / 2**20:.1f} MiB"
+def human(command: str, data: Any) -> str:
+    """An ok reply's data, as the command's Reply renders it (ReplyError if it is not)."""
+    return COMMANDS[command].decode(data).render()
 
 
 def watch(client: AdminClient, timeout: float | None, period_s: float = 1.0) -> int:
@@ -251,18 +143,17 @@ def watch(client: AdminClient, timeout: float | None, period_s: float = 1.0) -> 
         while True:
             t0 = time.monotonic()
             try:
-                reply = client.call("status", timeout or 5.0)
-                if reply.ok:
-                    text = admin_status.render(reply.data, prev=prev)
-                    prev = admin_status.steps_of(reply.data)
-                else:
-                    text = f"error [{reply.code}]: {reply.message}"
+                status: StatusReply = client.ask(COMMANDS["status"].args(), timeout or 5.0)
+                text = status.render(prev=prev)
+                prev = status.steps()
+            except AdminFailed as exc:
+                text = f"error [{exc.reply.code}]: {exc.reply.message}"
             except BusTimeout as exc:
                 text = f"lockstep admin watch: no answer: {exc}"
-            except DeploymentInfoError as exc:
+            except ReplyError as exc:
                 text = f"lockstep admin watch: {exc}"
             stamp = time.strftime("%H:%M:%S")
-            sys.stdout.write(f"{admin_status.CLEAR}lockstep admin watch  {stamp}  "
+            sys.stdout.write(f"{CLEAR}lockstep admin watch  {stamp}  "
                              f"(every {period_s:g}s, Ctrl-C to quit)\n\n{text}\n")
             sys.stdout.flush()
             time.sleep(max(0.0, period_s - (time.monotonic() - t0)))
@@ -281,10 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyFileError as exc:
         print(f"lockstep admin: {exc}", file=sys.stderr)
         return 2
-    if cmd == "watch":
+    if cmd is None:
         return watch(client, ns.timeout)
     try:
-        reply = client.call(cmd, ns.timeout, **args)
+        reply = client.call(cmd.name, ns.timeout, **args_wire(args))
     except BusTimeout as exc:
         print(f"lockstep admin: {exc}", file=sys.stderr)
         return 3
@@ -295,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                           "data": reply.data}, indent=2, sort_keys=True, default=str))
     elif reply.ok:
         try:
-            print(human(cmd, reply.data))
-        except DeploymentInfoError as exc:  # not what the supervisor writes: say so
+            print(cmd.decode(reply.data).render())
+        except ReplyError as exc:  # not what the supervisor writes: say so
             print(f"lockstep admin: {exc} (see --json)", file=sys.stderr)
             return 1
     else:

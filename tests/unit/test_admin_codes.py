@@ -11,6 +11,7 @@ import msgpack
 import pytest
 
 from common.messages import AdminCode, AdminReply, AdminRequest
+from common.messages.commands import COMMANDS, Command
 from common.schema import SchemaError, decode_into, to_wire
 from services.gateway import admin_api
 from services.gateway.errors import ADMIN_STATUS, TYPES, ApiError
@@ -32,7 +33,8 @@ async def test_a_failing_command_reaches_http_with_its_code_and_status(code, mon
     async def run(sup, args):
         raise AdminError(code, "what to do", {"evidence": 1})
 
-    monkeypatch.setitem(commands.REGISTRY, "fails", SimpleNamespace(Args=NoArgs, run=run))
+    monkeypatch.setitem(COMMANDS, "fails", Command("fails", SimpleNamespace(Args=NoArgs), 1.0))
+    monkeypatch.setitem(commands.REGISTRY, "fails", SimpleNamespace(run=run))
     reply = await commands.dispatch(None, AdminRequest("r-1", "fails", {}))
     reply = decode_into(AdminReply, msgpack.unpackb(msgpack.packb(to_wire(reply))))
 

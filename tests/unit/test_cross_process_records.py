@@ -26,6 +26,7 @@ from common.home import (
     write_supervisor_record,
 )
 from common.keys import LaunchKeys, requests_key_of
+from common.messages.commands import ReplyError
 from common.procs import identify
 from common.records import LaunchManifest, Phase, RankMarker, RankRecord, SupervisorRecord
 from services.admin.cli import human
@@ -176,7 +177,8 @@ def test_admin_cli_prints_deployments_through_the_strict_reader() -> None:
     out = human("deployments", {"deployments": [wire]})
     assert out.splitlines()[0].startswith("dep-1  serving")
     assert "tp=2 pp=1 backend=ring job=job-1" in out and "rank 1 pid 0" in out
-    with pytest.raises(DeploymentInfoError, match="dep-1: extra_field"):
+    with pytest.raises(ReplyError, match="deployments reply: extra_field: "
+                       r"deployments\[\]\.requests_key"):
         human("deployments", {"deployments": [{**wire, "requests_key": "00" * 32}]})
 
 

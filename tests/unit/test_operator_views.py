@@ -1,5 +1,5 @@
 """The operator's text views, pure: `lockstep admin status|watch` rendering
-(services/admin/status.py) from a real Deployment's wire form and a journal of events,
+(`status.Reply.render`, common/messages/commands/status_text.py) from a real Deployment's wire form and a journal of events,
 `lockstep up`'s stage lines (services/up/progress.py), and a rank's load meter
 (services/rank/load_progress.py)."""
 
@@ -16,8 +16,8 @@ from common.messages import (
     Phase,
     ReapOutcome,
 )
+from common.messages.commands import COMMANDS
 from common.schema import to_wire
-from services.admin import status as admin_status
 from services.admin.cli import human
 from services.rank.load_progress import LoadMeter
 from services.supervisor.deployment import Deployment, RankState
@@ -64,13 +64,19 @@ JOURNAL = [
 
 
 def _status(*deps: dict, events=JOURNAL) -> dict:
-    return {"supervisor": {"pid": 7, "uptime_s": 125.0, "home": "/h"}, "cancel_epoch": 4,
-            "deployments": list(deps), "events": list(events),
+    eps = {"admin": "tcp://a", "events": "tcp://e", "control": "tcp://c", "report": "tcp://r"}
+    return {"supervisor": {"pid": 7, "boot_id": "b", "uptime_s": 125.0, "home": "/h",
+                           "endpoints": eps}, "cancel_epoch": 4,
+            "deployments": list(deps), "events": list(events), "reaper": None,
             "rejections": [{"service": "rank", "socket": "control", "reason": "mac", "count": 2}]}
 
 
+def _render(data: dict, **kw) -> str:
+    return COMMANDS["status"].decode(data).render(**kw)
+
+
 def test_status_shows_hosts_memory_cache_and_the_last_incidents() -> None:
-    out = admin_status.render(_status(_dep()), now=NOW)
+    out = _render(_status(_dep()), now=NOW)
     lines = out.splitlines()
     assert lines[0] == "supervisor pid 7 up 2m05s home /h cancel epoch 4"
     assert lines[1].startswith("dep-1  serving up 30.0s  tiny tp=2 pp=1 backend=ring")
@@ -88,17 +94,18 @@ def test_status_shows_hosts_memory_cache_and_the_last_incidents() -> None:
 
 def test_watch_rates_steps_between_two_replies_and_shows_load() -> None:
     first = _status(_dep())
-    assert " - " in admin_status.render(first, now=NOW)  # one reply: no rate yet
+    assert " - " in _render(first, now=NOW)  # one reply: no rate yet
     later = _dep()
     for r in later["ranks"]:
         r["step"] += 30
         r["last_seen"] += 2.0
-    out = admin_status.render(_status(later), now=NOW + 2, prev=admin_status.steps_of(first))
+    out = _render(_status(later), now=NOW + 2,
+                  prev=COMMANDS["status"].decode(first).steps())
     rank0 = next(ln for ln in out.splitlines() if ln.split()[:2] == ["0", "mac-a"])
     assert rank0.split()[5] == "15.0", rank0  # 30 steps in 2 s
     loading = _dep("loading", phase=Phase.LOADING,
                    load=LoadProgress(read_bytes=3 * 2**20, total_bytes=12 * 2**20))
-    out = admin_status.render(_status(loading, events=[]), now=NOW)
+    out = _render(_status(loading, events=[]), now=NOW)
     assert "load 25% of 12.0 MiB" in out and "last incidents" not in out
 
 

@@ -2,30 +2,19 @@
 them; then wait (bounded, default 15 s) until every rank acked and every rank's telemetry
 reports zero active requests after the abort. The reply is that evidence.
 
-    request  {deployment_id: str|null (null = every deployment), timeout_s: float|null
-              (null = abort_all_timeout, 15 s)}
-    reply    {epoch, zero_active: bool, ranks: {rank: active}, acked: {rank: evidence},
-              missing: [rank], deployments: {id: {zero_active, ranks, acked, missing}},
-              waited_s}   (rank keys are "r" for one deployment, "id/r" for several)
-    CLI      lockstep admin abort-all [ID] [--timeout S]
+Wire (Args, Reply, the CLI's flags): common/messages/commands/abort_all.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from common.messages.commands.abort_all import Args
 from services.supervisor.deployment import LIVE
 from services.supervisor.errors import AdminError
 
 if TYPE_CHECKING:
     from services.supervisor.interfaces import CommandHost
-
-
-@dataclass
-class Args:
-    deployment_id: str | None = None
-    timeout_s: float | None = None
 
 
 async def run(sup: CommandHost, args: Args) -> dict:

@@ -4,29 +4,18 @@ Rule: fewer than two members → "none" (single rank, no distributed init); jacc
 every member has RDMA control enabled and at least one RDMA device (and, with an RDMA
 connectivity matrix, a link to every other host); else ring. Each blocker is named.
 
-    request  {hosts: [host record], backend: "auto"|"ring"|"jaccl"|"mpi" = "auto"}
-             host record = {ssh, ips, name, python, home, rdma_ctl, rdma_devices,
-                            rdma (matrix row), ranks_per_host, envs}
-    reply    {backend, members: [{index, host, ssh, ip, local, rdma_ctl, rdma_devices,
-              rdma}], blockers: [{member, reason}]}
-    CLI      lockstep admin backend-selection --hosts FILE [--backend B]
+Wire (Args, Reply, the CLI's flags): common/messages/commands/backend_selection.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from common.messages.commands.backend_selection import Args
 from services.supervisor.plan import selection_for
 
 if TYPE_CHECKING:
     from services.supervisor.interfaces import CommandHost
-
-
-@dataclass
-class Args:
-    hosts: list[dict[str, object]]
-    backend: str = "auto"
 
 
 async def run(sup: CommandHost, args: Args) -> dict:

@@ -3,31 +3,19 @@ CACHE_CLEAR{deployment_id, clear_id} to rank 0 (control, re-sent until answered)
 folds one CLEAR op into its next plan, so every rank drops every entry at the same step,
 and answers CACHE_CLEARED{clear_id, step} once that plan is out (cache off: at once).
 
-    request  {deployment_id, timeout_s: float|null (null = cancel_timeout, 10 s)}
-    reply    {deployment_id, clear_id, step, enabled, sends, waited_s}
-             step: the plan at which every rank emptied its cache; enabled false: the
-             prefix cache is off (prompt_cache_entries 0), there was nothing to clear
-    errors   not_found (no such deployment), conflict (not serving),
-             timeout (rank 0 did not answer in time: the clear may still happen)
-    CLI      lockstep admin cache-clear ID [--timeout-s S]
+Wire (Args, Reply, the CLI's flags): common/messages/commands/cache_clear.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from common.messages.commands.cache_clear import Args
 from services.supervisor.deployment_state import DeploymentState
 from services.supervisor.errors import AdminError
 
 if TYPE_CHECKING:
     from services.supervisor.interfaces import CommandHost
-
-
-@dataclass
-class Args:
-    deployment_id: str
-    timeout_s: float | None = None
 
 
 async def run(sup: CommandHost, args: Args) -> dict:

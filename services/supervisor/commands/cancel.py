@@ -2,31 +2,19 @@
 re-sent until every rank acked or is declared dead (or cancel_timeout passed).
 Epochs strictly increase across all deployments and survive a restart.
 
-    request  {deployment_id, scope: "all"|"requests", request_ids: [str]=[], reason: str=""}
-    reply    {epoch, acked: {rank: {step_applied, cancelled}}, missing: [rank],
-              dead: [rank], sends}
-    CLI      lockstep admin cancel ID [--scope all|requests] [--request-id RID ...]
-                                      [--reason TEXT]
+Wire (Args, Reply, the CLI's flags): common/messages/commands/cancel.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from common.messages import CancelScope
+from common.messages.commands.cancel import Args
 from services.supervisor.errors import AdminError
 
 if TYPE_CHECKING:
     from services.supervisor.interfaces import CommandHost
-
-
-@dataclass
-class Args:
-    deployment_id: str
-    scope: CancelScope = CancelScope.REQUESTS
-    request_ids: list[str] = field(default_factory=list)
-    reason: str = ""
 
 
 async def run(sup: CommandHost, args: Args) -> dict:

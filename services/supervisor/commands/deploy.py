@@ -2,53 +2,19 @@
 unreadable manifest refuses with `reap_blocked`), write the manifest, start the ranks,
 wait for the readiness barrier, release serve, pass the canary.
 
-    request  {model_path: str|null (null = the embedded model, built once into
-              $LOCKSTEP_HOME/models/tiny), tp: int=1, pp: int=1,
-              hosts: [host record]|null (null = this machine only),
-              backend: "auto"|"ring"|"jaccl"|"mpi" = "auto", deployment_id: str|null,
-              wait: bool=true, envs: ["K=V"]=[],
-              sampling: {temperature?, top_p?, top_k?, min_p?, repetition_penalty?}|null
-              (defaults for requests that name none; over the model's generation_config.json),
-              replicas: int=1 (N deployments of the model, ids <id>-r<i>, each on the next
-              tp*pp rank slots of the hosts: services/supervisor/replicas.py),
-              replica: int|null (deploy only that replica of `replicas`)}
-    reply    {deployment_id, job_id, state}   (wait=true: state "serving"); with several
-             replicas also deployments: [{deployment_id, job_id, state}] (the first above)
-    errors   bad_request, conflict (deployment exists), reap_blocked, launch_failed
-             (data: {error, rank, teardown, teardown_error?}: the launch error first, a
-             failed teardown after it)
-    CLI      lockstep admin deploy [--model PATH] [--tp N] [--pp N] [--hosts FILE]
-                                   [--backend B] [--id ID] [--no-wait]
-                                   [--temperature T] [--top-p P] [--top-k K] [--min-p P]
-                                   [--repetition-penalty R]
+Wire (Args, Reply, the CLI's flags): common/messages/commands/deploy.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from common.sampling_defaults import SamplingOverrides
+from common.messages.commands.deploy import Args
 from services.supervisor import lifecycle
 from services.supervisor.deployment_state import DeploymentState as S
 
 if TYPE_CHECKING:
     from services.supervisor.interfaces import CommandHost
-
-
-@dataclass
-class Args:
-    model_path: str | None = None
-    tp: int = 1
-    pp: int = 1
-    hosts: list[dict[str, object]] | None = None
-    backend: str = "auto"
-    deployment_id: str | None = None
-    wait: bool = True
-    envs: list[str] = field(default_factory=list)
-    sampling: SamplingOverrides | None = None
-    replicas: int = 1
-    replica: int | None = None
 
 
 async def run(sup: CommandHost, args: Args) -> dict:

@@ -1,24 +1,17 @@
 """ping — liveness of the supervisor.
 
-    request  {}
-    reply    {pid, boot_id, version}
-    CLI      lockstep admin ping
+Wire (Args, Reply, the CLI's flags): common/messages/commands/ping.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from common.envelope import BOOT_ID
+from common.messages.commands.ping import Args
 
 if TYPE_CHECKING:
     from services.supervisor.interfaces import CommandHost
-
-
-@dataclass
-class Args:
-    pass
 
 
 async def run(sup: CommandHost, args: Args) -> dict:

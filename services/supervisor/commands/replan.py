@@ -4,31 +4,19 @@ signature: the deployment is stopped (verified) and relaunched with that plan; a
 signature that does not match the current preview is `signature_mismatch` (HTTP 409 at
 the gateway), and nothing is changed.
 
-    request  {deployment_id, backend: "auto"|"ring"|"jaccl"|"mpi", signature: str|null,
-              force: bool=false}
-    reply    preview {preview: true, plan, current, signature}
-             applied {preview: false, deployment_id, job_id, state}
-    CLI      lockstep admin replan ID --backend B [--signature SIG] [--force]
+Wire (Args, Reply, the CLI's flags): common/messages/commands/replan.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from common.messages.commands.replan import Args
 from services.supervisor import lifecycle
 from services.supervisor.deployment_state import DeploymentState as S
 
 if TYPE_CHECKING:
     from services.supervisor.interfaces import CommandHost
-
-
-@dataclass
-class Args:
-    deployment_id: str
-    backend: str = "auto"
-    signature: str | None = None
-    force: bool = False
 
 
 async def run(sup: CommandHost, args: Args) -> dict:

@@ -1,35 +1,20 @@
 """status — the supervisor, every deployment, the cancel epoch, bus rejections and the
 last reap report.
 
-    request  {}
-    reply    {supervisor: {pid, boot_id, uptime_s, home, endpoints},
-              deployments: [DeploymentInfo], cancel_epoch,
-              rejections: [{service, socket, reason, count}], reaper: ReapReport|null,
-              events: [Event]}
-             events: the last events published (deployment state changes with their
-             teardown outcome, incidents, reaps), oldest first (service.py `journal`)
-             rejections: the supervisor's own sockets (service "supervisor"), plus what every
-             rank reported in telemetry, summed over ranks (service "rank"; per rank in
-             deployments[].ranks[].rejects)
-    CLI      lockstep admin status [--json]
+Wire (Args, Reply, the CLI's flags): common/messages/commands/status.py.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from common.envelope import BOOT_ID, REGISTRY
+from common.messages.commands.status import Args
 
 if TYPE_CHECKING:
     from services.supervisor.interfaces import CommandHost
-
-
-@dataclass
-class Args:
-    pass
 
 
 async def run(sup: CommandHost, args: Args) -> dict:

@@ -7,25 +7,17 @@ abort_all runs first and its evidence is in the reply. A launch in progress is a
 and torn down. Not proven → `teardown_failed` naming each survivor; the deployment and
 its manifest are kept, and the next stop retries.
 
-    request  {deployment_id, force: bool=false}
-    reply    {deployment_id, outcome: {path: [step], survivors, swept, skipped,
-              duration_s, proven}, abort?: abort_all evidence}
-    CLI      lockstep admin stop ID [--force]
+Wire (Args, Reply, the CLI's flags): common/messages/commands/stop.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from common.messages.commands.stop import Args
 
 if TYPE_CHECKING:
     from services.supervisor.interfaces import CommandHost
-
-
-@dataclass
-class Args:
-    deployment_id: str
-    force: bool = False
 
 
 async def run(sup: CommandHost, args: Args) -> dict:

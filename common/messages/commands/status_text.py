@@ -1,5 +1,5 @@
-"""`lockstep admin status` in human form, and `lockstep admin watch` (the same, redrawn
-every second in place): pure rendering of the supervisor's `status` reply.
+"""`lockstep admin status` in human form (`status.Reply.render`), and what `lockstep admin
+watch` redraws every second in place: pure rendering of the supervisor's `status` reply.
 
 Per deployment: state, model, shape, uptime, and its prefix cache (rank 0 decides hits);
 per rank: host, pid, phase, step, steps/s (watch only: the step's rate between two
@@ -14,20 +14,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from common.deployment_info import DeploymentInfo, RankInfo, read_deployment_info
-from common.messages import (
+from common.deployment_info import DeploymentInfo, RankInfo
+from common.messages.admin import Event
+from common.messages.vocab import (
     TORN_DOWN,
     DeploymentState,
-    Event,
     EventName,
     EventTopic,
     ReapOutcome,
 )
-from common.schema import SchemaError, decode_into
 
-CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
+if TYPE_CHECKING:
+    from common.messages.commands.status import Reply as StatusReply
+
 INCIDENTS = 8
 # A deployment is born launching: its first state event is loading.
 FIRST_EVENT = DeploymentState.LOADING
@@ -48,18 +49,6 @@ def _ladder(outcome: Any) -> str:
     path = " -> ".join(outcome.get("path") or []) or "none alive"
     proven = "NOT proven" if outcome.get("proven") is False else "proven"
     return f"teardown {path} ({proven})"
-
-
-def read_events(raw: Any) -> list[Event]:
-    """The journal (`status.events`) decoded once; an entry that is not an Event is
-    skipped."""
-    out = []
-    for e in raw if isinstance(raw, list) else []:
-        try:
-            out.append(decode_into(Event, e))
-        except SchemaError:
-            continue
-    return out
 
 
 def _incident(e: Event) -> Incident | None:
@@ -141,25 +130,15 @@ def _rate(r: RankInfo, dep_id: str, prev: dict[tuple, tuple[int, float]] | None)
     return f"{(r.step - p[0]) / (r.last_seen - p[1]):.1f}"
 
 
-def steps_of(data: dict) -> dict[tuple, tuple[int, float]]:
-    """(deployment, rank, pid) -> (step, last_seen): the next render's rate baseline."""
-    out = {}
-    for raw in data.get("deployments") or []:
-        d = read_deployment_info(raw)
-        for r in d.ranks:
-            out[(d.deployment_id, r.rank, r.pid)] = (r.step, r.last_seen)
-    return out
-
-
-def render(data: dict, *, now: float | None = None,
+def render(reply: StatusReply, *, now: float | None = None,
            prev: dict[tuple, tuple[int, float]] | None = None) -> str:
-    """The status reply as text. `prev` (watch): the last reply's steps_of, for steps/s."""
+    """The status reply as text. `prev` (watch): the last reply's steps(), for steps/s."""
     now = time.time() if now is None else now
-    s = data["supervisor"]
-    lines = [f"supervisor pid {s['pid']} up {age(s['uptime_s'])} home {s['home']} "
-             f"cancel epoch {data['cancel_epoch']}"]
-    events = read_events(data.get("events"))
-    for d in map(read_deployment_info, data["deployments"]):
+    s = reply.supervisor
+    lines = [f"supervisor pid {s.pid} up {age(s.uptime_s)} home {s.home} "
+             f"cancel epoch {reply.cancel_epoch}"]
+    events = reply.events
+    for d in reply.deployments:
         serving = [e.at for e in events if e.deployment_id == d.deployment_id
                    and e.name == EventName.STATE and e.state == DeploymentState.SERVING]
         up = (f" up {age(now - serving[-1])}"
@@ -181,10 +160,10 @@ def render(data: dict, *, now: float | None = None,
             lines.append(f"  {r.rank:>4} {host:<16} {r.pid:>7} {r.phase:<13} {r.step:>7} "
                          f"{_rate(r, d.deployment_id, prev):>7} {r.active:>6} "
                          f"{mib(r.mem_active):>10} {seen:>6}  {r.cancel_epoch}/{r.acked_epoch}{load}")
-    if not data["deployments"]:
+    if not reply.deployments:
         lines.append("no deployments")
-    for rj in data.get("rejections") or []:
-        lines.append(f"rejected {rj['service']}/{rj['socket']} {rj['reason']}: {rj['count']}")
+    for rj in reply.rejections:
+        lines.append(f"rejected {rj.service}/{rj.socket} {rj.reason}: {rj.count}")
     last = incidents(events)[:INCIDENTS]
     if last:
         lines.append("last incidents (newest first):")

@@ -1,0 +1,77 @@
+"""status — the supervisor, every deployment, the cancel epoch, bus rejections and the
+last reap report.
+
+    request  {}
+    reply    {supervisor: {pid, boot_id, uptime_s, home, endpoints},
+              deployments: [DeploymentInfo], cancel_epoch,
+              rejections: [{service, socket, reason, count}], reaper: ReapReport|null,
+              events: [Event]}
+             events: the last events published (deployment state changes with their
+             teardown outcome, incidents, reaps), oldest first (the supervisor's journal)
+             rejections: the supervisor's own sockets (service "supervisor"), plus what every
+             rank reported in telemetry, summed over ranks (service "rank"; per rank in
+             deployments[].ranks[].rejects)
+    CLI      lockstep admin status [--json]; `lockstep admin watch` redraws it every second
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.deployment_info import DeploymentInfo
+from common.messages.admin import Event
+from common.messages.commands.reap import ReapReport
+
+
+@dataclass
+class Args:
+    pass
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    admin: str
+    events: str
+    control: str
+    report: str
+
+
+@dataclass(frozen=True)
+class SupervisorInfo:
+    pid: int
+    boot_id: str
+    uptime_s: float
+    home: str
+    endpoints: Endpoints
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Messages a socket rejected, by reason (common/envelope.py's counters)."""
+
+    service: str
+    socket: str
+    reason: str
+    count: int
+
+
+@dataclass(frozen=True)
+class Reply:
+    supervisor: SupervisorInfo
+    deployments: list[DeploymentInfo]
+    cancel_epoch: int
+    rejections: list[Rejection] = field(default_factory=list)
+    reaper: ReapReport | None = None
+    events: list[Event] = field(default_factory=list)
+
+    def render(self, *, now: float | None = None,
+               prev: dict[tuple, tuple[int, float]] | None = None) -> str:
+        """As text; `prev` (watch): the last reply's `steps()`, for each rank's steps/s."""
+        from common.messages.commands.status_text import render
+
+        return render(self, now=now, prev=prev)
+
+    def steps(self) -> dict[tuple, tuple[int, float]]:
+        """(deployment, rank, pid) -> (step, last_seen): the next render's rate baseline."""
+        return {(d.deployment_id, r.rank, r.pid): (r.step, r.last_seen)
+                for d in self.deployments for r in d.ranks}

@@ -1,0 +1,96 @@
+"""Admin replies are typed (common/messages/commands): what the supervisor's producers
+write decodes into each command's Reply, a malformed reply is a ReplyError naming the
+command and the field (never a KeyError), each Reply renders the CLI's text, and the
+CLI's flags come from the Args."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.messages.commands import (
+    COMMANDS,
+    ReplyError,
+    args_wire,
+    cancel,
+    command_of,
+    deploy,
+    stop,
+)
+from common.messages.vocab import Backend, CancelScope, DeploymentState
+from services.admin.cli import _parser, build_request, human
+from services.reaper.reap import ReapReport
+from services.supervisor.plan import selection_for
+from services.supervisor.teardown import TeardownOutcome
+
+
+def test_every_command_has_args_a_reply_that_renders_and_a_summary() -> None:
+    for cmd in COMMANDS.values():
+        assert callable(cmd.reply.render), cmd.name
+        assert cmd.summary and cmd.wait_s > 0 and command_of(cmd.args.__new__(cmd.args)) is cmd
+
+
+def test_what_the_producers_write_decodes() -> None:
+    reap = COMMANDS["reap"].decode(ReapReport(reaped=["j-1"], failures=[
+        {"job_id": "j-2", "reason": "survived", "survivors": [{"pid": 4}]}]).to_dict())
+    assert reap.blocking and reap.failures[0].job_id == "j-2"
+    assert reap.render() == "reaped ['j-1']; active none\n  FAILED j-2: survived"
+    out = TeardownOutcome(path=["shutdown", "sigterm"], duration_s=0.5)
+    st = COMMANDS["stop"].decode({"deployment_id": "d", "outcome": out.to_wire()})
+    assert st.outcome.proven and st.render() == (
+        "stopped d: shutdown -> sigterm in 0.50s, every rank's exit proven")
+    assert COMMANDS["stop"].decode({"deployment_id": "d", "outcome": {}}).outcome.path == []
+    sel = COMMANDS["backend_selection"].decode(selection_for(None, "auto").to_wire())
+    assert sel.backend is Backend.NONE and sel.render().startswith("backend none (1 members)")
+
+
+@pytest.mark.parametrize("command,data,detail", [
+    ("ping", {"pid": 1, "boot_id": "b"}, "missing_field: version"),
+    ("deploy", {"deployment_id": "d", "job_id": "j", "state": "dancing"},
+     "wrong_type: state: expected a DeploymentState"),
+    ("cancel", {"epoch": "7", "acked": {}, "missing": [], "dead": [], "sends": 1},
+     "wrong_type: epoch: expected int"),
+    ("deployments", {"deployments": [{"deployment_id": "d"}]},
+     "missing_field: deployments[].job_id"),
+    ("status", [], "wrong_type: body: expected map"),
+    ("abort_all", {"epoch": 1, "zero_active": True, "surprise": 1}, "extra_field: surprise"),
+])
+def test_a_malformed_reply_is_a_clear_error(command, data, detail) -> None:
+    with pytest.raises(ReplyError) as exc:
+        human(command, data)
+    assert str(exc.value) == f"the supervisor's {command} reply: {detail}"
+    assert exc.value.command == command
+
+
+def test_replies_render_as_the_cli_printed_them() -> None:
+    d = COMMANDS["deploy"].decode({"deployment_id": "d", "job_id": "j", "state": "serving"})
+    assert d.state is DeploymentState.SERVING and d.render() == "d: serving (job j)"
+    assert human("cancel", {"epoch": 3, "acked": {"1": {}, "0": {}}, "missing": [],
+                            "dead": [], "sends": 2}) == (
+        "epoch 3: acked by ranks ['0', '1']; missing []; dead [] (2 sends)")
+    assert human("cache_clear", {"deployment_id": "d", "clear_id": 1, "step": 9,
+                                 "enabled": False, "sends": 1, "waited_s": 0.1}) == (
+        "d: the prefix cache is off, nothing to clear")
+    assert human("replan", {"preview": True, "plan": {"b": 1}, "current": {"a": 2},
+                            "signature": "s"}) == (
+        'preview: {"a": 2} -> {"b": 1}\napply with: --signature s')
+    assert human("ping", {"pid": 7, "boot_id": "b", "version": "0.1"}) == (
+        "supervisor pid 7 (boot b, version 0.1)")
+    assert human("deployments", {"deployments": []}) == "no deployments"
+
+
+def test_the_cli_flags_are_the_args_fields() -> None:
+    p = _parser()
+    cmd, args = build_request(p.parse_args(["cancel", "d", "--scope", "all", "--request-id",
+                                            "a", "--request-id", "b", "--reason", "why"]))
+    assert cmd.name == "cancel" and args == cancel.Args("d", CancelScope.ALL, ["a", "b"], "why")
+    cmd, args = build_request(p.parse_args(["deploy", "--model", "/m", "--tp", "2", "--id",
+                                            "x", "--no-wait", "--top-k", "5"]))
+    assert args_wire(args)["sampling"]["top_k"] == 5 and not args.wait
+    assert (args.model_path, args.tp, args.deployment_id) == ("/m", 2, "x")
+    assert deploy.Args().wait  # only what is given is set
+    cmd, args = build_request(p.parse_args(["stop", "d", "--force"]))
+    assert args == stop.Args("d", True)
+    cmd, args = build_request(p.parse_args(["abort-all"]))
+    assert cmd.name == "abort_all" and args.deployment_id is None
+    with pytest.raises(SystemExit):
+        p.parse_args(["replan", "d"])  # --backend is required there
