@@ -4,10 +4,12 @@ ZeroMQ admin socket (DESIGN.md sections 1, 5, 6; docs/protocol.md).
 
 Where each behaviour lives. The process (sockets, deployment table, report handling,
 lease and monitor loops, events, the reap gate) is `service.Supervisor`; the rest see it
-through `interfaces` (CommandHost for the admin commands, LifecycleHost for lifecycle,
-after_failure and remote_ops), and only `__main__` imports `service`. A deployment's
-fields, and the methods that change them, are `deployment`, its states and their allowed edges (and the one claim a launch,
-stop or teardown holds) `deployment_state`. The lifecycle — deploy (reap → plan → launch →
+through `interfaces` (CommandHost for the admin commands; TeardownHost ⊂ LaunchHost ⊂
+LifecycleHost for the orchestration, each function typed with the narrowest it needs), and
+only `__main__` imports `service`. A deployment's fields, and the methods that change
+them (a launch's setup arrives once, as a `LaunchSetup`), are `deployment`, its states
+and their allowed edges (and the one claim a launch, stop or teardown holds)
+`deployment_state`. The lifecycle — deploy (reap → plan → launch →
 barrier → serve → canary), stop, replan, the bookkeeping after a teardown — is
 `lifecycle` (§5); plans and their signatures `plan`, hosts files `hosts`. A job's launch
 files, manifest and rank starts are `job_launch`; how one rank process is started is

@@ -32,7 +32,7 @@ from services.supervisor.errors import TeardownError
 from services.supervisor.settings import SupervisorSettings
 
 if TYPE_CHECKING:
-    from services.supervisor.interfaces import LifecycleHost
+    from services.supervisor.interfaces import TeardownHost
 
 log = logging.getLogger("lockstep.supervisor")
 GRACEFUL_S = 1.0  # the lost rank's peers are usually gone already: don't wait long
@@ -57,7 +57,7 @@ def retry_window(s: SupervisorSettings) -> float:
     return s.lease_ttl + RETRY_S
 
 
-async def teardown_after_failure(sup: LifecycleHost, dep: Deployment, reason: str) -> None:
+async def teardown_after_failure(sup: TeardownHost, dep: Deployment, reason: str) -> None:
     if not dep.life.claim(Claim.AFTER_FAILURE):  # a stop or launch is tearing it down
         log.warning("deployment %s: no teardown after the failure: busy (%s)",
                     dep.deployment_id, dep.state)
@@ -68,7 +68,7 @@ async def teardown_after_failure(sup: LifecycleHost, dep: Deployment, reason: st
         dep.life.release()
 
 
-async def _attempts(sup: LifecycleHost, dep: Deployment) -> None:
+async def _attempts(sup: TeardownHost, dep: Deployment) -> None:
     s = sup.settings
     deadline = attempt_deadline(s)
     give_up_at = time.monotonic() + retry_window(s)
@@ -99,7 +99,7 @@ async def _attempts(sup: LifecycleHost, dep: Deployment) -> None:
         await asyncio.sleep(RETRY_S)
 
 
-async def _attempt(sup: LifecycleHost, dep: Deployment, deadline: float) -> str | None:
+async def _attempt(sup: TeardownHost, dep: Deployment, deadline: float) -> str | None:
     """One bounded teardown: None if proven, else why not."""
     try:
         await asyncio.wait_for(lifecycle.teardown(sup, dep, graceful_s=GRACEFUL_S, final=False),

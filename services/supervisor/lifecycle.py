@@ -32,7 +32,7 @@ from services.supervisor.plan import DeployPlan, make_plan, signature
 from services.supervisor.teardown import TeardownOutcome, verified_teardown
 
 if TYPE_CHECKING:
-    from services.supervisor.interfaces import LifecycleHost
+    from services.supervisor.interfaces import LaunchHost, LifecycleHost, TeardownHost
 
 log = logging.getLogger("lockstep.supervisor")
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -117,7 +117,7 @@ async def start(sup: LifecycleHost, dep_id: str, plan: DeployPlan, *, wait: bool
     return {"deployment_id": dep_id, "job_id": dep.job_id, "state": dep.state.value}
 
 
-async def _launch(sup: LifecycleHost, dep: Deployment) -> None:
+async def _launch(sup: LaunchHost, dep: Deployment) -> None:
     s = sup.settings
     def aborted() -> str | None:
         return dep.abort_reason
@@ -165,7 +165,7 @@ def _lost(dep: Deployment) -> str | None:
     return None
 
 
-async def _fail_launch(sup: LifecycleHost, dep: Deployment, err: LaunchError) -> None:
+async def _fail_launch(sup: TeardownHost, dep: Deployment, err: LaunchError) -> None:
     dep.record_error(str(err))
     sup.incident(dep, EventName.LAUNCH_FAILED, dep.error, {"job_id": dep.job_id, "rank": err.rank})
     try:
@@ -182,7 +182,7 @@ async def _fail_launch(sup: LifecycleHost, dep: Deployment, err: LaunchError) ->
 # --- teardown bookkeeping --------------------------------------------------------------
 
 
-def _finalize(sup: LifecycleHost, dep: Deployment) -> None:
+def _finalize(sup: TeardownHost, dep: Deployment) -> None:
     """Verified: remove the manifest, the launch secret, the job files and the markers."""
     remove_manifest(sup.paths, dep.job_id)
     if dep.secret_path is not None:
@@ -196,7 +196,7 @@ def _finalize(sup: LifecycleHost, dep: Deployment) -> None:
         sup.sockets.drop_report_route(dep.keys.report)
 
 
-async def teardown(sup: LifecycleHost, dep: Deployment, *, graceful_s: float | None = None,
+async def teardown(sup: TeardownHost, dep: Deployment, *, graceful_s: float | None = None,
                    final: bool = True) -> TeardownOutcome:
     """Verified teardown; raises TeardownError if not proven, with the evidence kept in
     the manifest. `final` (a stop): the state becomes teardown_failed; not final (an
@@ -221,7 +221,7 @@ async def teardown(sup: LifecycleHost, dep: Deployment, *, graceful_s: float | N
     raise err
 
 
-def record_unproven(sup: LifecycleHost, dep: Deployment, why: str) -> None:
+def record_unproven(sup: TeardownHost, dep: Deployment, why: str) -> None:
     """An unproven teardown, appended to the manifest (kept: the reaper and the next stop
     start from it). Never one that a proven teardown has removed."""
     if dep.manifest is None or not manifest_path(sup.paths, dep.job_id).exists():

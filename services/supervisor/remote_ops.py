@@ -18,12 +18,12 @@ from services.supervisor.process_launcher import LaunchFailed
 from services.supervisor.remote import hosts_of
 
 if TYPE_CHECKING:
-    from services.supervisor.interfaces import LifecycleHost
+    from services.supervisor.interfaces import LaunchHost, TeardownHost
 
 log = logging.getLogger("lockstep.supervisor")
 
 
-async def launch_remote(sup: LifecycleHost, dep: Deployment) -> None:
+async def launch_remote(sup: LaunchHost, dep: Deployment) -> None:
     """Some ranks on other hosts: control/report endpoints they can reach (bound here,
     in the loop's thread), then files and processes over ssh in worker threads (the
     loop keeps publishing leases meanwhile), then the watch on their hosts."""
@@ -52,7 +52,7 @@ async def launch_remote(sup: LifecycleHost, dep: Deployment) -> None:
             dep.watching_remote(sup.spawn(remote_watch.watch(dep, s.remote_poll_s)))
 
 
-async def remove_remote_files(sup: LifecycleHost, dep: Deployment) -> None:
+async def remove_remote_files(sup: TeardownHost, dep: Deployment) -> None:
     """After a proven teardown: the launch secret, job files and markers on each remote
     host. A failure is logged and kept in the outcome (the ranks are gone: a leftover
     file opens nothing running)."""
