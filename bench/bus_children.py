@@ -30,15 +30,15 @@ import zmq
 
 from common.bus import Channel, configure
 from common.envelope import DEFAULT_MAX_SIZE, Key
-from common.messages import BODY, CONTROL, REQUESTS_IN, Cancel, Generate, Kind, Tokens
+from common.messages import BODY, CONTROL, REQUESTS_IN, Cancel, Generate, Kind, Sampling, Tokens
 from common.schema import SchemaError, decode_into, wire_default
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("raw", "plain", "signed")
 TOPIC = b"ctl:bench-deployment"
 PROMPT = list(range(1000, 1064))
-REQUEST = Generate(request_id="r-0123456789abcdef", prompt=PROMPT, max_tokens=16, temperature=0.7,
-                   seed=1234)
+REQUEST = Generate(request_id="r-0123456789abcdef", prompt=PROMPT, max_tokens=16,
+                   sampling=Sampling(temperature=0.7, seed=1234))
 REPLY_TOKENS = [4711, 4712, 4713, 4714]
 BROADCAST = Cancel(deployment_id="bench-deployment", epoch=7, scope="requests",
                    request_ids=["r-0123456789abcdef", "r-fedcba9876543210"], reason="bench")

@@ -38,7 +38,7 @@ SCHEMA = {"type": "string", "minLength": 2000}
 def child(trials: int) -> dict:
     from mlx_lm import load
 
-    from common.messages import PlanInsert
+    from common.messages import PlanInsert, SeededSampling
     from common.rankspec import RankSettings
     from services.gateway.detok import load_tokenizer
     from services.gateway.structured import json_grammar
@@ -56,8 +56,8 @@ def child(trials: int) -> dict:
                for i in range(BATCH)]
 
     def one(tag: str, constrained: bool) -> dict:
-        eng.apply([], [PlanInsert(f"{tag}-{i}", p, MAX_TOKENS, 0.8, 1.0, 1000 + i,
-                                  grammar=grammar if constrained else "")
+        eng.apply([], [PlanInsert(f"{tag}-{i}", p, MAX_TOKENS, SeededSampling(
+                           temperature=0.8, seed=1000 + i, grammar=grammar if constrained else ""))
                        for i, p in enumerate(prompts)])
         t0, tokens, steps, rows = None, 0, 0, 0
         while eng.has_work():

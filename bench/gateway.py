@@ -106,7 +106,7 @@ def inproc_main(spec_path: str) -> dict:
 
     from mlx_lm import load
 
-    from common.messages import PlanInsert
+    from common.messages import PlanInsert, SeededSampling
     from common.rankspec import RankSettings
     from services.rank.engine import Engine
 
@@ -130,7 +130,8 @@ def inproc_main(spec_path: str) -> dict:
                     i = todo.pop()
                     by_rid[f"{tag}-{i}"] = i
                     replies[i].sent_at = time.monotonic()
-                    ins.append(PlanInsert(f"{tag}-{i}", prompts[i], spec["max_tokens"], 0.0, 1.0, 0))
+                    ins.append(PlanInsert(f"{tag}-{i}", prompts[i], spec["max_tokens"],
+                                          SeededSampling(seed=0)))  # greedy
             if ins:
                 eng.apply([], ins)
 

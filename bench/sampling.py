@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from bench import write_result
-from common.messages import PlanInsert, TokenBias
+from common.messages import PlanInsert, SeededSampling, TokenBias
 from common.rank_env import rank_environment
 from common.rankspec import RankSettings
 from tests.e2e.rank_harness import REPO, model_dir
@@ -37,10 +37,11 @@ def inserts(on: bool, tokens: int) -> list[PlanInsert]:
     extra: dict[str, Any] = {}
     if on:
         extra = {"top_k": 40, "min_p": 0.05, "presence_penalty": 0.5, "frequency_penalty": 0.5,
-                 "repetition_penalty": 1.1, "repetition_context_size": 64, "top_logprobs": 5,
+                 "repetition_penalty": 1.1, "repetition_context_size": 64,
                  "logit_bias": [TokenBias(t, 1.5) for t in range(100, 116)]}
     return [PlanInsert(request_id=f"r{i}", prompt=[5 + i, 6, 7, 8, 9 + i, 10, 11, 12, 13, 14],
-                       max_tokens=tokens, temperature=0.8, top_p=1.0, seed=1000 + i, **extra)
+                       max_tokens=tokens, top_logprobs=5 if on else -1,
+                       sampling=SeededSampling(temperature=0.8, top_p=1.0, seed=1000 + i, **extra))
             for i in range(BATCH)]
 
 

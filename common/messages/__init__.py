@@ -5,6 +5,7 @@ Channels (DESIGN.md §2) and who may send what, one module each:
   events    EVENT                                         (cluster key)        admin.py
   requests  GENERATE, ABORT, STATS_REQUEST → TOKENS, STATS (launch key "requests")
                                                                                requests.py
+            (GENERATE's Sampling record, shared with PLAN's inserts: sampling.py)
             CACHE_SUBSCRIBE → CACHE_SNAPSHOT, CACHE_EVENTS (pushed)  cache_events.py
   plan      PLAN_HELLO → PLAN_WELCOME, PLAN, PLAN_FETCH → PLAN_BATCH, PING → PONG,
             DISK_INDEX (followers' disk tier, acknowledged in PING)
@@ -83,10 +84,10 @@ from common.messages.requests import (
     Generate,
     Stats,
     StatsRequest,
-    TokenBias,
     Tokens,
     TokensBatch,
 )
+from common.messages.sampling import Sampling, SeededSampling, TokenBias
 from common.messages.vocab import (
     DEAD_PHASES,
     FAILED_STATES,
@@ -170,6 +171,8 @@ __all__ = [
     "REQUESTS_IN",
     "REQUESTS_OUT",
     "RankReady",
+    "Sampling",
+    "SeededSampling",
     "Serve",
     "Shutdown",
     "Stats",

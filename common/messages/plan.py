@@ -9,8 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from common.messages.base import BIAS_LIST, BIG_LIST, GRAMMAR
-from common.messages.requests import TokenBias
+from common.messages.base import BIG_LIST
+from common.messages.sampling import SeededSampling
 from common.messages.vocab import Phase
 
 
@@ -19,24 +19,15 @@ class PlanInsert:
     request_id: str
     prompt: list[int] = field(metadata=BIG_LIST)
     max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int
+    # The GENERATE's sampling as rank 0 checked it, its seed fixed: every rank applies it
+    # alike (common/messages/sampling.py).
+    sampling: SeededSampling
     stop_token_ids: list[int] = field(default_factory=list)
     # Prefix cache (services/rank/prefix_cache.py): start from entry `cache_entry` (0:
     # none) trimmed to its first `cached_tokens` tokens, which equal the prompt's.
     cache_entry: int = 0
     cached_tokens: int = 0
-    # Sampling, as in Generate (validated by rank 0; every rank applies the same).
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    repetition_context_size: int = 20
-    logit_bias: list[TokenBias] = field(default_factory=list, metadata=BIAS_LIST)
-    top_logprobs: int = -1  # rank 0 alone reads it (followers send no tokens)
-    grammar: str = field(default="", metadata=GRAMMAR)  # as in Generate; every rank masks alike
+    top_logprobs: int = -1  # as in Generate; rank 0 alone reads it (followers send no tokens)
     resumed: int = 0  # as in Generate: the prompt's last `resumed` tokens are output so far
 
 

@@ -9,16 +9,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from common.messages.base import BIAS_LIST, BIG_LIST, GRAMMAR, TEXT
+from common.messages.base import BIG_LIST, TEXT
+from common.messages.sampling import Sampling
 from common.messages.vocab import Phase
-
-
-@dataclass
-class TokenBias:
-    """OpenAI's `logit_bias` entry: `bias` added to token `token`'s logit every step."""
-
-    token: int
-    bias: float
 
 
 @dataclass
@@ -26,24 +19,12 @@ class Generate:
     request_id: str
     prompt: list[int] = field(metadata=BIG_LIST)
     max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
+    # How tokens are chosen (common/messages/sampling.py); its seed may be None: rank 0
+    # draws one. The default is greedy with everything off.
+    sampling: Sampling = field(default_factory=Sampling)
     stop_token_ids: list[int] = field(default_factory=list)
     client: str = ""
-    # Sampling (services/rank/sampling.py); each default means "off", so an older sender
-    # still decodes and means what it meant.
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    repetition_context_size: int = 20
-    logit_bias: list[TokenBias] = field(default_factory=list, metadata=BIAS_LIST)
     top_logprobs: int = -1  # per token: its logprob and this many alternatives; -1: none
-    # Constrained decoding: a serialized llguidance grammar ("" : none), built and
-    # checked by the gateway (services/gateway/structured.py), compiled on every rank.
-    grammar: str = field(default="", metadata=GRAMMAR)
     # A continuation (the gateway resumes a request whose deployment failed): the last
     # `resumed` prompt tokens are the request's own output so far. Its sampling keys go
     # on from token `resumed`, penalties count those tokens as output, and the grammar is

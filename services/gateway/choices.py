@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 
-from common.messages import Generate
+from common.messages import Generate, Sampling
 from services.gateway.generation import Final, Generation
 from services.gateway.request_channel import Backend, RequestStream
 from services.gateway.streaming import DONE, Shape, collect, sse, sse_events
@@ -24,8 +24,13 @@ SEED_MOD = 2**63
 def choice_messages(msg: Generate, n: int) -> list[Generate]:
     if n == 1:
         return [msg]
-    return [dataclasses.replace(msg, request_id=f"{msg.request_id}-{i}",
-                                seed=None if msg.seed is None else (msg.seed + i) % SEED_MOD)
+    seed = msg.sampling.seed
+
+    def sampling(i: int) -> Sampling:
+        return dataclasses.replace(msg.sampling,
+                                   seed=None if seed is None else (seed + i) % SEED_MOD)
+
+    return [dataclasses.replace(msg, request_id=f"{msg.request_id}-{i}", sampling=sampling(i))
             for i in range(n)]
 
 

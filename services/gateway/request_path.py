@@ -29,7 +29,7 @@ from services.gateway.openai_schemas import ChatRequest
 from services.gateway.prompts import Prompt, output_parser, prompt_ids, token_limit
 from services.gateway.request_channel import Backend, RequestStream
 from services.gateway.resume import Resumer
-from services.gateway.sampling_params import generate_fields
+from services.gateway.sampling_params import sampling_for, top_logprobs
 from services.gateway.streaming import EventStreamResponse
 from services.gateway.structured import grammar_for
 
@@ -169,11 +169,12 @@ async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endp
     rid = rid_prefix + secrets.token_hex(12)
     # The seed is drawn here when the client named none (not by rank 0): a request that
     # resumes elsewhere goes on with the same one (services/gateway/resume.py).
+    seed = secrets.randbits(63) if req.seed is None else req.seed % (2**63)
     msg = Generate(
         request_id=rid, prompt=ids, max_tokens=limit,
-        seed=secrets.randbits(63) if req.seed is None else req.seed % (2**63),
-        stop_token_ids=list(tok.eos_ids), client="gateway", grammar=grammar,
-        **generate_fields(req, tok, backend.sampling, chat=chat))
+        sampling=sampling_for(req, tok, backend.sampling, seed=seed, grammar=grammar),
+        stop_token_ids=list(tok.eos_ids), client="gateway",
+        top_logprobs=top_logprobs(req, chat=chat))
     streams = await choices.open_streams(backend, msg, n, route.cached)  # 503: retry-after
     gens = [Generation(st, tok, model=backend.model, stops=req.stops(),
                        parser=output_parser(req, tok, prompt) if chat else None,

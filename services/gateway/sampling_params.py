@@ -1,4 +1,5 @@
-"""OpenAI sampling and logprobs fields → the `Generate` fields rank 0 plans with.
+"""OpenAI sampling and logprobs fields → the `Generate` fields rank 0 plans with: its
+`Sampling` record and `top_logprobs`.
 
 The request's own ranges are checked by the schema (openai_schemas.py, one 400 naming
 the field); what needs the model's tokenizer (logit_bias token ids) and what spans two
@@ -18,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from common.messages import TokenBias
+from common.messages import Sampling, TokenBias
 from common.sampling_defaults import SamplingDefaults
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
@@ -86,20 +87,21 @@ def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def generate_fields(req: Any, tok: ModelTokenizer, defaults: SamplingDefaults, *,
-                    chat: bool) -> dict[str, Any]:
-    """The sampling and logprobs fields of one `Generate` for this request: its own
-    values, else the deployment's defaults."""
+def sampling_for(req: Any, tok: ModelTokenizer, defaults: SamplingDefaults, *, seed: int,
+                 grammar: str = "") -> Sampling:
+    """The `Sampling` record of one `Generate` for this request: its own values, else the
+    deployment's defaults; `seed` and `grammar` as admission made them."""
     top_k = _or(req.top_k, defaults.top_k)
-    return {
-        "temperature": float(_or(req.temperature, defaults.temperature)),
-        "top_p": float(_or(req.top_p, defaults.top_p)),
-        "top_k": 0 if top_k < 0 else top_k,
-        "min_p": float(_or(req.min_p, defaults.min_p)),
-        "presence_penalty": req.presence_penalty or 0.0,
-        "frequency_penalty": req.frequency_penalty or 0.0,
-        "repetition_penalty": float(_or(req.repetition_penalty, defaults.repetition_penalty)),
-        "repetition_context_size": req.repetition_context_size or 20,
-        "logit_bias": logit_bias(req.logit_bias, len(tok.hf)),
-        "top_logprobs": top_logprobs(req, chat=chat),
-    }
+    return Sampling(
+        temperature=float(_or(req.temperature, defaults.temperature)),
+        top_p=float(_or(req.top_p, defaults.top_p)),
+        seed=seed,
+        top_k=0 if top_k < 0 else top_k,
+        min_p=float(_or(req.min_p, defaults.min_p)),
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=float(_or(req.repetition_penalty, defaults.repetition_penalty)),
+        repetition_context_size=req.repetition_context_size or 20,
+        logit_bias=logit_bias(req.logit_bias, len(tok.hf)),
+        grammar=grammar,
+    )

@@ -1,8 +1,8 @@
 """Structured output: `response_format` and a required tool call → one llguidance grammar.
 
-The grammar travels to every rank as text (`Generate.grammar`, a serialized llguidance
-grammar), where each rank masks its logits with the same matcher (services/rank/
-grammar.py). Here it is built and compiled once against the model's own tokenizer,
+The grammar travels to every rank as text (`Generate.sampling.grammar`, a serialized
+llguidance grammar), where each rank masks its logits with the same matcher
+(services/rank/grammar.py). Here it is built and compiled once against the model's own tokenizer,
 exactly as the ranks will, so a schema llguidance cannot compile is a 400 naming it
 before anything is sent.
 
@@ -36,7 +36,7 @@ from common.messages import GRAMMAR
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
 
-MAX_GRAMMAR = GRAMMAR["max_len"]  # the wire's bound for Generate.grammar
+MAX_GRAMMAR = GRAMMAR["max_len"]  # the wire's bound for Generate.sampling.grammar
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT = {"type": "object"}
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}

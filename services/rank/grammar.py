@@ -2,10 +2,11 @@
 
 The gateway compiles `response_format` / a required tool call into a serialized
 llguidance grammar (services/gateway/structured.py); the plan carries it verbatim
-(`PlanInsert.grammar`). Every rank builds the same matcher from the same grammar and the
-same tokenizer, and advances it with the same sampled tokens, so every rank applies the
-same mask at the same step (DESIGN 5.6) without shipping masks in plans: the matcher is
-deterministic (no clocks, no randomness; its resource limits count work, not time).
+(`PlanInsert.sampling.grammar`). Every rank builds the same matcher from the same grammar
+and the same tokenizer, and advances it with the same sampled tokens, so every rank
+applies the same mask at the same step (DESIGN 5.6) without shipping masks in plans: the
+matcher is deterministic (no clocks, no randomness; its resource limits count work, not
+time).
 
 The mask is a logits processor for mlx-lm's `BatchGenerator`, called once per generated
 token with the tokens so far (prompt, then each sampled token) and that step's logits.

@@ -17,7 +17,6 @@ folded into a plan, lowest first, so every epoch has one plan and one step.
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import secrets
 import time
@@ -39,7 +38,7 @@ from services.rank.planwire import MAX_BATCH_BYTES, plan_size
 from services.rank.prefill_policy import PrefillGate, StallBudget, share
 from services.rank.prefix_cache import WAIT, CachePlanner
 from services.rank.prefix_store import cache_bytes
-from services.rank.sampling import plan_fields, sampling_problem
+from services.rank.sampling import sampling_problem, top_logprobs_problem
 
 log = logging.getLogger("lockstep.rank.leader")
 MAX_SEED = (1 << 63) - 1
@@ -144,15 +143,15 @@ class Leader(RankLoop):
             self.send(StreamChunk(g.request_id, finish_reason="error", error=text,
                                   error_code=code))
             return
-        seed = g.seed if g.seed is not None else secrets.randbits(63)
+        seed = g.sampling.seed if g.sampling.seed is not None else secrets.randbits(63)
         max_tokens = g.max_tokens if g.max_tokens > 0 else self.settings.default_max_tokens
         if self.context is not None:  # clamp to what fits in the model's context
             max_tokens = min(max_tokens, self.context - len(g.prompt))
         ins = PlanInsert(
             request_id=g.request_id, prompt=g.prompt, max_tokens=max_tokens,
-            temperature=g.temperature, top_p=g.top_p, seed=seed & MAX_SEED,
-            stop_token_ids=sorted(set(g.stop_token_ids)), grammar=g.grammar,
-            resumed=g.resumed, **plan_fields(g))
+            sampling=g.sampling.seeded(seed & MAX_SEED),
+            stop_token_ids=sorted(set(g.stop_token_ids)), top_logprobs=g.top_logprobs,
+            resumed=g.resumed)
         self.scheduled[g.request_id] = Req(ins, e.received_at)
         self.pending.append(g.request_id)
         self.publish_counts()
@@ -167,11 +166,7 @@ class Leader(RankLoop):
         v = self.vocab_size
         if any(t < 0 or t >= v for t in g.prompt) or any(t < 0 or t >= v for t in g.stop_token_ids):
             return bad, f"token id out of range [0, {v})"
-        if not math.isfinite(g.temperature) or g.temperature < 0:
-            return bad, "temperature must be a finite number >= 0"
-        if not math.isfinite(g.top_p) or not 0 < g.top_p <= 1:
-            return bad, "top_p must be in (0, 1]"
-        why = sampling_problem(g, v)
+        why = sampling_problem(g.sampling, v) or top_logprobs_problem(g.top_logprobs)
         if why is not None:
             return bad, why
         if not 0 <= g.resumed < len(g.prompt):  # at least one token of the original prompt
@@ -179,12 +174,12 @@ class Leader(RankLoop):
         if self.context is not None and len(g.prompt) >= self.context:
             return ErrorCode.PROMPT_TOO_LONG, \
                 f"prompt of {len(g.prompt)} tokens does not fit the context ({self.context})"
-        if plan_size(Plan(0, 0, True, [PlanInsert(g.request_id, g.prompt, 1, 0, 1, 0,
-                                                  grammar=g.grammar)])) > MAX_BATCH_BYTES:
+        if plan_size(Plan(0, 0, True, [PlanInsert(g.request_id, g.prompt, 1, g.sampling.seeded(0),
+                                                  g.stop_token_ids)])) > MAX_BATCH_BYTES:
             return ErrorCode.PROMPT_TOO_LONG, "prompt too long"
-        if g.grammar:  # compiled here first: every rank compiles the same text alike
+        if g.sampling.grammar:  # compiled here first: every rank compiles the same text alike
             why = "this rank has no tokenizer" if self.engine.grammars is None \
-                else self.engine.grammars.check(g.grammar)
+                else self.engine.grammars.check(g.sampling.grammar)
             if why is not None:
                 return bad, f"grammar: {why}"
         return None

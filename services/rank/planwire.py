@@ -21,9 +21,10 @@ MAX_HELD = 4096
 def plan_size(plan: Plan) -> int:
     """A generous estimate of a plan's msgpack size (token ids ≤ 5 bytes each; a
     grammar is UTF-8 text, at most 4 bytes per character; a logit_bias entry ≤ 32 bytes;
-    an insert's other fields, names included, ≤ 400 bytes)."""
-    return 256 + sum(400 + 5 * (len(i.prompt) + len(i.stop_token_ids)) + 4 * len(i.grammar)
-                     + 32 * len(i.logit_bias) for i in plan.inserts) + 96 * len(plan.removes)
+    an insert's other fields, its sampling record's included, names too, ≤ 400 bytes)."""
+    return 256 + sum(400 + 5 * (len(i.prompt) + len(i.stop_token_ids))
+                     + 4 * len(i.sampling.grammar) + 32 * len(i.sampling.logit_bias)
+                     for i in plan.inserts) + 96 * len(plan.removes)
 
 
 class ReplayBuffer:

@@ -3,8 +3,9 @@
 mlx-lm's temperature/top-p samplers read and write the global `mx.random` state, which
 differs per process: one extra draw on one rank and the ranks feed different tokens into
 the next step (DESIGN 5.6). Here every sampled token uses its own key, derived from the
-request's seed (carried in the plan) and the token's index in the completion, so every
-rank draws the same token whatever else it sampled, and the same seed reproduces.
+request's seed (carried in the plan's Sampling record) and the token's index in the
+completion, so every rank draws the same token whatever else it sampled, and the same
+seed reproduces.
 
 Greedy requests return None: BatchGenerator then uses its one shared argmax sampler,
 which it applies to the whole batch in a single call.
@@ -12,11 +13,11 @@ which it applies to the whole batch in a single call.
 Logits processors (`logits_processors_for`: logit_bias, then the repetition penalty,
 then presence/frequency penalties; a grammar mask may follow) draw no randomness: each
 is a pure function of (the tokens so far, the logits), built from the plan's insert
-alone, so every rank computes the same logits from the same tokens. BatchGenerator calls
-a request's processors once per step with its token context (prompt and the tokens
-generated so far, as fed to the model) and its row of logits, before the log-softmax
-the sampler and `logprobs` see. The order after temperature scaling is vLLM's: min_p,
-then top_k, then top_p.
+alone (its Sampling record, prompt and `resumed`), so every rank computes the same
+logits from the same tokens. BatchGenerator calls a request's processors once per step
+with its token context (prompt and the tokens generated so far, as fed to the model) and
+its row of logits, before the log-softmax the sampler and `logprobs` see. The order
+after temperature scaling is vLLM's: min_p, then top_k, then top_p.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Protocol
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_p
 
-from common.messages import Generate, PlanInsert
+from common.messages import PlanInsert, Sampling, SeededSampling
 from services.rank.grammar import RankGrammars
 
 Sampler = Callable[[mx.array], mx.array]
@@ -69,13 +70,13 @@ def min_p_filter(logprobs: mx.array, min_p: float) -> mx.array:
     return mx.where(logprobs < floor, mx.array(-math.inf, logprobs.dtype), logprobs)
 
 
-def make_sampler(temperature: float, top_p: float, seed: int, top_k: int = 0,
-                 min_p: float = 0.0, start: int = 0) -> Sampler | None:
+def make_sampler(s: SeededSampling, start: int = 0) -> Sampler | None:
     """The sampler for one request; None means greedy (the batch's shared argmax).
     `start`: the index of its first token (a continuation goes on where it stopped)."""
-    if temperature <= 0.0:
+    if s.temperature <= 0.0:
         return None
-    inv_t = 1.0 / temperature
+    inv_t = 1.0 / s.temperature
+    seed, top_k, top_p, min_p = s.seed, s.top_k, s.top_p, s.min_p
     use_top_p = 0.0 < top_p < 1.0
     use_min_p = 0.0 < min_p <= 1.0
     index = start
@@ -99,8 +100,7 @@ def make_sampler(temperature: float, top_p: float, seed: int, top_k: int = 0,
 
 
 def sampler_for(ins: PlanInsert) -> Sampler | None:
-    return make_sampler(ins.temperature, ins.top_p, ins.seed, ins.top_k, ins.min_p,
-                        start=ins.resumed)
+    return make_sampler(ins.sampling, start=ins.resumed)
 
 
 # -- logits processors ------------------------------------------------------------------
@@ -166,52 +166,53 @@ def make_output_penalties(presence: float, frequency: float,
 def logits_processors_for(ins: PlanInsert, ctx: ProcessorContext) -> list[LogitsProcessor]:
     """Every processor of one request, in order: the one place they are built. An empty
     list costs BatchGenerator nothing for that row."""
+    s = ins.sampling
     out: list[LogitsProcessor] = []
-    if ins.logit_bias:
-        out.append(make_logit_bias({b.token: b.bias for b in ins.logit_bias}))
-    if ins.repetition_penalty != 1.0:
-        out.append(make_repetition_penalty(ins.repetition_penalty, ins.repetition_context_size))
-    if ins.presence_penalty or ins.frequency_penalty:
+    if s.logit_bias:
+        out.append(make_logit_bias({b.token: b.bias for b in s.logit_bias}))
+    if s.repetition_penalty != 1.0:
+        out.append(make_repetition_penalty(s.repetition_penalty, s.repetition_context_size))
+    if s.presence_penalty or s.frequency_penalty:
         # a continuation's resumed tokens are output: penalised as they were before
-        out.append(make_output_penalties(ins.presence_penalty, ins.frequency_penalty,
+        out.append(make_output_penalties(s.presence_penalty, s.frequency_penalty,
                                          len(ins.prompt) - ins.resumed))
-    if ins.grammar:  # last: a disallowed token stays -inf whatever came before
+    if s.grammar:  # last: a disallowed token stays -inf whatever came before
         if ctx is None or ctx.grammars is None:
             raise ValueError("a grammar needs the rank's tokenizer (Engine grammars)")
-        proc = ctx.grammars.processor(ins.grammar)
+        proc = ctx.grammars.processor(s.grammar)
         for token in ins.prompt[len(ins.prompt) - ins.resumed:]:  # where the request was
             proc.advance(token)
         out.append(proc)
     return out
 
 
-# -- rank 0: checking a GENERATE's sampling fields, and carrying them into the plan ----
-
-SAMPLING_FIELDS = ("top_k", "min_p", "presence_penalty", "frequency_penalty",
-                   "repetition_penalty", "repetition_context_size", "top_logprobs")
+# -- rank 0: checking a GENERATE's sampling record ------------------------------------
 
 
 def _finite_in(x: float, lo: float, hi: float) -> bool:
     return math.isfinite(x) and lo <= x <= hi
 
 
-def sampling_problem(g: Generate, vocab_size: int) -> str | None:
-    """Why rank 0 refuses `g`'s sampling fields (text for people), or None."""
-    if g.top_k < 0:
+def sampling_problem(s: Sampling, vocab_size: int) -> str | None:
+    """Why rank 0 refuses a GENERATE's sampling record (text for people), or None. The
+    grammar is checked apart: compiling it needs the rank's tokenizer (leader.validate)."""
+    if not math.isfinite(s.temperature) or s.temperature < 0:
+        return "temperature must be a finite number >= 0"
+    if not math.isfinite(s.top_p) or not 0 < s.top_p <= 1:
+        return "top_p must be in (0, 1]"
+    if s.top_k < 0:
         return "top_k must be >= 0 (0: off)"
-    if not _finite_in(g.min_p, 0.0, 1.0):
+    if not _finite_in(s.min_p, 0.0, 1.0):
         return "min_p must be in [0, 1]"
     for name in ("presence_penalty", "frequency_penalty"):
-        if not _finite_in(getattr(g, name), -PENALTY_LIMIT, PENALTY_LIMIT):
+        if not _finite_in(getattr(s, name), -PENALTY_LIMIT, PENALTY_LIMIT):
             return f"{name} must be in [-2, 2]"
-    if not math.isfinite(g.repetition_penalty) or g.repetition_penalty <= 0:
+    if not math.isfinite(s.repetition_penalty) or s.repetition_penalty <= 0:
         return "repetition_penalty must be a finite number > 0 (1: off)"
-    if not 1 <= g.repetition_context_size <= MAX_CONTEXT_SIZE:
+    if not 1 <= s.repetition_context_size <= MAX_CONTEXT_SIZE:
         return f"repetition_context_size must be in [1, {MAX_CONTEXT_SIZE}]"
-    if not -1 <= g.top_logprobs <= MAX_TOP_LOGPROBS:
-        return f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}] (-1: none)"
     seen: set[int] = set()
-    for b in g.logit_bias:
+    for b in s.logit_bias:
         if not 0 <= b.token < vocab_size:
             return f"logit_bias token id {b.token} out of range [0, {vocab_size})"
         if b.token in seen:
@@ -222,8 +223,8 @@ def sampling_problem(g: Generate, vocab_size: int) -> str | None:
     return None
 
 
-def plan_fields(g: Generate) -> dict:
-    """`g`'s sampling fields as PlanInsert keywords (logit_bias in token order)."""
-    out: dict = {name: getattr(g, name) for name in SAMPLING_FIELDS}
-    out["logit_bias"] = sorted(g.logit_bias, key=lambda b: b.token)
-    return out
+def top_logprobs_problem(k: int) -> str | None:
+    """Why rank 0 refuses a GENERATE's `top_logprobs` (not sampling: it reports), or None."""
+    if not -1 <= k <= MAX_TOP_LOGPROBS:
+        return f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}] (-1: none)"
+    return None

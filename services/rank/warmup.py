@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
-from common.messages import PlanInsert, TokenBias
+from common.messages import PlanInsert, SeededSampling, TokenBias
 from services.rank.engine import Engine, generator_kwargs
 from services.rank.sampling import logits_processors_for, sampler_for
 
@@ -67,10 +67,11 @@ def _inserts(vocab: int) -> list[PlanInsert]:
 
     sampled = PlanInsert(
         request_id="warm-sampled", prompt=ids(ROWS[0], 10), max_tokens=1 + DECODE_STEPS,
-        temperature=0.7, top_p=0.9, seed=1, top_k=40, min_p=0.05, presence_penalty=0.1,
-        frequency_penalty=0.1, repetition_penalty=1.1, logit_bias=[TokenBias(5, 1.0)])
+        sampling=SeededSampling(temperature=0.7, top_p=0.9, seed=1, top_k=40, min_p=0.05,
+                                presence_penalty=0.1, frequency_penalty=0.1,
+                                repetition_penalty=1.1, logit_bias=[TokenBias(5, 1.0)]))
     greedy = PlanInsert(request_id="warm-greedy", prompt=ids(ROWS[1], 1),
-                        max_tokens=1 + DECODE_STEPS, temperature=0.0, top_p=1.0, seed=0)
+                        max_tokens=1 + DECODE_STEPS, sampling=SeededSampling(seed=0))
     return [sampled, greedy]
 
 

@@ -26,7 +26,7 @@ async def _one(client: AsyncRpcClient, tokens: int, timeout: float) -> list[int]
     got: list[int] = []
     try:
         await client.send(Generate(request_id=rid, prompt=PROMPT, max_tokens=tokens,
-                                   temperature=0.0, client="canary"))
+                                   client="canary"))  # the default Sampling: greedy
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()

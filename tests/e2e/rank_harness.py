@@ -285,8 +285,9 @@ class Deployment:
                top_p: float = 1.0, seed: int | None = None, stop_token_ids=(),
                request_id: str | None = None) -> str:
         rid = request_id or "r-" + secrets.token_hex(6)
-        self.stub.post(("req", m.Generate(rid, list(prompt), max_tokens, temperature, top_p,
-                                          seed, list(stop_token_ids), "harness")))
+        sampling = m.Sampling(temperature=temperature, top_p=top_p, seed=seed)
+        self.stub.post(("req", m.Generate(rid, list(prompt), max_tokens, sampling,
+                                          list(stop_token_ids), "harness")))
         return rid
 
     def chunks(self, rid: str) -> list[m.Tokens]:

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.bus import Channel, configure
 from common.keys import load_cluster_key, requests_key_of
-from common.messages import REQUESTS_OUT, Abort, ErrorCode, Generate, Tokens, TokensBatch
+from common.messages import REQUESTS_OUT, Abort, ErrorCode, Generate, Sampling, Tokens, TokensBatch
 from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
 from tests.support.processes import interrupt, up_argv
 from tests.support.requests import supervisor_record
@@ -76,7 +76,7 @@ class SecondGateway:
 
     def generate(self, max_tokens: int) -> str:
         rid = "g2-" + secrets.token_hex(6)
-        self.send(Generate(rid, [1, 2, 3], max_tokens, 0.0, 1.0, None, [], "gateway-2"))
+        self.send(Generate(rid, [1, 2, 3], max_tokens, Sampling(), [], "gateway-2"))
         return rid
 
     def pump_until(self, pred, timeout: float, what: str):

@@ -37,6 +37,11 @@ ALL_KINDS = frozenset(Kind)
 REASONS = frozenset(Reason)
 NOW = 1_700_000_000.0
 
+# Every sampling field away from its default (GENERATE's, and PLAN's insert seeded).
+SAMPLING = m.Sampling(temperature=0.7, top_p=0.9, seed=1234, top_k=40, min_p=0.05,
+                      presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.1,
+                      repetition_context_size=64, logit_bias=[m.TokenBias(3, -1.5)],
+                      grammar='{"grammars": []}')
 # One valid body per kind, with every field set away from its default.
 SAMPLES: dict[Kind, Any] = {
     Kind.ADMIN_REQUEST: m.AdminRequest(
@@ -46,7 +51,7 @@ SAMPLES: dict[Kind, Any] = {
     Kind.EVENT: m.Event(m.EventTopic.DEPLOYMENT, m.EventName.STATE, "dep-1",
                         m.DeploymentState.SERVING, "canary ok", NOW + 0.5, {"tp": 2},
                         m.ReapOutcome.OK),
-    Kind.GENERATE: m.Generate("r-2", [1, 2, 3], 16, 0.7, 0.9, 1234, [2], "gateway"),
+    Kind.GENERATE: m.Generate("r-2", [1, 2, 3], 16, SAMPLING, [2], "gateway", 3, 1),
     Kind.ABORT: m.Abort("r-2", "disconnect"),
     Kind.TOKENS: m.Tokens("r-2", [5, 6], 3, "stop", None, 3, 12.5, 9, [NOW, NOW + 0.01],
                           m.ErrorCode.OVERLOADED),
@@ -55,7 +60,8 @@ SAMPLES: dict[Kind, Any] = {
     Kind.STATS: m.Stats("r-3", m.Phase.SERVING, 10, 1, ["r-2"], 4),
     Kind.PLAN_HELLO: m.PlanHello(1),
     Kind.PLAN_WELCOME: m.PlanWelcome(1, 7),
-    Kind.PLAN: m.Plan(7, 100, True, [m.PlanInsert("r-2", [1, 2, 3], 16, 0.7, 0.9, 1234, [2])],
+    Kind.PLAN: m.Plan(7, 100, True, [m.PlanInsert("r-2", [1, 2, 3], 16, SAMPLING.seeded(1234),
+                                                  [2], 4, 2, 3, 1)],
                       [m.PlanRemove("r-1", "abort")], 3, True),
     Kind.PLAN_FETCH: m.PlanFetch(5),
     Kind.PLAN_BATCH: m.PlanBatch(

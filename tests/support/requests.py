@@ -50,7 +50,7 @@ class RequestsClient:
         rid = new_request_id()
         self.streams[rid] = []
         self.sock.send(self.channel.pack(Generate(request_id=rid, prompt=prompt,
-                                                  max_tokens=max_tokens, temperature=0.0)))
+                                                  max_tokens=max_tokens)))  # greedy
         return rid
 
     def pump(self, timeout: float = 0.05) -> None:

@@ -3,21 +3,24 @@ merged usage/outcome of the response."""
 
 from __future__ import annotations
 
-from common.messages import Generate
+from common.messages import Generate, Sampling
 from services.gateway.choices import SEED_MOD, choice_messages, merged_final
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final
 
 
 def test_each_choice_its_own_request_and_seed():
-    g = Generate(request_id="chatcmpl-x", prompt=[1, 2], max_tokens=4, seed=SEED_MOD - 1)
+    g = Generate(request_id="chatcmpl-x", prompt=[1, 2], max_tokens=4,
+                 sampling=Sampling(temperature=0.5, seed=SEED_MOD - 1))
     ms = choice_messages(g, 3)
     assert [m.request_id for m in ms] == ["chatcmpl-x-0", "chatcmpl-x-1", "chatcmpl-x-2"]
-    assert [m.seed for m in ms] == [SEED_MOD - 1, 0, 1]  # wraps into the rank's range
-    assert all(m.prompt == [1, 2] and m.max_tokens == 4 for m in ms)
+    assert [m.sampling.seed for m in ms] == [SEED_MOD - 1, 0, 1]  # wraps into the rank's range
+    assert all(m.prompt == [1, 2] and m.max_tokens == 4 and m.sampling.temperature == 0.5
+               for m in ms)
+    assert g.sampling.seed == SEED_MOD - 1  # the request's own record is not changed
     assert choice_messages(g, 1) == [g]  # n = 1: the request as it was
     unseeded = choice_messages(Generate(request_id="r", prompt=[1], max_tokens=1), 2)
-    assert [m.seed for m in unseeded] == [None, None]  # rank 0 draws one for each
+    assert [m.sampling.seed for m in unseeded] == [None, None]  # rank 0 draws one for each
 
 
 def test_merged_usage_counts_the_prompt_once():

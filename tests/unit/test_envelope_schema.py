@@ -53,8 +53,8 @@ SCHEMA_CASES = [
     ("body-not-map", Kind.ABORT, ["r-1", "client"], Reason.WRONG_TYPE),
     ("body-nil", Kind.ABORT, None, Reason.WRONG_TYPE),
     ("nested-not-map", Kind.PLAN, wire(Kind.PLAN, inserts=["x"]), Reason.WRONG_TYPE),
-    ("nested-wrong-type", Kind.PLAN, wire(Kind.PLAN, inserts=[PLAN_INSERT | {"seed": "s"}]),
-     Reason.WRONG_TYPE),
+    ("nested-wrong-type", Kind.PLAN, wire(Kind.PLAN, inserts=[
+        PLAN_INSERT | {"sampling": PLAN_INSERT["sampling"] | {"seed": "s"}}]), Reason.WRONG_TYPE),
     ("nested-nested", Kind.PLAN_BATCH,
      {"plans": [to_wire(SAMPLES[Kind.PLAN]) | {"removes": [{"request_id": 1, "reason": "x"}]}]},
      Reason.WRONG_TYPE),

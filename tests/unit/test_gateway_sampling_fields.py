@@ -1,21 +1,22 @@
-"""The gateway's sampling and logprobs fields: OpenAI request → Generate fields, each bad
-value a 400 naming its field (before any GENERATE); rank 0's own check of the same
-fields; logprobs in OpenAI's two shapes."""
+"""The gateway's sampling and logprobs fields: OpenAI request → Generate's Sampling record
+and top_logprobs, each bad value a 400 naming its field (before any GENERATE); rank 0's
+own check of the same fields; logprobs in OpenAI's two shapes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from common.messages import Generate, TokenBias, Tokens
+from common.messages import Generate, Sampling, SeededSampling, TokenBias, Tokens
 from common.sampling_defaults import Origin, SamplingDefaults
 from services.gateway import logprobs as lp
 from services.gateway.detok import load_tokenizer
 from services.gateway.errors import ApiError
 from services.gateway.openai_schemas import ChatRequest, CompletionRequest, validate
-from services.gateway.sampling_params import generate_fields
-from services.rank.sampling import plan_fields, sampling_problem
+from services.gateway.sampling_params import sampling_for, top_logprobs
+from services.rank.sampling import sampling_problem, top_logprobs_problem
 from tests.e2e.rank_harness import model_dir
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -26,14 +27,23 @@ def tok():
     return load_tokenizer(model_dir())
 
 
+def fields(req, tok, *, chat: bool, defaults: SamplingDefaults | None = None) -> dict:
+    """What the gateway puts in the request's Generate: its Sampling record's fields (but
+    the seed and grammar admission passes in) and top_logprobs."""
+    s = sampling_for(req, tok, defaults or SamplingDefaults(), seed=0)
+    out = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)
+           if f.name not in ("seed", "grammar")}
+    return {**out, "top_logprobs": top_logprobs(req, chat=chat)}
+
+
 def chat(tok, **kw) -> dict:
     req = validate(ChatRequest, json.dumps({"model": "m", "messages": MSGS, **kw}).encode())
-    return generate_fields(req, tok, SamplingDefaults(), chat=True)
+    return fields(req, tok, chat=True)
 
 
 def completion(tok, **kw) -> dict:
     req = validate(CompletionRequest, json.dumps({"model": "m", "prompt": "x", **kw}).encode())
-    return generate_fields(req, tok, SamplingDefaults(), chat=False)
+    return fields(req, tok, chat=False)
 
 
 def refused(fn, tok, **kw) -> ApiError:
@@ -46,10 +56,12 @@ def refused(fn, tok, **kw) -> ApiError:
 def test_defaults_are_off_and_equal_the_wire_defaults(tok):
     got = chat(tok)
     g = Generate(request_id="r", prompt=[1], max_tokens=1)
+    wire = {**{k: getattr(g.sampling, k) for k in got if k != "top_logprobs"},
+            "top_logprobs": g.top_logprobs}
     # the server's temperature default is OpenAI's 1, not the wire's 0 (greedy)
     assert got["temperature"] == 1.0
     assert {k: v for k, v in got.items() if k != "temperature"} == {
-        k: getattr(g, k) for k in got if k != "temperature"}
+        k: v for k, v in wire.items() if k != "temperature"}
     assert completion(tok) == got
 
 
@@ -67,22 +79,23 @@ def test_fields_map_into_generate(tok):
     assert completion(tok, logprobs=0)["top_logprobs"] == 0
     assert completion(tok, logprobs=20)["top_logprobs"] == 20
     # what the gateway sends, rank 0 accepts and plans as is
-    g = Generate(request_id="r", prompt=[1], max_tokens=1, **got)
-    assert sampling_problem(g, len(tok.hf)) is None
-    assert plan_fields(g) == {k: v for k, v in got.items() if k not in ("temperature", "top_p")}
+    s = Sampling(**{k: v for k, v in got.items() if k != "top_logprobs"})
+    assert sampling_problem(s, len(tok.hf)) is None and top_logprobs_problem(4) is None
+    assert s.seeded(7) == SeededSampling(seed=7, **{k: v for k, v in got.items()
+                                                     if k != "top_logprobs"})
 
 
 def test_omitted_fields_take_the_deployments_defaults_and_named_ones_win(tok):
     d = SamplingDefaults(temperature=0.0, top_p=0.9, top_k=40, min_p=0.05,
                          repetition_penalty=1.1, origin={"temperature": Origin.OPERATOR})
     req = validate(ChatRequest, json.dumps({"model": "m", "messages": MSGS}).encode())
-    got = generate_fields(req, tok, d, chat=True)
+    got = fields(req, tok, chat=True, defaults=d)
     assert {k: got[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")} \
         == {"temperature": 0.0, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1}
     named = validate(ChatRequest, json.dumps({
         "model": "m", "messages": MSGS, "temperature": 0.7, "top_p": 1, "top_k": -1,
         "min_p": 0, "repetition_penalty": 1}).encode())
-    got = generate_fields(named, tok, d, chat=True)
+    got = fields(named, tok, chat=True, defaults=d)
     assert {k: got[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")} \
         == {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
 
@@ -117,15 +130,18 @@ def test_rank0_refuses_what_the_gateway_would(tok):
     v = len(tok.hf)
 
     def problem(**kw):
-        return sampling_problem(Generate(request_id="r", prompt=[1], max_tokens=1, **kw), v)
+        return sampling_problem(Sampling(**kw), v)
 
     assert problem() is None
-    for kw in ({"top_k": -1}, {"min_p": float("nan")}, {"presence_penalty": 3.0},
+    for kw in ({"temperature": -0.1}, {"temperature": float("nan")}, {"top_p": 0.0},
+               {"top_p": 1.5}, {"top_k": -1}, {"min_p": float("nan")}, {"presence_penalty": 3.0},
                {"frequency_penalty": float("inf")}, {"repetition_penalty": 0.0},
-               {"repetition_context_size": 0}, {"top_logprobs": 21}, {"top_logprobs": -2},
+               {"repetition_context_size": 0},
                {"logit_bias": [TokenBias(v, 1.0)]}, {"logit_bias": [TokenBias(1, 100.5)]},
                {"logit_bias": [TokenBias(1, 1.0), TokenBias(1, 2.0)]}):
         assert problem(**kw), kw
+    assert top_logprobs_problem(-1) is None and top_logprobs_problem(20) is None
+    assert top_logprobs_problem(21) and top_logprobs_problem(-2)
 
 
 def body(tok, ids: list[int], k: int) -> Tokens:

@@ -9,12 +9,16 @@ import stat
 import mlx.core as mx
 import pytest
 
-from common.messages import Plan, PlanInsert, PlanRemove
+from common.messages import Plan, PlanInsert, PlanRemove, SeededSampling
 from common.rank_env import DEFAULTS, rank_environment
 from common.rankspec import RankSettings
 from services.rank.planwire import PlanOrder, ReplayBuffer
 from services.rank.removals import RemovalLog, read_removals, token_digest
 from services.rank.sampling import make_sampler, token_seed
+
+
+def sampler(temperature: float, top_p: float, seed: int):
+    return make_sampler(SeededSampling(temperature=temperature, top_p=top_p, seed=seed))
 
 
 def plan(seq: int, **kw) -> Plan:
@@ -62,12 +66,12 @@ def test_token_seeds_are_deterministic_and_distinct():
 
 
 def test_sampler_ignores_global_rng_and_other_requests():
-    assert make_sampler(0.0, 1.0, 5) is None  # greedy: the batch's shared argmax
+    assert sampler(0.0, 1.0, 5) is None  # greedy: the batch's shared argmax
     logits = mx.random.normal((1, 64), key=mx.random.key(0)) * 3
 
     def draw(n: int, noise: bool) -> list[int]:
-        s = make_sampler(0.8, 0.9, 1234)
-        other = make_sampler(1.0, 1.0, 1234)
+        s = sampler(0.8, 0.9, 1234)
+        other = sampler(1.0, 1.0, 1234)
         out = []
         for _ in range(n):
             if noise:  # extra global draws and another request's draws in between
@@ -79,7 +83,7 @@ def test_sampler_ignores_global_rng_and_other_requests():
     a = draw(30, noise=False)
     assert a == draw(30, noise=True)
     assert len(set(a)) > 1  # it does sample
-    assert a != [int(make_sampler(0.8, 0.9, 99)(logits).item()) for _ in range(30)]
+    assert a != [int(sampler(0.8, 0.9, 99)(logits).item()) for _ in range(30)]
 
 
 # -- engine --------------------------------------------------------------------------------
@@ -96,8 +100,9 @@ def model():
 
 
 def ins(rid: str, n: int = 4, **kw) -> PlanInsert:
-    return PlanInsert(request_id=rid, prompt=[1, 2, 3], max_tokens=n, temperature=kw.get("t", 0.0),
-                      top_p=1.0, seed=kw.get("seed", 0), stop_token_ids=kw.get("stop", []))
+    return PlanInsert(request_id=rid, prompt=[1, 2, 3], max_tokens=n,
+                      sampling=SeededSampling(temperature=kw.get("t", 0.0), seed=kw.get("seed", 0)),
+                      stop_token_ids=kw.get("stop", []))
 
 
 def test_engine_steps_and_detects_divergence(model):

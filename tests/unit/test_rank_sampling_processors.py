@@ -18,7 +18,7 @@ from mlx_lm.sample_utils import (
     make_repetition_penalty,
 )
 
-from common.messages import PlanInsert, TokenBias
+from common.messages import PlanInsert, SeededSampling, TokenBias
 from services.gateway import sampling_params as gw
 from services.rank import sampling
 from services.rank.logprobs import extract
@@ -34,8 +34,13 @@ PROMPT = [3, 5, 7, 5]
 
 
 def insert(**kw) -> PlanInsert:
-    return PlanInsert(request_id="r", prompt=list(PROMPT), max_tokens=8, temperature=1.0,
-                      top_p=1.0, seed=1, **kw)
+    """An insert whose sampling record has `kw` (and temperature 1, seed 1)."""
+    return PlanInsert(request_id="r", prompt=list(PROMPT), max_tokens=8,
+                      sampling=SeededSampling(temperature=1.0, seed=1, **kw))
+
+
+def sampler(temperature: float, top_p: float, seed: int, **kw):
+    return make_sampler(SeededSampling(temperature=temperature, top_p=top_p, seed=seed, **kw))
 
 
 def logits(seed: int = 0, rows: int = 1) -> mx.array:
@@ -145,10 +150,10 @@ def test_sampler_top_k_1_and_min_p_1_are_greedy_and_seeded():
     lp = x - mx.logsumexp(x, axis=-1, keepdims=True)
     best = int(mx.argmax(lp, axis=-1).item())
     for seed in range(20):
-        assert make_sampler(1.0, 1.0, seed, top_k=1)(lp).item() == best
-        assert make_sampler(1.5, 1.0, seed, min_p=1.0)(lp).item() == best
+        assert sampler(1.0, 1.0, seed, top_k=1)(lp).item() == best
+        assert sampler(1.5, 1.0, seed, min_p=1.0)(lp).item() == best
     # the same seed draws the same tokens, whatever else was sampled
-    draws = [make_sampler(1.0, 1.0, 42, top_k=8) for _ in range(2)]
+    draws = [sampler(1.0, 1.0, 42, top_k=8) for _ in range(2)]
     a = [draws[0](lp).item() for _ in range(16)]
     mx.random.seed(123)
     mx.random.uniform()  # a global draw in between changes nothing
@@ -189,11 +194,12 @@ def test_plan_size_bounds_an_insert_with_every_sampling_field():
     from services.rank.planwire import plan_size
 
     for n_bias in (0, 1024):
+        s = SeededSampling(temperature=0.7, top_p=0.9, seed=2**62, top_k=10**6, min_p=0.05,
+                           presence_penalty=1.5, frequency_penalty=-1.5, repetition_penalty=1.3,
+                           repetition_context_size=2**20,
+                           logit_bias=[TokenBias(150000 + i, -99.5) for i in range(n_bias)])
         ins = PlanInsert(request_id="chatcmpl-" + "a" * 24, prompt=[150000] * 10,
-                         max_tokens=10**6, temperature=0.7, top_p=0.9, seed=2**62,
-                         stop_token_ids=[1, 2], cache_entry=2**40, cached_tokens=10**6,
-                         top_k=10**6, min_p=0.05, presence_penalty=1.5, frequency_penalty=-1.5,
-                         repetition_penalty=1.3, repetition_context_size=2**20, top_logprobs=20,
-                         logit_bias=[TokenBias(150000 + i, -99.5) for i in range(n_bias)])
+                         max_tokens=10**6, sampling=s, stop_token_ids=[1, 2], cache_entry=2**40,
+                         cached_tokens=10**6, top_logprobs=20, resumed=2**20)
         plan = Plan(seq=2**40, step=2**40, advance=True, inserts=[ins] * 4)
         assert len(msgpack.packb(to_wire(plan))) <= plan_size(plan)
