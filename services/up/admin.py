@@ -6,15 +6,25 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
 from common.atomic_json import StateFileError
 from common.bus import BusTimeout, Channel, new_request_id
-from common.deployment_info import DeploymentInfo, DeploymentInfoError, read_deployment_info
+from common.deployment_info import DeploymentInfo
 from common.envelope import Key
 from common.home import Paths, read_supervisor_record
 from common.messages import ADMIN_OUT, AdminRequest, DeploymentState
+from common.messages.commands import (
+    ReplyError,
+    abort_all,
+    args_wire,
+    command_of,
+    deployments,
+    ping,
+    stop,
+)
 from common.rpc_client import SyncRpcClient
 
 
@@ -55,7 +65,7 @@ class AdminLink:
                 ch = Channel("up", "admin", sender="up", send_key=self.key, accept=ADMIN_OUT)
                 self.client = SyncRpcClient(self.ctx, eps[0], ch)
                 try:
-                    self.call("ping", {}, timeout=2.0)
+                    self.ask(ping.Args(), timeout=2.0)
                     return eps
                 except (UpError, BusTimeout):
                     self.client.close()
@@ -64,12 +74,17 @@ class AdminLink:
         raise UpError("the supervisor did not come up (see its log)" if not stop.is_set()
                       else "interrupted while starting")
 
-    def call(self, command: str, args: dict, timeout: float = 10.0) -> dict:
+    def ask(self, args: Any, timeout: float = 10.0) -> Any:
+        """Run the command whose Args `args` is; its Reply, decoded once (UpError if the
+        supervisor refused or answered with something else)."""
         if self.client is None:
             raise UpError("no supervisor connection")
+        cmd = command_of(args)
+        command = cmd.name
         try:
             reply = self.client.call(AdminRequest(request_id=new_request_id(), command=command,
-                                                  args=args), timeout, self.interrupted).body
+                                                  args=args_wire(args)), timeout,
+                                     self.interrupted).body
         except BusTimeout:
             # Lazy Pirate: a timed-out DEALER may get a late reply; start a fresh socket.
             self.client.close()
@@ -77,17 +92,14 @@ class AdminLink:
             raise
         if not reply.ok:
             raise UpError(f"{command}: {reply.code}: {reply.message}")
-        return dict(reply.data)
+        try:
+            return cmd.decode(reply.data)
+        except ReplyError as exc:
+            raise UpError(str(exc)) from None
 
     def deployments(self, timeout: float) -> list[DeploymentInfo]:
         """Every deployment the supervisor holds, each read strictly."""
-        deps = self.call("deployments", {}, timeout=timeout).get("deployments")
-        if not isinstance(deps, list):
-            raise UpError("deployments: the reply carries no deployments list")
-        try:
-            return [read_deployment_info(d) for d in deps]
-        except DeploymentInfoError as exc:
-            raise UpError(f"deployments: {exc}") from None
+        return self.ask(deployments.Args(), timeout=timeout).deployments
 
     def deployment(self, dep_id: str) -> DeploymentInfo | None:
         try:
@@ -99,9 +111,8 @@ class AdminLink:
     def abort_and_teardown(self, log, rank_pids: set[int]) -> bool:
         ok = True
         try:
-            ev = self.call("abort_all", {"deployment_id": None, "timeout_s": 15.0}, timeout=30.0)
-            log(f"abort_all: epoch {ev.get('epoch')}, zero active: {ev.get('zero_active')}, "
-                f"ranks {ev.get('ranks')}")
+            ev = self.ask(abort_all.Args(timeout_s=15.0), timeout=30.0)
+            log(f"abort_all: epoch {ev.epoch}, zero active: {ev.zero_active}, ranks {ev.ranks}")
             deps = self.deployments(10.0)
         except (UpError, BusTimeout) as exc:
             log(f"abort_all failed: {exc}")
@@ -111,10 +122,9 @@ class AdminLink:
             if d.state == DeploymentState.STOPPED:
                 continue
             try:
-                out = self.call("stop", {"deployment_id": d.deployment_id, "force": True},
-                                timeout=180.0).get("outcome") or {}
+                out = self.ask(stop.Args(d.deployment_id, force=True), timeout=180.0).outcome
                 log(f"deployment {d.deployment_id} torn down "
-                    f"({'/'.join(out.get('path') or []) or 'ok'}, proven {out.get('proven', True)})")
+                    f"({'/'.join(out.path) or 'ok'}, proven {out.proven})")
             except (UpError, BusTimeout) as exc:
                 log(f"teardown of {d.deployment_id} NOT verified: {exc}")
                 ok = False

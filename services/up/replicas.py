@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from common.messages import FAILED_STATES, DeploymentState
+from common.messages.commands import deploy, stop
 from common.model_ref import model_id
-from common.schema import to_wire
 from services.up.admin import DeploymentDown, UpError
 
 if TYPE_CHECKING:
@@ -43,11 +43,10 @@ class ReplicaSet:
     def deploy(self, r: int) -> str:
         s = self.up.s
         dep_id = f"d-{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}-r{r}"
-        self.up.admin.call("deploy", {
-            "model_path": self.model, "tp": s.tp, "pp": s.pp, "hosts": self.hosts,
-            "backend": self.backend, "wait": False, "envs": self.envs,
-            "sampling": to_wire(self.up.sampling), "deployment_id": dep_id,
-            "replicas": self.n, "replica": r}, timeout=120.0)
+        self.up.admin.ask(deploy.Args(
+            model_path=self.model, tp=s.tp, pp=s.pp, hosts=self.hosts, backend=self.backend,
+            wait=False, envs=self.envs, sampling=self.up.sampling, deployment_id=dep_id,
+            replicas=self.n, replica=r), timeout=120.0)
         self.up.log(f"deploying replica {r} of {model_id(self.model)} as {dep_id} "
                     f"(tp={s.tp}, pp={s.pp}, backend={self.backend})")
         return dep_id
@@ -100,8 +99,7 @@ class ReplicaSet:
         self.restarts_left -= 1
         self.up.log(f"replica {rep.index}: deployment {rep.dep_id} is {state}: {error}; the "
                     f"others serve on; redeploying it ({self.restarts_left} restart(s) left)")
-        out = self.up.admin.call("stop", {"deployment_id": rep.dep_id, "force": True},
-                                 timeout=120.0)
-        path = "/".join(out.get("outcome", {}).get("path") or []) or "its ranks were already gone"
+        out = self.up.admin.ask(stop.Args(rep.dep_id, force=True), timeout=120.0).outcome
+        path = "/".join(out.path) or "its ranks were already gone"
         self.up.log(f"replica {rep.index}: old deployment torn down ({path})")
         rep.dep_id, rep.serving = self.deploy(rep.index), False

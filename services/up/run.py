@@ -22,10 +22,10 @@ from common.home import Paths
 from common.keys import KeyFileError, ensure_cluster_key
 from common.launcher_watch import LAUNCHER_ENV, launcher_value
 from common.messages import FAILED_STATES, DeploymentState
+from common.messages.commands import deploy, stop
 from common.model_ref import model_id
 from common.procs import ProcessIdentity, identify, is_alive, snapshot_children, terminate_ladder
 from common.sampling_defaults import SamplingOverrides
-from common.schema import to_wire
 from services.supervisor.hosts import HostsError, members_from_host_records, read_hosts_file
 from services.supervisor.topology import TopologyError
 from services.supervisor.topology import check as check_topology
@@ -192,9 +192,8 @@ class Up:
                     raise
                 restarts_left -= 1
                 self.log(f"{down}; redeploying ({restarts_left} restart(s) left)")
-                out = self.admin.call("stop", {"deployment_id": dep_id, "force": True},
-                                      timeout=120.0)
-                self.log(f"old deployment torn down ({'/'.join(out.get('outcome', {}).get('path') or []) or 'its ranks were already gone'})")
+                out = self.admin.ask(stop.Args(dep_id, force=True), timeout=120.0).outcome
+                self.log(f"old deployment torn down ({'/'.join(out.path) or 'its ranks were already gone'})")
 
     def progress(self, dep_id: str) -> None:
         self.check_children()
@@ -217,11 +216,9 @@ class Up:
 
     def deploy_and_wait(self, model: str, hosts, envs, backend: str) -> str | None:
         s = self.s
-        data = self.admin.call("deploy", {"model_path": model, "tp": s.tp, "pp": s.pp,
-                                          "hosts": hosts, "backend": backend, "wait": False,
-                                          "envs": envs, "sampling": to_wire(self.sampling)},
-                               timeout=120.0)
-        dep_id = data["deployment_id"]
+        dep_id = self.admin.ask(deploy.Args(model_path=model, tp=s.tp, pp=s.pp, hosts=hosts,
+                                            backend=backend, wait=False, envs=envs,
+                                            sampling=self.sampling), timeout=120.0).deployment_id
         self.log(f"deploying {model_id(model)} as {dep_id} (tp={s.tp}, pp={s.pp}, backend={backend})")
         url = self.local_url()
         deadline = time.monotonic() + s.ready_timeout
