@@ -3,7 +3,8 @@ ladder run there one step per ssh (shared by the supervisor's teardown and the r
 
 Every call is `common.ssh.run_json` (batch mode, connect timeout, keep-alives, a
 deadline); the agent on that host checks identity before each signal and observes each
-exit. SshError (naming the target) for anything that did not answer.
+exit. Each answer is decoded once into its reply type (replies.py); SshError (naming the
+target) for anything that did not answer, or answered with something else.
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from common.home import Paths
-from common.messages.vocab import ProcState
 from common.procs import ProcessIdentity
+from common.schema import SchemaError, decode_into
 from common.ssh import SshError, SshTarget, run_json
 from services.hostagent import agent_argv
 from services.hostagent.base import identity_to_dict
+from services.hostagent.replies import Identity, Probe, Removed, Sent, Survivors
+
+R = TypeVar("R")
 
 STEPS = (("sigterm", "TERM"), ("sigkill", "KILL"), ("sigkill-retry", "KILL"))
 
@@ -50,6 +54,26 @@ class RemoteHost:
         return run_json(self.target, agent_argv(self.python, command, *args), input=input,
                         timeout=self.timeout + wait)
 
+    def ask(self, reply: type[R], command: str, *args: str, input: bytes | None = None,
+            wait: float = 0.0) -> R:
+        """The agent's answer decoded once into `reply`; SshError if it did not answer or
+        answered with something else."""
+        ans = self.agent(command, *args, input=input, wait=wait)
+        try:
+            return decode_into(reply, ans)
+        except SchemaError as exc:
+            raise SshError(self.target.target, f"{command} answered badly: {exc}") from None
+
+    def identify(self, pid: int) -> Identity | None:
+        """The process holding `pid` there now (None: none, or a zombie)."""
+        ans = self.agent("identify", str(pid))
+        if ans is None:
+            return None
+        try:
+            return decode_into(Identity, ans)
+        except SchemaError as exc:
+            raise SshError(self.target.target, f"identify answered badly: {exc}") from None
+
     def describe(self) -> str:
         return f"{self.name} ({self.target.target})"
 
@@ -58,23 +82,14 @@ def idents_json(idents: list[ProcessIdentity]) -> str:
     return json.dumps([identity_to_dict(i) for i in idents])
 
 
-def ident_from(d: Mapping[str, Any]) -> ProcessIdentity:
-    return ProcessIdentity(int(d["pid"]), float(d["start_time"]), tuple(d["cmdline"]))
-
-
-def probe_states(host: RemoteHost, idents: list[ProcessIdentity],
-                 deployment_id: str | None = None) -> tuple[dict[int, ProcState], list[dict]]:
-    """({pid: its state there}, markers there) — markers of `deployment_id` under the
-    host's home when given, else none. The one reader of a probe's reply."""
+def probe(host: RemoteHost, idents: list[ProcessIdentity],
+          deployment_id: str | None = None) -> Probe:
+    """Each process's state there, and the markers of `deployment_id` under the host's
+    home when given (else none)."""
     args = ["--identities-json", idents_json(idents)]
     if deployment_id is not None:
         args += ["--home", host.home, "--deployment", deployment_id]
-    try:
-        ans = host.agent("probe", *args)
-        return ({int(p["pid"]): ProcState(p["state"]) for p in ans["processes"]},
-                list(ans.get("markers", [])))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SshError(host.target.target, f"probe answered badly: {exc}") from None
+    return host.ask(Probe, "probe", *args)
 
 
 @dataclass
@@ -90,20 +105,20 @@ def wait_gone(host: RemoteHost, lad: Ladder, timeout: float) -> None:
     if lad.error or not lad.left:
         return
     try:
-        ans = host.agent("wait-exit", "--identities-json", idents_json(lad.left),
-                         "--timeout", f"{timeout:.3f}", wait=timeout)
-        lad.left = [ident_from(d) for d in ans["survivors"]]
-    except (SshError, KeyError, TypeError, ValueError) as exc:
+        ans = host.ask(Survivors, "wait-exit", "--identities-json", idents_json(lad.left),
+                       "--timeout", f"{timeout:.3f}", wait=timeout)
+        lad.left = [s.ident() for s in ans.survivors]
+    except SshError as exc:
         lad.error = f"wait-exit on {host.describe()} failed: {exc}"
 
 
 def _signal(host: RemoteHost, ident: ProcessIdentity, sig: str, pgid: int) -> None:
     # The group only while this member proves it (the agent checks), else the process.
-    if pgid > 1 and host.agent("signal-group", str(pgid), sig, "--members-json",
-                               idents_json([ident]))["sent"]:
+    if pgid > 1 and host.ask(Sent, "signal-group", str(pgid), sig, "--members-json",
+                             idents_json([ident])).sent:
         return
-    host.agent("signal", str(ident.pid), repr(ident.start_time), sig,
-               "--cmdline-json", json.dumps(list(ident.cmdline)))
+    host.ask(Sent, "signal", str(ident.pid), repr(ident.start_time), sig,
+             "--cmdline-json", json.dumps(list(ident.cmdline)))
 
 
 def run_ladder(host: RemoteHost, lad: Ladder, pgid_of: Mapping[int, int], *,
@@ -118,18 +133,18 @@ def run_ladder(host: RemoteHost, lad: Ladder, pgid_of: Mapping[int, int], *,
         try:
             for ident in lad.left:
                 _signal(host, ident, sig, pgid_of.get(ident.pid, 0))
-        except (SshError, KeyError, TypeError) as exc:
+        except SshError as exc:
             lad.error = f"{step} on {host.describe()} failed: {exc}"
             return
         wait_gone(host, lad, timeout)
 
 
 def remove_launch_files(host: RemoteHost, job_id: str,
-                        deployment_id: str | None = None) -> dict[str, Any]:
+                        deployment_id: str | None = None) -> Removed:
     """The launch secret and job directory there (and the deployment's markers when
     `deployment_id` is given); the agent refuses anything outside its runtime/."""
     p = host.paths
     paths = [str(p.secrets / f"{job_id}.key"), str(p.runtime / "jobs" / job_id)]
     if deployment_id is not None:
         paths.append(str(p.markers / deployment_id))
-    return host.agent("remove-files", "--home", host.home, *paths)
+    return host.ask(Removed, "remove-files", "--home", host.home, *paths)

@@ -13,18 +13,25 @@ from typing import Any
 
 from common import ports
 from common.home import Paths, read_markers
+from common.schema import to_wire
 from services.hostagent.base import AgentError, read_stdin
+from services.hostagent.replies import MarkerFile, Markers, UnreadableFile
 
 MAX_PORTS = 64
 
 
-def cmd_read_markers(args: argparse.Namespace) -> Any:
+def markers_under(home: str, deployment: str | None) -> Markers:
+    """The rank markers under `home` (one deployment's, or all): read-markers and probe."""
     try:
-        scan = read_markers(Paths(home=Path(args.home)), args.deployment)
+        scan = read_markers(Paths(home=Path(home)), deployment)
     except ValueError as e:  # an invalid deployment id
         raise AgentError(str(e)) from None
-    return {"markers": [{"path": str(p), "marker": m.to_dict()} for p, m in scan.markers],
-            "unreadable": [{"path": str(p), "reason": r} for p, r in scan.unreadable]}
+    return Markers([MarkerFile(str(p), m.to_dict()) for p, m in scan.markers],
+                   [UnreadableFile(str(p), r) for p, r in scan.unreadable])
+
+
+def cmd_read_markers(args: argparse.Namespace) -> Any:
+    return to_wire(markers_under(args.home, args.deployment))
 
 
 def cmd_write_file(args: argparse.Namespace) -> Any:

@@ -15,9 +15,9 @@ from typing import Any
 import psutil
 
 from common import procs
-from common.home import Paths, read_markers
 from common.messages.vocab import ProcState
 from common.procs import START_TIME_TOLERANCE, ProcessIdentity
+from common.schema import to_wire
 from services.hostagent.base import (
     AgentError,
     identities_arg,
@@ -27,6 +27,8 @@ from services.hostagent.base import (
     parse_signal,
     read_stdin,
 )
+from services.hostagent.file_cmds import markers_under
+from services.hostagent.replies import Identity, Probe, ProcessState
 
 # Popen returns once exec is past its point of no return, which can be before the new
 # command line is visible in /proc (it reads empty for a moment): wait for it.
@@ -76,19 +78,15 @@ def process_state(ident: ProcessIdentity) -> tuple[ProcState, ProcessIdentity | 
 
 
 def cmd_probe(args: argparse.Namespace) -> Any:
-    out: dict[str, Any] = {"processes": []}
+    procs_there = []
     for ident in identities_arg(args.identities_json, "--identities-json"):
         state, current = process_state(ident)
-        out["processes"].append({"pid": ident.pid, "state": state.value, "current": (
-            identity_to_dict(current) if current is not None else None)})
-    if args.home is not None:
-        try:
-            scan = read_markers(Paths(home=Path(args.home)), args.deployment)
-        except ValueError as e:  # an invalid deployment id
-            raise AgentError(str(e)) from None
-        out["markers"] = [{"path": str(p), "marker": m.to_dict()} for p, m in scan.markers]
-        out["unreadable"] = [{"path": str(p), "reason": r} for p, r in scan.unreadable]
-    return out
+        procs_there.append(ProcessState(ident.pid, state, None if current is None else Identity(
+            current.pid, current.start_time, list(current.cmdline))))
+    if args.home is None:
+        return {"processes": to_wire(procs_there)}
+    return to_wire(Probe(**vars(markers_under(args.home, args.deployment)),
+                         processes=procs_there))
 
 
 def _child_env(args: argparse.Namespace) -> dict[str, str] | None:

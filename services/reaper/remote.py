@@ -83,7 +83,7 @@ class SshRemoteReaper:
             return failed(ranks, str(exc)), []
         idents = [ProcessIdentity(r.pid, r.start_time, tuple(r.cmdline)) for r in ranks]
         try:
-            states, _ = client.probe_states(host, idents)
+            states = client.probe(host, idents).states()
         except SshError as exc:
             return failed(ranks, f"probe of {host.describe()} failed: {exc}"), []
         out = failed([r for r in ranks if states.get(r.pid) == ProcState.AMBIGUOUS],

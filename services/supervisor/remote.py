@@ -20,15 +20,15 @@ import sys
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from common.messages import Backend
 from common.ssh import SshError, SshTarget
-from services.hostagent.client import RemoteHost, ident_from, idents_json, remove_launch_files
+from services.hostagent.client import RemoteHost, idents_json, remove_launch_files
+from services.hostagent.replies import FreePorts, Removed, Spawned
 from services.supervisor.hosts import Member
 from services.supervisor.process_launcher import ROOT, LaunchFailed, Started
 
-__all__ = ["RemoteHost", "SshLauncher", "ident_from", "idents_json", "parallel"]
+__all__ = ["RemoteHost", "SshLauncher", "idents_json", "parallel"]
 
 log = logging.getLogger("lockstep.supervisor")
 
@@ -63,13 +63,13 @@ class SshLauncher:
 
     def free_ports(self, host: RemoteHost, n: int, ip: str) -> list[int]:
         try:
-            ports = host.agent("free-ports", str(n), "--host", ip)["ports"]
-        except (SshError, KeyError, TypeError) as exc:
+            ports = host.ask(FreePorts, "free-ports", str(n), "--host", ip).ports
+        except SshError as exc:
             raise LaunchFailed(f"host {host.describe()}: cannot probe ports on {ip}: "
                                f"{exc}") from None
         if len(set(ports)) != n:
             raise LaunchFailed(f"host {host.describe()}: free-ports gave {ports}")
-        return [int(p) for p in ports]
+        return ports
 
     def write_file(self, host: RemoteHost, path: str, data: bytes) -> None:
         try:
@@ -82,19 +82,15 @@ class SshLauncher:
         args = ["--cwd", host.cwd, "--log", log_path, "--env-json-stdin", "--rank-env",
                 "--", *argv]
         try:
-            info = host.agent("spawn", *args, input=json.dumps(dict(env)).encode())
-            ident = ident_from(info)
-            pgid = int(info["pgid"])
+            info = host.ask(Spawned, "spawn", *args, input=json.dumps(dict(env)).encode())
         except SshError as exc:
             raise LaunchFailed(f"rank {rank} on {host.describe()}: cannot start "
                                f"{shlex.join(argv[:4])}: {exc}") from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise LaunchFailed(f"rank {rank} on {host.describe()}: spawn answered "
-                               f"without an identity: {exc}") from None
-        return Started(ident, pgid, None, Path(log_path), remote=True, ssh=host.target.target)
+        return Started(info.ident(), info.pgid, None, Path(log_path), remote=True,
+                       ssh=host.target.target)
 
     def remove_launch_files(self, host: RemoteHost, job_id: str,
-                            deployment_id: str | None) -> dict[str, Any]:
+                            deployment_id: str | None) -> Removed:
         return remove_launch_files(host, job_id, deployment_id)
 
 

@@ -13,11 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from common.atomic_json import StateFileError
 from common.messages import ProcState
-from common.records import RankMarker
 from common.ssh import SshError
-from services.hostagent.client import probe_states
+from services.hostagent.client import probe
 from services.supervisor.deployment import Deployment, RankState
 from services.supervisor.deployment_state import DeploymentState
 from services.supervisor.remote import RemoteHost
@@ -32,19 +30,14 @@ def probe_host(host: RemoteHost, ranks: list[RankState], deployment_id: str,
                job_id: str) -> None:
     """One probe of `host`: process states and this launch's markers there."""
     try:
-        states, items = probe_states(host, [rs.identity for rs in ranks], deployment_id)
-    except (SshError, KeyError, TypeError) as exc:
+        found = probe(host, [rs.identity for rs in ranks], deployment_id)
+    except SshError as exc:
         for rs in ranks:
             rs.on_probe_failed(str(exc))
         log.warning("probe of %s failed: %s", host.describe(), exc)
         return
-    markers: dict[int, RankMarker] = {}
-    for item in items:
-        try:
-            m = RankMarker.from_dict(item["marker"], path=f"{host.name}:{item.get('path')}")
-        except (StateFileError, KeyError, TypeError):
-            continue
-        markers[m.rank] = m
+    markers = {m.rank: m for m in found.rank_markers(host.name)}
+    states = found.states()
     for rs in ranks:
         m = markers.get(rs.rank)
         ok = m is not None and m.job_id == job_id and m.pid == rs.pid

@@ -18,13 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.atomic_json import StateFileError
 from common.messages.vocab import ProcState
 from common.procs import START_TIME_TOLERANCE, ProcessIdentity
-from common.records import RankMarker
 from common.ssh import SshError
 from services.hostagent import client
-from services.hostagent.client import STEPS, Ladder, RemoteHost, ident_from
+from services.hostagent.client import STEPS, Ladder, RemoteHost
+from services.hostagent.replies import Probe
 from services.supervisor.deployment import RankState
 
 __all__ = ["STEPS", "HostTeardown", "ladder", "survivors", "sweep_and_prove", "wait_gone"]
@@ -69,24 +68,20 @@ def names_launch(cmdline: list[str], job_id: str) -> bool:
     return "--spec" in cmdline and any(job_id in a for a in cmdline)
 
 
-def _leftovers(ht: HostTeardown, markers: list[dict[str, Any]], deployment_id: str,
+def _leftovers(ht: HostTeardown, found: Probe, deployment_id: str,
                job_id: str) -> list[tuple[int, ProcessIdentity]]:
     """Marker pids on that host that the manifest does not name and that are provably
     this launch's ranks (start time and command line, read there)."""
     known = {rs.pid for rs in ht.ranks}
     placed = {rs.rank for rs in ht.ranks}  # only ranks placed on this host
     found = []
-    for item in markers:
-        try:
-            m = RankMarker.from_dict(item["marker"])
-        except (StateFileError, KeyError, TypeError):
-            continue
+    for m in found.rank_markers():
         if m.pid in known or m.rank not in placed or m.deployment_id != deployment_id:
             continue
-        current = ht.host.agent("identify", str(m.pid))
+        current = ht.host.identify(m.pid)
         if current is None:
             continue  # exited (or a zombie): never signalled
-        ident = ident_from(current)
+        ident = current.ident()
         if abs(ident.start_time - m.start_time) > START_TIME_TOLERANCE:
             ht.skipped.append({"rank": m.rank, "pid": m.pid, "host": ht.host.name,
                                "reason": f"pid reused: start time {ident.start_time:.2f} "
@@ -107,10 +102,11 @@ def sweep_and_prove(ht: HostTeardown, deployment_id: str, job_id: str,
         return
     recorded = [rs.identity for rs in ht.ranks if rs.identity is not None]
     try:
-        states, markers = client.probe_states(ht.host, recorded, deployment_id)
+        seen = client.probe(ht.host, recorded, deployment_id)
+        states = seen.states()
         ht.left = [i for i in recorded if states.get(i.pid) not in GONE_STATES]
-        found = _leftovers(ht, markers, deployment_id, job_id)
-    except (SshError, KeyError, TypeError, ValueError) as exc:
+        found = _leftovers(ht, seen, deployment_id, job_id)
+    except SshError as exc:
         ht.left = recorded
         ht.error = f"probe of {ht.host.describe()} failed: {exc}"
         return
