@@ -17,8 +17,8 @@ Channels (DESIGN.md §2) and who may send what, one module each:
             plan and report sockets, signed with that socket's key; common/handshake.py)
                                                                                auth.py
 `Kind`, the kinds each channel accepts and the shared size caps are in base.py; the
-states and names that cross processes (Phase, DeploymentState, CancelScope, Backend,
-ProcState, EventTopic, EventName, ReapOutcome) are vocab.py's str enums. Every
+states and names that cross processes (Phase, DeploymentState, FinishReason, CancelScope,
+Backend, ProcState, EventTopic, EventName, ReapOutcome) are vocab.py's str enums. Every
 public name is re-exported here: `from common.messages import X` is the way in.
 `BODY` maps each kind to its one body class (common/envelope.py decodes by it).
 """
@@ -97,6 +97,7 @@ from common.messages.vocab import (
     DeploymentState,
     EventName,
     EventTopic,
+    FinishReason,
     Phase,
     ProcState,
     ReapOutcome,
@@ -108,6 +109,7 @@ __all__ = [
     "Phase",
     "EventTopic",
     "EventName",
+    "FinishReason",
     "DeploymentState",
     "CancelScope",
     "Backend",

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from common.messages.base import BIG_LIST, TEXT
 from common.messages.sampling import Sampling
-from common.messages.vocab import Phase
+from common.messages.vocab import FinishReason, Phase
 
 
 @dataclass
@@ -57,12 +57,12 @@ class ErrorCode(str, enum.Enum):
 
 @dataclass
 class Tokens:
-    """A chunk of one request's stream; the last one has finish_reason set."""
+    """A chunk of one request's stream; the last one has finish_reason set (and only it)."""
 
     request_id: str
     tokens: list[int]
     index: int  # position of tokens[0] in the completion
-    finish_reason: str | None = None  # stop | length | abort | error
+    finish_reason: FinishReason | None = None
     error: str | None = field(default=None, metadata=TEXT)
     prompt_tokens: int = 0
     model_ttft_ms: float | None = None

@@ -57,6 +57,19 @@ TORN_DOWN = frozenset({DeploymentState.STOPPED, DeploymentState.FAILED,
 FAILED_STATES = frozenset({DeploymentState.FAILED, DeploymentState.TEARDOWN_FAILED})
 
 
+class FinishReason(_Wire):
+    """How a request's stream ended: its last TOKENS chunk's `finish_reason` (None on
+    every other chunk). Sent by rank 0, or by the gateway for a stream it ends itself
+    (rank 0 lost, the deployment gone: services/gateway/request_stream.py `end_here`).
+    The APIs' own renderings ("tool_calls", Anthropic's stop reasons) are the gateway's,
+    never wire values."""
+
+    STOP = "stop"  # the model produced a stop token (not emitted)
+    LENGTH = "length"  # max_tokens (or the context) reached
+    ABORT = "abort"  # removed before its end: a client abort, a cancel, a drain, the watchdog
+    ERROR = "error"  # refused or ended by a failure: `error_code` says why
+
+
 class CancelScope(_Wire):
     """CANCEL's scope: every request of the deployment, or the listed `request_ids`."""
 

@@ -32,6 +32,7 @@ from services.gateway.errors import ApiError
 from services.gateway.generation import (
     EndEvent,
     Final,
+    Finish,
     Generation,
     KeepaliveEvent,
     ReasoningEvent,
@@ -50,7 +51,8 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                422: "invalid_request_error", 429: "rate_limit_error", 500: "api_error",
                502: "api_error", 503: "overloaded_error", 504: "timeout_error",
                529: "overloaded_error"}
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+STOP_REASONS = {Finish.STOP: "end_turn", Finish.LENGTH: "max_tokens",
+                Finish.TOOL_CALLS: "tool_use"}
 # OpenAI parameter names in the shared path's errors → the Messages request's names.
 PARAM_NAMES = (("response_format.json_schema.schema", "output_config.format.schema"),
                ("response_format", "output_config.format"),
@@ -97,7 +99,8 @@ def aborted(final: Final) -> ApiError:
 
 
 def stop_reason(final: Final, gen: Generation) -> tuple[str, str | None]:
-    if final.finish_reason == "stop" and gen.stops.matched is not None and not final.tool_calls:
+    if final.finish_reason == Finish.STOP and gen.stops.matched is not None \
+            and not final.tool_calls:
         return "stop_sequence", gen.stops.matched
     return STOP_REASONS.get(final.finish_reason, "end_turn"), None
 
@@ -217,7 +220,7 @@ async def stream(gen: Generation, blocks: Blocks, rid: str, model: str, prompt_t
         on_end(final)
         for name, data in blocks.close():
             yield sse(name, data)
-        error = final.error or (aborted(final) if final.finish_reason == "abort" else None)
+        error = final.error or (aborted(final) if final.finish_reason == Finish.ABORT else None)
         if error is not None:
             yield sse("error", error_body(error, rid))
             return

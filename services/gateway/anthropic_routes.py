@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from services.gateway import anthropic_render as render
 from services.gateway import anthropic_schemas as schemas
 from services.gateway.errors import SHAPES
-from services.gateway.generation import Final
+from services.gateway.generation import Final, Finish
 from services.gateway.openai_routes import check_api_key
 from services.gateway.prompts import prompt_ids
 from services.gateway.request_channel import Backend, Overloaded
@@ -101,7 +101,8 @@ async def messages(request: Request) -> Response:
     except ClientGone:
         return Response(status_code=499)
     run.count(final)
-    error = final.error or (render.aborted(final) if final.finish_reason == "abort" else None)
+    error = final.error or (render.aborted(final) if final.finish_reason == Finish.ABORT
+                            else None)
     if error is not None:
         error.headers = {**headers, **(error.headers or {})}  # keeps retry-after
         return render.error_response(error, rid)

@@ -5,17 +5,18 @@ model's reasoning, output_parser.py), `ToolCallEvent`, `LogprobsEvent` before th
 those tokens (only if the request asked), `KEEPALIVE` while rank 0 is quiet, and finally
 one `EndEvent` carrying the Final. It never raises for an outcome of the request itself:
 a read timeout or a rank error ends as a Final carrying an ApiError, an abort as
-finish_reason "abort".
+`Finish.ABORT`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from common.messages import ErrorCode
+from common.messages import ErrorCode, FinishReason
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
 from services.gateway.logprobs import TokenLogprob, from_body
@@ -28,9 +29,28 @@ from services.gateway.stops import StopMatcher
 from services.gateway.toolcalls import ToolCall
 
 
+class Finish(str, enum.Enum):
+    """How a reply ended, as the APIs say it (OpenAI's `finish_reason`; the Messages and
+    Responses renderers map it on): rank 0's FinishReason one for one, and TOOL_CALLS, a
+    stop whose output was tool calls — the gateway's rendering, never a wire value."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+    TOOL_CALLS = "tool_calls"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def of(cls, reason: FinishReason) -> Finish:
+        return cls(reason)  # by value: the members are one for one
+
+
 @dataclass
 class Final:
-    finish_reason: str
+    finish_reason: Finish
     prompt_tokens: int
     completion_tokens: int
     model_ttft_ms: float | None = None
@@ -206,7 +226,7 @@ class Generation:
     async def events(self) -> AsyncIterator[Event]:
         s = self.stream
         error: ApiError | None = None
-        finish = "stop"
+        finish = Finish.STOP
         while True:
             quiet = time.monotonic() - s.last_token_at
             left = self.read_timeout - quiet
@@ -214,7 +234,7 @@ class Generation:
                 s.backend.abort(s, "read_timeout")
                 error = ApiError(504, f"no token from the model for {self.read_timeout:g}s; "
                                  "the request was cancelled", code="read_timeout")
-                finish = "abort"
+                finish = Finish.ABORT
                 break
             first = await s.next(min(self.keepalive_s, left))
             if first is None:
@@ -251,16 +271,17 @@ class Generation:
                 if self.stops.stopped:
                     if not body.finish_reason:
                         s.backend.abort(s, "stop_string")
-                    finish = "stop"
+                    finish = Finish.STOP
                     # The text ends here: what the tool-call parser holds back (a
                     # possible "<tool_call>" start, an unclosed envelope) is text.
                     for ev in self._text_events("", final=True):
                         yield ev
                     break
-            if body.finish_reason in ("error", "abort") and self.resumer is not None \
+            if body.finish_reason in (FinishReason.ERROR, FinishReason.ABORT) \
+                    and self.resumer is not None \
                     and self.resumer.wants(body.error_code):
                 if self.resumer.remaining(len(self.token_ids)) <= 0:
-                    finish = "length"  # nothing left to generate: as an unfaulted run ends
+                    finish = Finish.LENGTH  # nothing left to generate: as an unfaulted run ends
                     for ev in self._text_events(self.detok.flush(), final=True):
                         yield ev
                     break
@@ -279,22 +300,22 @@ class Generation:
                 if result.outcome is Outcome.RESUMED:
                     continue
                 if result.outcome is Outcome.CANCELLED:
-                    finish = "abort"
+                    finish = Finish.ABORT
                 else:
-                    finish = "error"
+                    finish = Finish.ERROR
                     error = rank_error(body.error_code, f"{body.error}; not resumed: {result.why}")
                 for ev in self._text_events(self.detok.flush(), final=True):
                     yield ev
                 break
             if body.finish_reason:
-                finish = body.finish_reason
-                if finish == "error":
+                finish = Finish.of(body.finish_reason)
+                if finish is Finish.ERROR:
                     error = s.refusal or rank_error(body.error_code, body.error)
                 for ev in self._text_events(self.detok.flush(), final=True):
                     yield ev
                 break
-        if self.calls and finish == "stop":
-            finish = "tool_calls"
+        if self.calls and finish is Finish.STOP:
+            finish = Finish.TOOL_CALLS
         if self.metrics is not None:
             self.metrics.tokens.labels(model=self.model, kind="completion").inc(self.completion_tokens)
             self.metrics.tokens.labels(model=self.model, kind="prompt").inc(s.prompt_len)

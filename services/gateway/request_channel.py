@@ -36,6 +36,7 @@ from common.messages import (
     REQUESTS_OUT,
     Abort,
     ErrorCode,
+    FinishReason,
     Generate,
     Stats,
     StatsRequest,
@@ -169,7 +170,7 @@ class Backend:
             return
         s.released = True
         if s.finished or s.queue.final_at is not None:
-            if s.finish_reason in ("stop", "length"):
+            if s.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
                 self.last_ok_at = time.time()
             s.close()
             return
@@ -255,7 +256,7 @@ class Backend:
         self.lost = reason
         for s in list(self.streams.values()):
             if s.queue.final_at is None:
-                s.end_here("error", reason, ErrorCode.RANK_LOST)
+                s.end_here(FinishReason.ERROR, reason, ErrorCode.RANK_LOST)
                 s.close()
 
     def fail_all(self, reason: str, failed: bool = False) -> None:
@@ -263,9 +264,9 @@ class Backend:
         (typed deployment_failed: the request may resume); else a cancellation (abort)."""
         for s in list(self.streams.values()):
             if failed:
-                s.end_here("error", reason, ErrorCode.DEPLOYMENT_FAILED)
+                s.end_here(FinishReason.ERROR, reason, ErrorCode.DEPLOYMENT_FAILED)
             else:
-                s.end_here("abort", reason)
+                s.end_here(FinishReason.ABORT, reason)
             s.close()
 
     async def wait_drained(self, timeout: float) -> bool:
@@ -284,7 +285,7 @@ class Backend:
             for s in list(self.streams.values()):
                 if s.request_id not in ids and (s.released or s.abort_reason):
                     if s.queue.final_at is None:  # its final chunk was lost: end it here
-                        s.end_here("abort")
+                        s.end_here(FinishReason.ABORT)
                     s.close()
         await self.wait_drained(max(0.0, timeout - 1.0) if ids is None else 0.5)
         return self.active

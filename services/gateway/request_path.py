@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from common.messages import Generate
+from common.messages import FinishReason, Generate
 from services.gateway import choices
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Generation
@@ -68,7 +68,7 @@ class Admitted:
         self.counted = True
         if self.router is not None and final is not None:
             for g in self.gens:  # what rank 0 keeps in its cache (a resumed one: where it ended)
-                if g.stream.finish_reason in ("stop", "length"):
+                if g.stream.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
                     self.router.finished(g.stream.backend, [*self.message.prompt, *g.token_ids])
         self.metrics.requests.labels(endpoint=self.endpoint, model=self.backend.model,
                                      outcome=outcome or outcome_of(final)).inc()
@@ -137,7 +137,7 @@ def outcome_of(final: Final | None) -> str:
         return "unknown"
     if final.error is not None:
         return final.error.code or "error"
-    return final.finish_reason
+    return str(final.finish_reason)  # the Finish value, a metrics label
 
 
 async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endpoint: str,

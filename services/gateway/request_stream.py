@@ -13,7 +13,7 @@ import collections
 import time
 from typing import TYPE_CHECKING
 
-from common.messages import ErrorCode, Tokens
+from common.messages import ErrorCode, FinishReason, Tokens
 from services.gateway.refusals import Overloaded
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class RequestStream:
         self.consumer_seen = self.submitted_at
         self.waiting = False
         self.finished = False
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.released = False
         self.abort_reason: str | None = None
         self.refusal: Overloaded | None = None  # rank 0 refused it as overloaded
@@ -145,7 +145,7 @@ class RequestStream:
         Idempotent."""
         self.backend.unregister(self)
 
-    def end_here(self, finish_reason: str, error: str | None = None,
+    def end_here(self, finish_reason: FinishReason, error: str | None = None,
                  error_code: ErrorCode | None = None) -> None:
         """End the stream at the gateway (rank 0 lost, the deployment gone, a final chunk
         that never came): the one final chunk not from rank 0, queued as rank 0 would

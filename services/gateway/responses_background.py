@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.gateway.generation import Final
+from services.gateway.generation import Final, Finish
 from services.gateway.request_path import Admitted
 from services.gateway.response_store import ResponseStore, output_as_input
 from services.gateway.responses_stream import Envelope, Output, collect, error_of, status_of
@@ -60,7 +60,7 @@ class Background:
             r.run.release_all("shutdown")  # no-op after a normal end
             self.running.pop(r.run.rid, None)
             count(final)
-        cancelled = r.cancelled and final.finish_reason == "abort" and final.error is None
+        cancelled = r.cancelled and final.finish_reason == Finish.ABORT and final.error is None
         r.body = r.env.body("cancelled" if cancelled else status_of(final), r.out.items, final,
                             None if cancelled else error_of(final))
         store.put(r.run.rid, r.body, r.conversation + output_as_input(r.out.items))

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from services.gateway import responses_schemas as schemas
 from services.gateway import responses_translate as translate
 from services.gateway.errors import ApiError
-from services.gateway.generation import Final
+from services.gateway.generation import Final, Finish
 from services.gateway.openai_routes import check_api_key
 from services.gateway.request_path import ClientGone, admit
 from services.gateway.response_store import ResponseStore, output_as_input
@@ -149,7 +149,7 @@ async def create_response(request: Request) -> Response:
     if final.error is not None:
         final.error.headers = {**run.headers, **(final.error.headers or {})}  # retry-after
         raise final.error
-    if final.finish_reason == "abort":
+    if final.finish_reason == Finish.ABORT:
         raise ApiError(503, error_of(final)["message"], code="aborted", headers=run.headers)
     body = env.body(status_of(final), out.items, final)
     keep(body)

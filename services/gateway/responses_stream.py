@@ -32,6 +32,7 @@ from services.gateway import logprobs as lp
 from services.gateway.generation import (
     EndEvent,
     Final,
+    Finish,
     Generation,
     KeepaliveEvent,
     LogprobsEvent,
@@ -223,9 +224,9 @@ class Envelope:
 
 
 def status_of(final: Final) -> str:
-    if final.error is not None or final.finish_reason == "abort":
+    if final.error is not None or final.finish_reason == Finish.ABORT:
         return "failed"
-    return "incomplete" if final.finish_reason == "length" else "completed"
+    return "incomplete" if final.finish_reason == Finish.LENGTH else "completed"
 
 
 def error_of(final: Final) -> dict | None:
@@ -234,7 +235,7 @@ def error_of(final: Final) -> dict | None:
     if final.error is not None:
         code = "rate_limit_exceeded" if final.error.status == 429 else "server_error"
         return {"code": code, "message": final.error.message}
-    if final.finish_reason == "abort":
+    if final.finish_reason == Finish.ABORT:
         return {"code": "server_error", "message": "the request was aborted on the server "
                 f"({final.abort_reason or 'abort'}); retry"}
     return None

@@ -22,7 +22,7 @@ import psutil
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-from common.messages import CacheOp, PlanInsert, PlanRemove
+from common.messages import CacheOp, FinishReason, PlanInsert, PlanRemove
 from common.rankspec import DEFAULT_PROMPT_CACHE_BYTES, RankSettings
 from services.rank.disk_tier import DiskEntry, DiskTier
 from services.rank.grammar import RankGrammars
@@ -56,7 +56,7 @@ class Finished:
     """One request leaving the batch: removed by a plan, or finished by the model."""
 
     active: Active
-    reason: str  # stop | length (model) or the plan's remove reason
+    reason: str  # FinishReason STOP | LENGTH (the model), or the plan's remove reason
     step: int  # the step it left at (removes: the step the plan precedes)
     token: int | None = None  # the token produced with a model finish, if emitted
 
@@ -65,7 +65,7 @@ class Finished:
 class Emitted:
     active: Active
     token: int | None  # None: the stop token itself, which is not emitted
-    finish_reason: str | None
+    finish_reason: FinishReason | None  # STOP or LENGTH: the model's own end
     logprobs: mx.array | None = None  # this step's row (rank 0 reads it if asked)
 
 
@@ -253,14 +253,16 @@ class Engine:
             if a is None:
                 raise Divergence(f"step {step} produced a token for unknown uid {r.uid}")
             token = int(r.token)
-            keep = None if r.finish_reason == "stop" else token
+            # mlx-lm's "stop" | "length" | None, typed here (another value: a ValueError)
+            end = None if r.finish_reason is None else FinishReason(r.finish_reason)
+            keep = None if end == FinishReason.STOP else token
             if keep is not None:
                 a.tokens.append(keep)
-            emitted.append(Emitted(a, keep, r.finish_reason, r.logprobs))
-            if r.finish_reason is not None:
+            emitted.append(Emitted(a, keep, end, r.logprobs))
+            if end is not None:
                 del self.by_rid[a.request_id]
                 del self.by_uid[a.uid]
-                finished.append(Finished(a, r.finish_reason, step, keep))
+                finished.append(Finished(a, end, step, keep))
                 if self.store is not None and r.prompt_cache is not None:
                     self.store.finished[a.request_id] = (r.prompt_cache, list(r.all_tokens))
         return emitted, finished

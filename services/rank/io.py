@@ -250,7 +250,7 @@ class RankIO:
                 self.session.ping(cmd.ping)
             elif isinstance(cmd, out.AbortAll):
                 self._send_chunks()  # a stream's last tokens before its end
-                self._end_streams("abort", cmd.detail, m.ErrorCode.WATCHDOG_ABORT)
+                self._end_streams(m.FinishReason.ABORT, cmd.detail, m.ErrorCode.WATCHDOG_ABORT)
                 self.inbox.put(ev.AbortAllEv(cmd.reason))
             elif isinstance(cmd, out.Stop):
                 self._send_chunks()
@@ -260,14 +260,15 @@ class RankIO:
                 raise TypeError(f"not an outbox command: {cmd!r}")
         return False
 
-    def _end_streams(self, finish_reason: str, error: str | None, code: m.ErrorCode) -> None:
+    def _end_streams(self, finish_reason: m.FinishReason, error: str | None,
+                     code: m.ErrorCode) -> None:
         if self.streams is not None:
             for ident, body in self.streams.end_all(finish_reason, error, code):
                 self.wire.send_to(self.requests, self.req, ident, body)
 
     def _close(self, why: str) -> None:
         if self.requests is not None and not self.requests.closed:
-            self._end_streams("error", f"rank 0 {why}", m.ErrorCode.RANK_STOPPED)
+            self._end_streams(m.FinishReason.ERROR, f"rank 0 {why}", m.ErrorCode.RANK_STOPPED)
         if not self.report.closed:
             self.reporting.send(self.rt.telemetry())
         for watch in self.watches:

@@ -25,7 +25,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from common.messages import CancelScope, ErrorCode, Generate, Phase, Plan, PlanInsert, PlanRemove
+from common.messages import (
+    CancelScope,
+    ErrorCode,
+    FinishReason,
+    Generate,
+    Phase,
+    Plan,
+    PlanInsert,
+    PlanRemove,
+)
 from services.rank import events as ev
 from services.rank.cache_clears import answers as clear_answers
 from services.rank.disk_plan import DiskPlanner
@@ -140,7 +149,7 @@ class Leader(RankLoop):
             problem = ErrorCode.NOT_SERVING, f"not serving (phase {self.rt.phase.value})"
         if problem is not None:
             code, text = problem
-            self.send(StreamChunk(g.request_id, finish_reason="error", error=text,
+            self.send(StreamChunk(g.request_id, finish_reason=FinishReason.ERROR, error=text,
                                   error_code=code))
             return
         seed = g.sampling.seed if g.sampling.seed is not None else secrets.randbits(63)
@@ -191,7 +200,7 @@ class Leader(RankLoop):
             self.removes.setdefault(rid, reason)
         else:  # still pending: it never reached a plan
             self.pending.remove(rid)
-            self.finish(rid, "abort", error=None)
+            self.finish(rid, FinishReason.ABORT, error=None)
             self.publish_counts()
 
     def on_cancel(self, c) -> None:
@@ -214,7 +223,7 @@ class Leader(RankLoop):
                     removes.setdefault(rid, "cancel")
                 elif rid in self.scheduled and rid in self.pending:
                     self.pending.remove(rid)
-                    self.finish(rid, "abort", error=None)
+                    self.finish(rid, FinishReason.ABORT, error=None)
         # Cache ops before inserts: each insert matches the index as every rank holds
         # it once this plan's stores and evictions are applied.
         if self.cache is not None and self.cache.disk is not None:
@@ -270,7 +279,7 @@ class Leader(RankLoop):
                                      plan.step))
         for f in removed:
             self.record(f)
-            self.finish(f.active.request_id, "abort", error=None, step=f.step)
+            self.finish(f.active.request_id, FinishReason.ABORT, error=None, step=f.step)
             if self.cache is not None:
                 self.cache.left(f.active.request_id)
         if epoch:
@@ -356,8 +365,8 @@ class Leader(RankLoop):
                 del self.scheduled[rid]
         self.clock.add(LoopPhase.EMIT, t0)
 
-    def finish(self, rid: str, reason: str, *, error: str | None, step: int | None = None,
-               code: ErrorCode | None = None) -> None:
+    def finish(self, rid: str, reason: FinishReason, *, error: str | None,
+               step: int | None = None, code: ErrorCode | None = None) -> None:
         if self.scheduled.pop(rid, None) is None:
             return
         self.send(StreamChunk(rid, finish_reason=reason, error=error, error_code=code,
@@ -385,14 +394,14 @@ class Leader(RankLoop):
             except queue.Empty:
                 break
             if isinstance(e, ev.GenerateEv):
-                self.send(StreamChunk(e.body.request_id, finish_reason="error",
+                self.send(StreamChunk(e.body.request_id, finish_reason=FinishReason.ERROR,
                                       error=f"rank 0 stopped: {reason}",
                                       error_code=ErrorCode.RANK_STOPPED))
         for rid in list(self.scheduled):
             if graceful:
-                self.finish(rid, "abort", error=None)
+                self.finish(rid, FinishReason.ABORT, error=None)
             else:
-                self.finish(rid, "error", error=f"rank 0 stopped: {reason}",
+                self.finish(rid, FinishReason.ERROR, error=f"rank 0 stopped: {reason}",
                             code=ErrorCode.RANK_STOPPED)
         self.flush()
 

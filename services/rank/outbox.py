@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.messages import CacheCleared, CacheOp, CancelAck, ErrorCode, Ping, Plan, RankReady
+from common.messages import (
+    CacheCleared,
+    CacheOp,
+    CancelAck,
+    ErrorCode,
+    FinishReason,
+    Ping,
+    Plan,
+    RankReady,
+)
 
 
 @dataclass(frozen=True)
@@ -26,7 +35,7 @@ class PublishPlan:  # rank 0: to every joined follower, and kept for replay
 class StreamChunk:  # rank 0: a request's next chunk; the ledger adds index and connection
     request_id: str
     tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # stop | length | abort | error: the last chunk
+    finish_reason: FinishReason | None = None  # the last chunk's
     step: int = 0
     model_ttft_ms: float | None = None
     token_times: list[float] = field(default_factory=list)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.messages import ErrorCode, Generate, Tokens
+from common.messages import ErrorCode, FinishReason, Generate, Tokens
 from services.rank.outbox import StreamChunk
 
 
@@ -65,7 +65,8 @@ class StreamLedger:
         else:
             self.open[rid] = _Open(ident, len(g.prompt))
             return None
-        return _tokens(StreamChunk(rid, finish_reason="error", error=why, error_code=code), 0, 0)
+        return _tokens(StreamChunk(rid, finish_reason=FinishReason.ERROR, error=why,
+                                   error_code=code), 0, 0)
 
     def on_chunk(self, c: StreamChunk) -> tuple[bytes, Tokens] | None:
         """The main thread's chunk, addressed and indexed; None: it must not go out."""
@@ -85,7 +86,7 @@ class StreamLedger:
             del self.open[rid]
         return s.ident, body
 
-    def end_all(self, finish_reason: str, error: str | None, code: ErrorCode | None,
+    def end_all(self, finish_reason: FinishReason, error: str | None, code: ErrorCode | None,
                 step: int = 0) -> list[tuple[bytes, Tokens]]:
         """Every open stream's last chunk; each stream counts as ended from now."""
         out = [(s.ident, _tokens(StreamChunk(rid, finish_reason=finish_reason, step=step,

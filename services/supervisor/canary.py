@@ -12,7 +12,7 @@ from collections.abc import Callable
 import zmq.asyncio
 
 from common.bus import Channel, new_request_id
-from common.messages import REQUESTS_OUT, Abort, Generate
+from common.messages import REQUESTS_OUT, Abort, FinishReason, Generate
 from common.rpc_client import AsyncRpcClient
 from services.supervisor.deployment import Deployment
 from services.supervisor.errors import LaunchError
@@ -42,10 +42,10 @@ async def _one(client: AsyncRpcClient, tokens: int, timeout: float) -> list[int]
             got += body.tokens
             if body.finish_reason is None:
                 continue
-            if body.error or body.finish_reason not in ("length", "stop"):
+            if body.error or body.finish_reason not in (FinishReason.LENGTH, FinishReason.STOP):
                 raise LaunchError(f"canary: rank 0 ended the generation with "
                                   f"{body.finish_reason}: {body.error or 'no error text'}")
-            if not got or (body.finish_reason == "length" and len(got) != tokens):
+            if not got or (body.finish_reason == FinishReason.LENGTH and len(got) != tokens):
                 raise LaunchError(f"canary: got {len(got)} tokens, expected {tokens}")
             return got
     finally:

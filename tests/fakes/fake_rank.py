@@ -45,6 +45,7 @@ from common.messages import (
     CacheStats,
     Cancel,
     CancelAck,
+    FinishReason,
     Generate,
     Lease,
     RankReady,
@@ -267,7 +268,7 @@ class FakeRank:
             ids = list(self.active) if c.scope == "all" else [
                 r for r in c.request_ids if r in self.active]
             for rid in ids:
-                self.finish(rid, "abort")
+                self.finish(rid, FinishReason.ABORT)
             cancelled = ids
             self.cancel_epoch = c.epoch
             self.next_telemetry = 0.0
@@ -287,7 +288,7 @@ class FakeRank:
             self.active[body.request_id] = Request(ident, body, cached_tokens=cached)
         elif isinstance(body, Abort):
             if body.request_id in self.active:
-                self.finish(body.request_id, "abort")
+                self.finish(body.request_id, FinishReason.ABORT)
         elif isinstance(body, StatsRequest):
             self.reply(ident, Stats(request_id=body.request_id, phase=self.phase.value,
                                     step=self.step, active=len(self.active),
@@ -296,7 +297,7 @@ class FakeRank:
     def reply(self, ident: bytes, body: object) -> None:
         self.requests.send_multipart([ident, self.req_ch.pack(body)], flags=zmq.NOBLOCK)
 
-    def finish(self, rid: str, reason: str) -> None:
+    def finish(self, rid: str, reason: FinishReason) -> None:
         req = self.active.pop(rid)
         self.reply(req.ident, Tokens(request_id=rid, tokens=[], index=req.produced,
                                      finish_reason=reason, step=self.step))
@@ -311,7 +312,7 @@ class FakeRank:
             req.fed = [*(req.fed or prompt), tok]
             self.reply(req.ident, Tokens(
                 request_id=rid, tokens=[tok], index=req.produced - 1,
-                finish_reason="length" if done else None, prompt_tokens=len(prompt),
+                finish_reason=FinishReason.LENGTH if done else None, prompt_tokens=len(prompt),
                 step=self.step, token_times=[time.time()],
                 cached_tokens=req.cached_tokens if req.produced == 1 else 0))
             if done:

@@ -39,6 +39,7 @@ from common.messages import (
     Event,
     EventName,
     EventTopic,
+    FinishReason,
     Generate,
     Stats,
     StatsRequest,
@@ -73,7 +74,7 @@ class FakeRank0:
     endpoint: str = ""
     generates: list[Generate] = field(default_factory=list)
     aborts: list[tuple[str, str, float]] = field(default_factory=list)  # (rid, reason, at)
-    finished: dict[str, str] = field(default_factory=dict)
+    finished: dict[str, FinishReason] = field(default_factory=dict)
     step: int = 0
 
     def start(self, endpoint: str | None = None) -> FakeRank0:
@@ -145,7 +146,7 @@ class FakeRank0:
                 else self.refuse(b) if self.refuse else None
             if refusal is not None:
                 self._send(ident, Tokens(request_id=b.request_id, tokens=[], index=0,
-                                         finish_reason="error", error=refusal[1],
+                                         finish_reason=FinishReason.ERROR, error=refusal[1],
                                          error_code=refusal[0]))
                 return
             out = (self.script or (lambda g: list(g.prompt)))(b)[: b.max_tokens]
@@ -176,15 +177,16 @@ class FakeRank0:
             if r.aborted:
                 with self._lock:
                     self._reqs.pop(rid, None)
-                self.finished[rid] = "abort"
+                self.finished[rid] = FinishReason.ABORT
                 if not self.drop_final:
                     self._send(r.ident, Tokens(request_id=rid, tokens=[], index=r.sent,
-                                               finish_reason="abort", step=self.step))
+                                               finish_reason=FinishReason.ABORT, step=self.step))
                 continue
             tok = r.out[r.sent] if r.sent < len(r.out) else None
             finish = None
             if r.sent + 1 >= len(r.out):
-                finish = "length" if len(r.out) >= r.gen.max_tokens else "stop"
+                finish = FinishReason.LENGTH if len(r.out) >= r.gen.max_tokens \
+                    else FinishReason.STOP
             ttft = (now - r.received_at) * 1000 if r.sent == 0 else None
             toks = [tok] if tok is not None else []
             cached = self.cached(r.gen) if self.cached is not None and r.sent == 0 else 0

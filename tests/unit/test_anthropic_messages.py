@@ -14,7 +14,7 @@ import pytest
 from services.gateway import anthropic_render as render
 from services.gateway import anthropic_schemas as s
 from services.gateway.errors import ApiError
-from services.gateway.generation import Final, ReasoningEvent, TextEvent, ToolCallEvent
+from services.gateway.generation import Final, Finish, ReasoningEvent, TextEvent, ToolCallEvent
 from services.gateway.request_fields import Support
 from services.gateway.toolcalls import ToolCall
 
@@ -177,7 +177,7 @@ def test_errors_stop_reasons_and_usage():
     assert [render.error_type(c) for c in (401, 404, 413, 429, 502, 503, 504)] == [
         "authentication_error", "not_found_error", "request_too_large", "rate_limit_error",
         "api_error", "overloaded_error", "timeout_error"]
-    f = Final("stop", prompt_tokens=10, completion_tokens=3, cached_tokens=4)
+    f = Final(Finish.STOP, prompt_tokens=10, completion_tokens=3, cached_tokens=4)
     assert render.usage(f, 10) == {"input_tokens": 6, "output_tokens": 3,
                                    "cache_creation_input_tokens": 0, "cache_read_input_tokens": 4}
 

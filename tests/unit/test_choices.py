@@ -6,7 +6,7 @@ from __future__ import annotations
 from common.messages import Generate, Sampling
 from services.gateway.choices import SEED_MOD, choice_messages, merged_final
 from services.gateway.errors import ApiError
-from services.gateway.generation import Final
+from services.gateway.generation import Final, Finish
 
 
 def test_each_choice_its_own_request_and_seed():
@@ -24,8 +24,8 @@ def test_each_choice_its_own_request_and_seed():
 
 
 def test_merged_usage_counts_the_prompt_once():
-    a = Final("length", 10, 4, model_ttft_ms=5.0, visible_ttft_ms=7.0)
-    b = Final("stop", 10, 2, model_ttft_ms=3.0, visible_ttft_ms=None)
+    a = Final(Finish.LENGTH, 10, 4, model_ttft_ms=5.0, visible_ttft_ms=7.0)
+    b = Final(Finish.STOP, 10, 2, model_ttft_ms=3.0, visible_ttft_ms=None)
     m = merged_final([a, b])
     assert m.usage()["prompt_tokens"] == 10 and m.usage()["completion_tokens"] == 6
     assert (m.model_ttft_ms, m.visible_ttft_ms, m.error) == (3.0, 7.0, None)
