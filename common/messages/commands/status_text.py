@@ -84,9 +84,11 @@ def incidents(events: list[Event]) -> list[Incident]:
     for e in events:
         if (inc := _incident(e)) is None:
             continue
-        if inc.kind in (DeploymentState.FAILED.value, EventName.RANK_LOST.value):
+        # decided on the event, never on the incident's text
+        if e.name == EventName.RANK_LOST or (e.name == EventName.STATE
+                                             and e.state == DeploymentState.FAILED):
             lost = True
-        elif inc.kind == "deploy" and lost:
+        elif e.name == EventName.STATE and e.state == FIRST_EVENT and lost:
             inc, lost = Incident(inc.at, "redeploy", inc.deployment_id, inc.what), False
         out.append(inc)
     return out[::-1]
