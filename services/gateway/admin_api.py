@@ -27,6 +27,10 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from common.deployment_info import DeploymentInfo
+from common.messages import commands
+from common.messages.commands import ReplyError, args_wire, command_of
+from common.schema import SchemaError, decode_into, to_wire
 from services.gateway.cluster_view import AdminTimeout, SupervisorUnavailable
 from services.gateway.errors import ADMIN_STATUS, ApiError
 from services.gateway.openai_schemas import parse_json
@@ -150,11 +154,36 @@ async def call(request: Request, command: str, args: dict | None = None,
     return dict(reply.data)
 
 
+def args_of(cls: type, fields: dict) -> Any:
+    """An admin command's Args from a validated HTTP body (the supervisor checks ranges
+    and answers `bad_request` naming the field)."""
+    try:
+        return decode_into(cls, fields)
+    except SchemaError as exc:
+        raise ApiError(400, f"invalid value: {exc.reason}: {exc.detail}", param=exc.detail,
+                       code="invalid_value") from None
+
+
+async def run(request: Request, args: Any, timeout: float | None = None) -> dict:
+    """Forward the command whose Args `args` is; its reply's data, for the HTTP answer."""
+    return await call(request, command_of(args).name, args_wire(args), timeout)
+
+
+async def ask(request: Request, args: Any, timeout: float | None = None) -> Any:
+    """Like run, the reply decoded once into the command's Reply, for a reader."""
+    cmd = command_of(args)
+    data = await call(request, cmd.name, args_wire(args), timeout)
+    try:
+        return cmd.decode(data)
+    except ReplyError as exc:
+        raise ApiError(502, str(exc), code="bad_supervisor_reply") from None
+
+
 @router.get("/status")
 async def status(request: Request) -> dict:
     require_admin(request)
     gw = request.app.state.gw
-    data = await call(request, "status")
+    data = await run(request, commands.status.Args())
     data["gateway"] = {"active": gw.cluster.active,
                        "backends": {k: b.active for k, b in gw.cluster.backends.items()},
                        # replicas: each one's load (router.py) and requests routed there
@@ -184,7 +213,7 @@ GATEWAY_FIELDS = ("gateway_active",)
 @router.get("/deployments")
 async def deployments(request: Request) -> dict:
     require_admin(request)
-    data = await call(request, "deployments")
+    data = await run(request, commands.deployments.Args())
     backends = request.app.state.gw.cluster.backends
     for d in data.get("deployments") or []:
         if isinstance(d, dict):
@@ -197,7 +226,8 @@ async def deployments(request: Request) -> dict:
 async def deploy(request: Request) -> dict:
     require_admin(request)
     a = await _args(request, DeployArgs)
-    return await call(request, "deploy", a.model_dump(), timeout=DEPLOY_WAIT_S if a.wait else 30.0)
+    return await run(request, args_of(commands.deploy.Args, a.model_dump()),
+                     timeout=DEPLOY_WAIT_S if a.wait else 30.0)
 
 
 async def abort_all(request: Request, deployment_id: str | None, timeout_s: float | None) -> dict:
@@ -210,14 +240,14 @@ async def abort_all(request: Request, deployment_id: str | None, timeout_s: floa
     if deployment_id is None:  # requests waiting to resume belong to no deployment yet
         for s in list(gw.cluster.resuming):
             s.abort_reason = s.abort_reason or "abort_all"
-    ev = await call(request, "abort_all", {"deployment_id": deployment_id, "timeout_s": timeout},
-                    timeout=timeout + 10.0)
+    reply = await ask(request, commands.abort_all.Args(deployment_id, timeout), timeout=timeout + 10.0)
     left = max(0.5, timeout - (time.monotonic() - t0))
     gw_active = 0
     for b in backends:
         gw_active += await b.settle(left)
+    ev = to_wire(reply)  # the supervisor's evidence, and the gateway's beside it
     ev["gateway_active"] = gw_active
-    ev["zero_active"] = bool(ev.get("zero_active")) and gw_active == 0
+    ev["zero_active"] = reply.zero_active and gw_active == 0
     ev["elapsed_ms"] = round((time.monotonic() - t0) * 1000, 1)
     return ev
 
@@ -241,10 +271,10 @@ async def _unload(request: Request, dep_id: str, force: bool, timeout_s: float |
     if drained is not None and not drained["left"]:
         # drained at the gateway: the ranks' telemetry says so within its period
         settle = time.monotonic() + TELEMETRY_SETTLE_S
-        while any(r.get("active") for r in info.get("ranks") or []) and time.monotonic() < settle:
+        while any(r.active for r in info.ranks) and time.monotonic() < settle:
             await asyncio.sleep(0.2)
             info = await _info(request, dep_id)
-    ranks = {str(r.get("rank")): r.get("active", 0) for r in info.get("ranks") or []}
+    ranks = {str(r.rank): r.active for r in info.ranks}
     rank0 = None
     if b is not None:
         try:
@@ -266,16 +296,14 @@ async def _unload(request: Request, dep_id: str, force: bool, timeout_s: float |
                            "not unloading (DELETE with force=true tears down anyway, the "
                            "verified teardown being the proof)", code="active_requests",
                            data=evidence)
-    teardown = await call(request, "stop", {"deployment_id": dep_id, "force": bool(force)},
-                          timeout=STOP_WAIT_S)
+    teardown = await run(request, commands.stop.Args(dep_id, bool(force)), timeout=STOP_WAIT_S)
     await _refresh(gw)
     return {"deployment_id": dep_id, "active_before": active, "evidence": evidence,
             "drained": drained, "teardown": teardown}
 
 
-async def _info(request: Request, dep_id: str) -> dict:
-    data = await call(request, "deployments")
-    info = next((d for d in data.get("deployments") or [] if d.get("deployment_id") == dep_id), None)
+async def _info(request: Request, dep_id: str) -> DeploymentInfo:
+    info = (await ask(request, commands.deployments.Args())).get(dep_id)
     if info is None:
         raise ApiError(404, f"no deployment {dep_id!r}", code="not_found")
     return info
@@ -337,15 +365,15 @@ async def cache_clear(dep_id: str, request: Request) -> dict:
     require_admin(request)
     a = await _args(request, CacheClearArgs)
     # The supervisor answers by its own deadline (timeout_s, else its cancel_timeout).
-    return await call(request, "cache_clear", {"deployment_id": dep_id, "timeout_s": a.timeout_s},
-                      timeout=(a.timeout_s or CACHE_CLEAR_WAIT_S) + 10.0)
+    return await run(request, commands.cache_clear.Args(dep_id, a.timeout_s),
+                     timeout=(a.timeout_s or CACHE_CLEAR_WAIT_S) + 10.0)
 
 
 @router.post("/backend-selection")
 async def backend_selection(request: Request) -> dict:
     require_admin(request)
     a = await _args(request, BackendArgs)
-    return await call(request, "backend_selection", a.model_dump())
+    return await run(request, args_of(commands.backend_selection.Args, a.model_dump()))
 
 
 @router.post("/replan")
@@ -353,12 +381,12 @@ async def replan(request: Request) -> dict:
     require_admin(request)
     a = await _args(request, ReplanArgs)
     # Applying (a signature given) is a verified stop plus a whole launch and canary.
-    return await call(request, "replan", a.model_dump(),
-                      timeout=DEPLOY_WAIT_S if a.signature else 60.0)
+    return await run(request, args_of(commands.replan.Args, a.model_dump()),
+                     timeout=DEPLOY_WAIT_S if a.signature else 60.0)
 
 
 @router.post("/reap")
 async def reap(request: Request) -> dict:
     require_admin(request)
     # A pass may wait for one already running, then walk SIGTERM -> SIGKILL -> proof.
-    return await call(request, "reap", {}, timeout=REAP_WAIT_S)
+    return await run(request, commands.reap.Args(), timeout=REAP_WAIT_S)

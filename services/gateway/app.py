@@ -74,12 +74,12 @@ class Gateway:
             raise ApiError(503, f"model {model!r} is not serving: deployment {b.deployment_id}: "
                            f"{b.lost}; waiting for the supervisor", code="model_not_ready",
                            headers={"retry-after": "5"})
-        known = [d for d in c.deployments.values() if d.get("model") == model]
+        known = [d for d in c.deployments.values() if d.model == model]
         if known:
             d = known[0]
-            why = f": {d['error']}" if d.get("error") else ""
-            raise ApiError(503, f"model {model!r} is not serving: deployment {d['deployment_id']} "
-                           f"is {d.get('state')}{why}", code="model_not_ready",
+            why = f": {d.error}" if d.error else ""
+            raise ApiError(503, f"model {model!r} is not serving: deployment {d.deployment_id} "
+                           f"is {d.state}{why}", code="model_not_ready",
                            headers={"retry-after": "5"})
         if not c.backends:
             raise ApiError(503, f"no deployment is serving: {self.not_ready_reason()}",
@@ -105,8 +105,8 @@ class Gateway:
             return c.supervisor_error
         if not c.deployments:
             return "no deployment (deploy one: POST /admin/api/cluster/deployments)"
-        return "; ".join(f"deployment {d['deployment_id']} is {d.get('state')}"
-                         + (f" ({d['error']})" if d.get("error") else "")
+        return "; ".join(f"deployment {d.deployment_id} is {d.state}"
+                         + (f" ({d.error})" if d.error else "")
                          for d in c.deployments.values())
 
     async def probe(self, b: Backend) -> bool:
@@ -231,15 +231,15 @@ def create_app(settings: GatewaySettings, key: Key) -> FastAPI:
         report = []
         ok = False
         for d in gw.cluster.serving():
-            b = gw.cluster.backends.get(d["deployment_id"])
+            b = gw.cluster.backends.get(d.deployment_id)
             b = None if b is None or b.lost else b  # rank 0 lost: not ready, whatever the canary
-            tok = gw.cluster.tokenizers.state(d.get("model_path"))
+            tok = gw.cluster.tokenizers.state(d.model_path)
             at = gw.cluster.canary_at(d)
             fresh = at is not None and time.time() - at <= fresh_s
             if not fresh and b is not None and stale is None and tok == "loaded":
                 fresh = await gw.probe(b)
                 at = gw.cluster.canary_at(d)
-            report.append({"deployment_id": d["deployment_id"], "model": d.get("model"),
+            report.append({"deployment_id": d.deployment_id, "model": d.model,
                            "canary_at": at, "canary_fresh": fresh, "tokenizer": tok})
             ok = ok or (fresh and b is not None and tok == "loaded")
         ok = ok and stale is None

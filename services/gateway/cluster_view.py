@@ -14,6 +14,7 @@ import collections
 import contextlib
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import zmq
@@ -21,7 +22,7 @@ import zmq.asyncio
 
 from common.atomic_json import StateFileError
 from common.bus import BusTimeout, Channel, GapTracker, configure, new_request_id
-from common.deployment_info import DeploymentInfoError, read_deployment_info
+from common.deployment_info import DeploymentInfo
 from common.envelope import Key
 from common.home import read_supervisor_record
 from common.keys import KeyFileError, requests_key_of
@@ -36,6 +37,8 @@ from common.messages import (
     EventName,
     EventTopic,
 )
+from common.messages.commands import COMMANDS, ReplyError
+from common.messages.commands.status import Reply as StatusReply
 from common.rpc_client import AsyncRpcClient
 from services.gateway.request_channel import Backend
 from services.gateway.settings import GatewaySettings
@@ -60,7 +63,7 @@ class Cluster:
         self.key = key
         self.metrics = metrics
         self.ctx = zmq.asyncio.Context()
-        self.deployments: dict[str, dict] = {}
+        self.deployments: dict[str, DeploymentInfo] = {}  # the last status's, by id
         self.backends: dict[str, Backend] = {}
         # streams whose deployment failed, waiting to resume (services/gateway/resume.py):
         # still active, and abort-all reaches them
@@ -69,7 +72,7 @@ class Cluster:
         # the last resumes, each {request_id, as, from, to, tokens, cause, at}: where each went
         self.resume_log: collections.deque[dict] = collections.deque(maxlen=256)
         self.shutting_down = False  # set by the server (server.py): nothing resumes any more
-        self.status: dict = {}
+        self.status: StatusReply | None = None  # the last status reply, decoded once
         self.supervisor_error: str | None = "supervisor not contacted yet"
         self.refreshed_at: float | None = None  # wall clock of the last good refresh
         self.tokenizers = Tokenizers()
@@ -145,16 +148,11 @@ class Cluster:
         reply = await self.admin("status", timeout=timeout)
         if not reply.ok:
             raise SupervisorUnavailable(f"status: {reply.code}: {reply.message}")
-        deps = reply.data.get("deployments")
-        if not isinstance(deps, list):
-            raise SupervisorUnavailable("status: the reply carries no deployments list")
-        self.status = dict(reply.data)
-        self.deployments = {}
-        for d in deps:  # validated here, once (common.deployment_info); kept as sent
-            try:
-                self.deployments[read_deployment_info(d).deployment_id] = d
-            except DeploymentInfoError as exc:
-                log.warning("ignoring a deployment the supervisor reported: %s", exc)
+        try:  # decoded here, once; every reader keeps the objects
+            self.status = COMMANDS["status"].decode(reply.data)
+        except ReplyError as exc:
+            raise SupervisorUnavailable(str(exc)) from None
+        self.deployments = {d.deployment_id: d for d in self.status.deployments}
         self.supervisor_error = None
         self.refreshed_at = time.time()
         self._reconcile()
@@ -162,8 +160,8 @@ class Cluster:
     def _reconcile(self) -> None:
         for dep_id, b in list(self.backends.items()):
             info = self.deployments.get(dep_id)
-            if info is None or info.get("state") != SERVING or info.get("job_id") != b.job_id:
-                state = info.get("state") if info else "removed"
+            if info is None or info.state != SERVING or info.job_id != b.job_id:
+                state = info.state if info else "removed"
                 log.info("deployment %s is %s: closing its request channel", dep_id, state)
                 # failed: its requests may resume elsewhere; stopped or gone: cancelled
                 b.close(f"deployment {dep_id} is {state}", failed=state in FAILED_STATES)
@@ -175,17 +173,16 @@ class Cluster:
                 b.close(f"deployment {dep_id}: {b.lost}")
                 del self.backends[dep_id]
         for dep_id, info in self.deployments.items():
-            if info.get("state") == SERVING and isinstance(info.get("model_path"), str):
-                self.tokenizers.want(info["model_path"])  # before /ready can be true for it
-            if info.get("state") == SERVING and dep_id not in self.backends and (
-                    info.get("requests_key_sealed")):
+            if info.state == SERVING:
+                self.tokenizers.want(info.model_path)  # before /ready can be true for it
+            if info.state == SERVING and dep_id not in self.backends and info.requests_key_sealed:
                 try:
                     self.backends[dep_id] = Backend(
                         self.ctx, info, orphan_grace_s=self.settings.orphan_grace_s,
                         on_abort=self._count_abort, key=requests_key_of(info, self.key),
                         max_inflight=self.settings.inflight_limit,
                         retry_after_s=self.settings.overload_retry_after_s)
-                except (KeyError, ValueError, KeyFileError) as exc:
+                except (ValueError, KeyFileError) as exc:
                     log.warning("deployment %s: bad request channel info: %s", dep_id, exc)
 
     def _count_abort(self, cause: str) -> None:
@@ -242,11 +239,11 @@ class Cluster:
             return
         info = self.deployments.get(ev.deployment_id)
         job = ev.data.get("job_id") if isinstance(ev.data, dict) else None
-        if info is None or info.get("state") != SERVING or (job and job != info.get("job_id")):
+        if info is None or info.state != SERVING or (job and job != info.job_id):
             return
         log.info("event: deployment %s is %s", ev.deployment_id, ev.state)
-        self.deployments[ev.deployment_id] = {**info, "state": ev.state.value,
-                                              "error": ev.reason or info.get("error")}
+        self.deployments[ev.deployment_id] = replace(info, state=ev.state,
+                                                     error=ev.reason or info.error)
         self._reconcile()
 
     def view_age(self, now: float | None = None) -> float | None:
@@ -287,17 +284,17 @@ class Cluster:
     def active(self) -> int:
         return sum(b.active for b in self.backends.values()) + len(self.resuming)
 
-    def serving(self) -> list[dict]:
-        return [d for d in self.deployments.values() if d.get("state") == SERVING]
+    def serving(self) -> list[DeploymentInfo]:
+        return [d for d in self.deployments.values() if d.state == SERVING]
 
-    def models(self) -> list[dict]:
-        return [d for d in self.serving() if d["deployment_id"] in self.backends
-                and not self.backends[d["deployment_id"]].lost]
+    def models(self) -> list[DeploymentInfo]:
+        return [d for d in self.serving() if d.deployment_id in self.backends
+                and not self.backends[d.deployment_id].lost]
 
-    def canary_at(self, dep: dict) -> float | None:
+    def canary_at(self, dep: DeploymentInfo) -> float | None:
         """Last proof that the deployment generates: the supervisor's canary or ours."""
-        times = [t for t in (dep.get("canary_at"),) if isinstance(t, int | float)]
-        b = self.backends.get(dep["deployment_id"])
+        times = [dep.canary_at] if dep.canary_at is not None else []
+        b = self.backends.get(dep.deployment_id)
         if b is not None and b.last_ok_at:
             times.append(b.last_ok_at)
         return max(times) if times else None

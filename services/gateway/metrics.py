@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from common.envelope import REGISTRY as REJECTS
+from common.schema import to_wire
 from services.gateway.cache_index import metric_families as cache_index_families
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -153,44 +154,36 @@ class _ClusterCollector:
                 limit.add_metric([dep_id], b.max_inflight)
                 for bound in ("gateway", "rank"):
                     overloaded.add_metric([dep_id, bound], b.overloads[bound])
-            for dep_id, d in c.deployments.items():
-                dep_state.add_metric([dep_id, str(d.get("model", "")), str(d.get("state", ""))], 1)
-                for rk in d.get("ranks") or []:
-                    if not isinstance(rk, dict):
-                        continue
-                    labels = [dep_id, str(rk.get("rank"))]
-                    for name, field in (("step", "step"), ("active", "active"),
-                                        ("cancel_epoch", "cancel_epoch"),
-                                        ("acked_epoch", "acked_epoch"),
-                                        ("mem_active_bytes", "mem_active")):
-                        if isinstance(rk.get(field), int | float):
-                            rank_g[name].add_metric(labels, rk[field])
-                    cache = rk.get("cache")  # None: the cache is off (or no telemetry yet)
-                    if isinstance(cache, dict):
+            for dep_id, d in c.deployments.items():  # DeploymentInfo, decoded once
+                dep_state.add_metric([dep_id, d.model, str(d.state)], 1)
+                for rk in d.ranks:
+                    labels = [dep_id, str(rk.rank)]
+                    for name, value in (("step", rk.step), ("active", rk.active),
+                                        ("cancel_epoch", rk.cancel_epoch),
+                                        ("acked_epoch", rk.acked_epoch),
+                                        ("mem_active_bytes", rk.mem_active)):
+                        rank_g[name].add_metric(labels, value)
+                    if rk.cache is not None:  # None: the cache is off (or no telemetry yet)
                         for name, fam in (*cache_g.items(), *cache_c.items()):
-                            if isinstance(cache.get(name), int):
-                                fam.add_metric(labels, cache[name])
-                    phases = rk.get("phases")  # None: a rank older than the phase clock
-                    if isinstance(phases, dict):
-                        for name, key in (("seconds", "seconds"), ("runs", "counts")):
-                            for phase, v in (phases.get(key) or {}).items():
-                                if isinstance(v, int | float):
-                                    phase_c[name].add_metric([*labels, str(phase)], v)
-                    if isinstance(rk.get("last_seen"), int | float):
-                        rank_g["telemetry_age_seconds"].add_metric(labels, max(0.0, now - rk["last_seen"]))
-            st = c.status or {}
+                            fam.add_metric(labels, getattr(rk.cache, name))
+                    if rk.phases is not None:  # None: a rank older than the phase clock
+                        for name, times in (("seconds", rk.phases.seconds),
+                                            ("runs", rk.phases.counts)):
+                            for phase, v in times.items():
+                                phase_c[name].add_metric([*labels, phase], v)
+                    rank_g["telemetry_age_seconds"].add_metric(labels, max(0.0, now - rk.last_seen))
+            st = c.status
             up.add_metric([], 0.0 if c.supervisor_error else 1.0)
-            if isinstance(st.get("cancel_epoch"), int | float):
-                epoch.add_metric([], st["cancel_epoch"])
-            for row in [*(st.get("rejections") or []), *c.reaper_rejections]:
-                if isinstance(row, dict) and isinstance(row.get("count"), int):
-                    key = (str(row.get("service", "supervisor")), str(row.get("socket", "")),
-                           str(row.get("reason", "")))
-                    if key not in seen:
-                        seen.add(key)
-                        rejects.add_metric(list(key), row["count"])
-            extra += _numbers("lockstep_reaper", st.get("reaper"), "Reaper outcome counters")
-            extra += _numbers("lockstep_supervisor", st.get("supervisor"), "Supervisor counters")
+            if st is not None:
+                epoch.add_metric([], st.cancel_epoch)
+            for row in [*(to_wire(st.rejections) if st else []), *c.reaper_rejections]:
+                key = (row["service"], row["socket"], row["reason"])
+                if key not in seen:
+                    seen.add(key)
+                    rejects.add_metric(list(key), row["count"])
+            if st is not None:
+                extra += _numbers("lockstep_reaper", to_wire(st.reaper), "Reaper outcome counters")
+                extra += _numbers("lockstep_supervisor", to_wire(st.supervisor), "Supervisor counters")
             extra += cache_index_families(c.backends.values())
         active.add_metric(["all"], total)
         yield from (active, limit, overloaded, dep_state, *rank_g.values(), *cache_g.values(),

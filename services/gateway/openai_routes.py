@@ -16,7 +16,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from common import model_ref
-from common.sampling_defaults import FIELDS
+from common.sampling_defaults import FIELDS, SamplingDefaults
+from common.schema import to_wire
 from services.gateway import choices
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final
@@ -50,16 +51,16 @@ async def list_models(request: Request) -> dict:
     seen: dict[str, dict] = {}
     for d in request.app.state.gw.cluster.models():
         # `sampling_defaults` (an extension): what a request that names none gets
-        seen.setdefault(d["model"], {"id": d["model"], "object": "model",
-                                     "created": _created(d.get("model_path")),
-                                     "owned_by": model_ref.owner(d["model"]),
-                                     "sampling_defaults": _defaults(d.get("sampling"))})
+        seen.setdefault(d.model, {"id": d.model, "object": "model",
+                                  "created": _created(d.model_path),
+                                  "owned_by": model_ref.owner(d.model),
+                                  "sampling_defaults": _defaults(d.sampling)})
     return {"object": "list", "data": list(seen.values())}
 
 
-def _defaults(sampling: object) -> dict:
+def _defaults(sampling: SamplingDefaults) -> dict:
     """The deployment's defaults as /v1/models shows them: values and where each came from."""
-    d = sampling if isinstance(sampling, dict) else {}
+    d = to_wire(sampling)
     return {k: d[k] for k in (*FIELDS, "origin") if k in d}
 
 

@@ -31,6 +31,7 @@ import zmq
 import zmq.asyncio
 
 from common.bus import BusTimeout, Channel, new_request_id
+from common.deployment_info import DeploymentInfo
 from common.envelope import Key
 from common.messages import (
     REQUESTS_OUT,
@@ -42,8 +43,6 @@ from common.messages import (
     StatsRequest,
 )
 from common.rpc_client import AsyncRpcClient
-from common.sampling_defaults import SamplingDefaults
-from common.schema import decode_into
 from services.gateway.cache_index import follow
 from services.gateway.rank_link import DEALER_OPTIONS, LinkWatch
 from services.gateway.refusals import SEND_TIMEOUT_S, Overloaded, Unavailable
@@ -57,18 +56,17 @@ log = logging.getLogger("lockstep.gateway.request_channel")
 
 
 class Backend:
-    def __init__(self, ctx: zmq.asyncio.Context, info: dict, *, key: Key,
+    def __init__(self, ctx: zmq.asyncio.Context, info: DeploymentInfo, *, key: Key,
                  on_abort: Callable[[str], None] | None = None,
                  orphan_grace_s: float = 5.0,
                  max_inflight: int = 0, retry_after_s: int = 1) -> None:
-        self.deployment_id = info["deployment_id"]
-        self.job_id = info.get("job_id")
-        self.model = info.get("model") or self.deployment_id
-        self.model_path = info.get("model_path")
-        self.endpoint = info["requests_endpoint"]
-        # what requests that name no temperature / top_p / ... are sampled with (the
-        # record was validated with the whole DeploymentInfo by cluster_view)
-        self.sampling = decode_into(SamplingDefaults, info.get("sampling") or {})
+        self.deployment_id = info.deployment_id
+        self.job_id = info.job_id
+        self.model = info.model or self.deployment_id
+        self.model_path = info.model_path
+        self.endpoint = info.requests_endpoint
+        # what requests that name no temperature / top_p / ... are sampled with
+        self.sampling = info.sampling
         # The one registry of this deployment's requests (request id → stream): admission
         # counts it, the client routes rank 0's chunks through it, `RequestStream.close`
         # is the only way out.

@@ -17,6 +17,7 @@ import httpx
 import pytest
 import zmq.asyncio
 
+from common.deployment_info import read_deployment_info
 from common.home import Paths
 from common.keys import load_cluster_key, requests_key_of
 from common.messages import Generate
@@ -81,7 +82,7 @@ async def _delays(c, dep: dict) -> list[float]:
     """A 4-turn conversation in token ids on a Backend of this process: for each turn, the
     time from its final chunk to the event storing its KV, both read on that Backend;
     its index equals rank 0's record at the end."""
-    info = supervisor_record(dep)
+    info = read_deployment_info(supervisor_record(dep))
     ctx = zmq.asyncio.Context()
     b = Backend(ctx, info, key=requests_key_of(info, load_cluster_key(c.home / "keys" / "cluster.key")))
     out = []

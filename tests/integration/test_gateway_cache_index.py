@@ -18,6 +18,7 @@ from services.gateway.request_channel import Backend
 from services.rank.cache_feed import CacheFeed
 from services.rank.prefix_cache import CachePlanner
 from tests.support.bus import KEY
+from tests.support.deployment import deployment_info
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -83,8 +84,7 @@ async def test_a_backend_follows_rank_0s_cache_through_a_late_start_and_a_lost_p
     rank0.plan(("before", conv))  # cached before the gateway connects
     server = asyncio.get_running_loop().create_task(rank0.serve())
     ctx = zmq.asyncio.Context()
-    b = Backend(ctx, {"deployment_id": "d-1", "model": "m", "requests_endpoint": endpoint},
-                key=KEY)
+    b = Backend(ctx, deployment_info(requests_endpoint=endpoint), key=KEY)
     try:
         idx = b.cache_index
         await until(lambda: idx.synced and idx.view() == rank0.held(), 10, "the first snapshot")

@@ -12,6 +12,7 @@ import zmq.asyncio
 from common.messages import Generate
 from services.gateway.request_channel import Backend, Unavailable
 from tests.support.bus import KEY
+from tests.support.deployment import deployment_info
 from tests.support.ports import free_port
 
 
@@ -28,8 +29,7 @@ def _check(err: Unavailable, backend: Backend) -> None:
 
 async def test_lost_rank_0_and_a_gone_deployment_answer_503_model_not_ready_with_retry_after():
     ctx = zmq.asyncio.Context()
-    info = {"deployment_id": "d-1", "model": "m",
-            "requests_endpoint": f"tcp://127.0.0.1:{free_port()}"}
+    info = deployment_info(requests_endpoint=f"tcp://127.0.0.1:{free_port()}")
     b = Backend(ctx, info, key=KEY)
     try:
         b.fail_lost("the connection to rank 0 closed")  # what the link watch calls

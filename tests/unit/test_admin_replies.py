@@ -94,3 +94,37 @@ def test_the_cli_flags_are_the_args_fields() -> None:
     assert cmd.name == "abort_all" and args.deployment_id is None
     with pytest.raises(SystemExit):
         p.parse_args(["replan", "d"])  # --backend is required there
+
+
+async def test_the_gateway_keeps_the_status_it_decoded_once(tmp_path) -> None:
+    from common.messages import AdminCode, AdminReply, Event, EventName, EventTopic
+    from common.schema import to_wire
+    from services.gateway.cluster_view import Cluster, SupervisorUnavailable
+    from services.gateway.settings import GatewaySettings
+    from tests.support.bus import KEY
+    from tests.support.deployment import deployment_info
+
+    eps = {"admin": "a", "events": "e", "control": "c", "report": "r"}
+    status = {"supervisor": {"pid": 1, "boot_id": "b", "uptime_s": 1.0, "home": "/h",
+                             "endpoints": eps}, "cancel_epoch": 3,
+              "deployments": [to_wire(deployment_info(deployment_id="d-1"))]}
+    answer = {"data": status}
+
+    async def admin(command, args=None, timeout=None):
+        return AdminReply("r", True, AdminCode.OK, data=answer["data"])
+
+    c = Cluster(GatewaySettings(home=tmp_path), KEY)
+    c.admin = admin
+    try:
+        await c.refresh()
+        assert c.deployments["d-1"].state is DeploymentState.SERVING and c.status.cancel_epoch == 3
+        assert [d.deployment_id for d in c.serving()] == ["d-1"]
+        c._apply_state_event(Event(topic=EventTopic.DEPLOYMENT, name=EventName.STATE,
+                                   deployment_id="d-1", state=DeploymentState.FAILED,
+                                   reason="rank 1 lost", data={"job_id": "j-1"}))
+        assert c.deployments["d-1"].state is DeploymentState.FAILED and not c.serving()
+        answer["data"] = {**status, "cancel_epoch": "3"}
+        with pytest.raises(SupervisorUnavailable, match="status reply: wrong_type: cancel_epoch"):
+            await c.refresh()
+    finally:
+        c.ctx.destroy(linger=0)

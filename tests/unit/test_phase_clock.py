@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 from prometheus_client import generate_latest
 
-from common.deployment_info import RankInfo
-from common.messages import PhaseTimes, Telemetry
+from common.deployment_info import DeploymentInfo, RankInfo
+from common.messages import Backend, DeploymentState, PhaseTimes, Telemetry
 from common.schema import decode_into, to_wire
 from services.gateway.metrics import Metrics
 from services.rank.phase_clock import LoopPhase, PhaseClock
@@ -73,10 +73,13 @@ def test_the_gateway_exports_each_ranks_phases_as_counters():
     for r in ranks:  # what the supervisor sends is what the gateway's reader accepts
         assert decode_into(RankInfo, r).phases == (rs0.phases if r["rank"] == 0 else None)
     m = Metrics()
-    m.cluster = SimpleNamespace(backends={}, status={}, supervisor_error=None,
-                                reaper_rejections=[],
-                                deployments={"dep": {"model": "x", "state": "serving",
-                                                     "ranks": ranks}})
+    info = DeploymentInfo(deployment_id="dep", job_id="j", state=DeploymentState.SERVING,
+                          model="x", model_path="/m", tp=2, pp=1, backend=Backend.RING,
+                          world_size=2, requests_endpoint="", requests_key_sealed="",
+                          canary_at=None, error=None, teardown=None,
+                          ranks=[decode_into(RankInfo, r) for r in ranks])
+    m.cluster = SimpleNamespace(backends={}, status=None, supervisor_error=None,
+                                reaper_rejections=[], deployments={"dep": info})
     text = generate_latest(m.registry).decode()
     lines = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1])
              for ln in text.splitlines() if ln.startswith("lockstep_rank_phase_")}
