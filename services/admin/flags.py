@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from common.messages.commands import fields_of
+from common.messages.commands.cli import Cli
 
 SUPPRESS = argparse.SUPPRESS
 HOSTS_DEST = "hosts_file"
@@ -64,14 +65,14 @@ def add_fields(p: argparse.ArgumentParser, args_cls: type) -> None:
         tp = _unwrap(hints[f.name])
         if cli is None:
             continue
-        if cli == "positional":
+        if cli is Cli.POSITIONAL:
             p.add_argument(f.name)
-        elif cli == "positional?":
+        elif cli is Cli.OPTIONAL_POSITIONAL:
             p.add_argument(f.name, nargs="?", default=SUPPRESS)
-        elif cli == "hosts-file":
+        elif cli is Cli.HOSTS_FILE:
             p.add_argument("--hosts", dest=HOSTS_DEST, metavar="FILE", default=SUPPRESS,
                            required=bool(meta.get("required")))
-        elif cli == "flatten":  # e.g. sampling: --temperature, --top-p, ...
+        elif cli is Cli.FLATTEN:  # e.g. sampling: --temperature, --top-p, ...
             inner = typing.get_type_hints(tp)
             for g in fields_of(tp):
                 _add_one(p, f"{f.name}.{g.name}", _dashed(g.name), _unwrap(inner[g.name]),
@@ -90,7 +91,7 @@ def args_from(ns: argparse.Namespace, args_cls: type) -> Any:
     if HOSTS_DEST in given:
         out.update(_hosts(given[HOSTS_DEST], names))
     for f in fields_of(args_cls):
-        if f.metadata.get("cli") == "flatten":
+        if f.metadata.get("cli") is Cli.FLATTEN:
             nested = {k.split(".", 1)[1]: v for k, v in given.items()
                       if k.startswith(f.name + ".")}
             if nested:

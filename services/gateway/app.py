@@ -234,14 +234,15 @@ def create_app(settings: GatewaySettings, key: Key) -> FastAPI:
             b = gw.cluster.backends.get(d.deployment_id)
             b = None if b is None or b.lost else b  # rank 0 lost: not ready, whatever the canary
             tok = gw.cluster.tokenizers.state(d.model_path)
+            tok_ok = gw.cluster.tokenizers.loaded(d.model_path)
             at = gw.cluster.canary_at(d)
             fresh = at is not None and time.time() - at <= fresh_s
-            if not fresh and b is not None and stale is None and tok == "loaded":
+            if not fresh and b is not None and stale is None and tok_ok:
                 fresh = await gw.probe(b)
                 at = gw.cluster.canary_at(d)
             report.append({"deployment_id": d.deployment_id, "model": d.model,
                            "canary_at": at, "canary_fresh": fresh, "tokenizer": tok})
-            ok = ok or (fresh and b is not None and tok == "loaded")
+            ok = ok or (fresh and b is not None and tok_ok)
         ok = ok and stale is None
         body = {"ready": ok, "deployments": report}
         if not ok:

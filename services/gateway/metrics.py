@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from common.envelope import REGISTRY as REJECTS
 from common.schema import to_wire
 from services.gateway.cache_index import metric_families as cache_index_families
+from services.gateway.refusals import Bound
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -152,8 +153,8 @@ class _ClusterCollector:
                 active.add_metric([dep_id], b.active)
                 total += b.active
                 limit.add_metric([dep_id], b.max_inflight)
-                for bound in ("gateway", "rank"):
-                    overloaded.add_metric([dep_id, bound], b.overloads[bound])
+                for bound in Bound:
+                    overloaded.add_metric([dep_id, bound.value], b.overloads[bound])
             for dep_id, d in c.deployments.items():  # DeploymentInfo, decoded once
                 dep_state.add_metric([dep_id, d.model, str(d.state)], 1)
                 for rk in d.ranks:

@@ -5,6 +5,7 @@ reached (the gateway's `max_inflight`, or rank 0's `max_open_requests`, refused 
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING
 
 from services.gateway.errors import ApiError
@@ -16,17 +17,27 @@ UNAVAILABLE_RETRY_S = 5  # retry-after of a 503 from here (app.pick says the sam
 SEND_TIMEOUT_S = 5.0  # for rank 0 to take a GENERATE
 
 
+class Bound(str, enum.Enum):
+    """Which bound refused: in the 429's data and the overloaded metric's label."""
+
+    GATEWAY = "gateway"  # the gateway's max_inflight for the deployment
+    RANK = "rank"  # rank 0's max_open_requests, refused in-band
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class Overloaded(ApiError):
     """A deployment's bound on requests in flight is reached: 429, retry later."""
 
-    def __init__(self, backend: Backend, bound: str, in_flight: int | None) -> None:
+    def __init__(self, backend: Backend, bound: Bound, in_flight: int | None) -> None:
         who = (f"deployment {backend.deployment_id} has {in_flight} requests in flight "
-               f"(its bound, max_inflight)" if bound == "gateway"
+               f"(its bound, max_inflight)" if bound is Bound.GATEWAY
                else f"rank 0 of deployment {backend.deployment_id} is at its bound on open "
                "requests (max_open_requests)")
         retry = backend.retry_after_s
-        data: dict = {"bound": bound}
-        if bound == "gateway":
+        data: dict = {"bound": bound.value}
+        if bound is Bound.GATEWAY:
             data["limit"] = backend.max_inflight
         super().__init__(429, f"overloaded: {who}; retry after {retry} s", code="overloaded",
                          headers={"retry-after": str(retry),

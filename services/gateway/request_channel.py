@@ -45,7 +45,7 @@ from common.messages import (
 from common.rpc_client import AsyncRpcClient
 from services.gateway.cache_index import follow
 from services.gateway.rank_link import DEALER_OPTIONS, LinkWatch
-from services.gateway.refusals import SEND_TIMEOUT_S, Overloaded, Unavailable
+from services.gateway.refusals import SEND_TIMEOUT_S, Bound, Overloaded, Unavailable
 from services.gateway.request_stream import RequestStream
 
 # Overloaded, Unavailable (refusals.py) and RequestStream (request_stream.py) are named
@@ -84,7 +84,7 @@ class Backend:
         self.orphan_grace_s = orphan_grace_s
         self.max_inflight = max_inflight  # 0: no bound
         self.retry_after_s = retry_after_s
-        self.overloads: collections.Counter[str] = collections.Counter()  # by bound
+        self.overloads: collections.Counter[Bound] = collections.Counter()  # by bound
         self.tokens_out = 0  # completion tokens taken from rank 0 (the console's rate)
         self.last_ok_at: float | None = None  # wall clock of the last good generation
         self.closed = False
@@ -106,8 +106,8 @@ class Backend:
         """Raise Overloaded if `more` requests would exceed the bound on in flight."""
         n = len(self.streams)
         if self.max_inflight and n + more > self.max_inflight:
-            self.overloads["gateway"] += 1
-            raise Overloaded(self, "gateway", n)
+            self.overloads[Bound.GATEWAY] += 1
+            raise Overloaded(self, Bound.GATEWAY, n)
 
     async def generate(self, gen: Generate, cached: int = 0) -> RequestStream:
         """Send `gen`; `cached`: the prompt tokens the router expects rank 0's cache to

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from common.messages import ErrorCode, FinishReason, Tokens
-from services.gateway.refusals import Overloaded
+from services.gateway.refusals import Bound, Overloaded
 
 if TYPE_CHECKING:
     from services.gateway.request_channel import Backend
@@ -131,8 +131,8 @@ class RequestStream:
         if body.finish_reason:
             self.finished, self.finish_reason = True, body.finish_reason
             if body.error_code == ErrorCode.OVERLOADED and self.refusal is None:
-                self.refusal = Overloaded(self.backend, "rank", None)
-                self.backend.overloads["rank"] += 1
+                self.refusal = Overloaded(self.backend, Bound.RANK, None)
+                self.backend.overloads[Bound.RANK] += 1
         return body
 
     def put_nowait(self, item) -> None:

@@ -98,8 +98,13 @@ class Tokenizers:
         ld = self._loads.get(path)
         return None if ld is None else ld.warmed
 
+    def loaded(self, path: str | None) -> bool:
+        ld = self._loads.get(path) if path else None
+        return ld is not None and ld.tok is not None
+
     def state(self, path: str | None) -> str:
-        """"loaded", "loading", "failed: why" or "none" (never asked for)."""
+        """For people (/ready): "loaded", "loading", "failed: why" or "none" (never asked
+        for); code asks `loaded`."""
         ld = self._loads.get(path) if path else None
         if ld is None:
             return "none"
