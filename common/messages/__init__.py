@@ -101,9 +101,11 @@ from common.messages.vocab import (
     Phase,
     ProcState,
     ReapOutcome,
+    RemoveReason,
 )
 
 __all__ = [
+    "RemoveReason",
     "ReapOutcome",
     "ProcState",
     "Phase",

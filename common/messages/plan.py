@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from common.messages.base import BIG_LIST
 from common.messages.sampling import SeededSampling
-from common.messages.vocab import Phase
+from common.messages.vocab import Phase, RemoveReason
 
 
 @dataclass
@@ -34,7 +34,7 @@ class PlanInsert:
 @dataclass
 class PlanRemove:
     request_id: str
-    reason: str
+    reason: RemoveReason
 
 
 class CacheOpKind(str, enum.Enum):

@@ -88,6 +88,17 @@ class Backend(_Wire):
     MPI = "mpi"
 
 
+class RemoveReason(_Wire):
+    """Why a plan removes a request from every rank's batch (PlanRemove.reason; each
+    rank's removal records say the same)."""
+
+    ABORT = "abort"  # the requester (a gateway) aborted it
+    REQUESTER_GONE = "requester_gone"  # rank 0 could not deliver its tokens any more
+    CANCEL = "cancel"  # an epoch-numbered cancel from the supervisor
+    WATCHDOG = "watchdog"  # a watchdog aborted everything (services/rank/watchdogs.py)
+    SHUTDOWN = "shutdown"  # the final plan of a graceful exit
+
+
 class ProcState(_Wire):
     """A recorded process as a host agent's probe finds it (services/hostagent)."""
 

@@ -14,6 +14,7 @@ from common.messages import (
     Lease,
     Phase,
     Plan,
+    RemoveReason,
     Serve,
     Shutdown,
 )
@@ -60,19 +61,17 @@ class GenerateEv:  # rank 0: its stream is already open in the I/O thread's ledg
     received_at: float  # time.monotonic() at the I/O thread (a wall clock may jump)
 
 
-# Removal reason of a request whose requester's connection is gone (rank 0's I/O
-# thread could not deliver its tokens: EHOSTUNREACH on the ROUTER).
-REQUESTER_GONE = "requester_gone"
-
-
 @dataclass
 class AbortEv:
     body: Abort
+    # the requester's connection is gone (rank 0's I/O thread could not deliver its
+    # tokens: EHOSTUNREACH on the ROUTER), not an ABORT it sent
+    requester_gone: bool = False
 
 
 @dataclass
 class AbortAllEv:  # from a watchdog through RankRuntime.request_abort_all
-    reason: str  # the removal reason (plans, removal records)
+    reason: RemoveReason  # the removal reason (plans, removal records)
 
 
 @dataclass

@@ -364,7 +364,8 @@ class RankIO:
         if errno == zmq.EHOSTUNREACH:
             for c in chunks:
                 if not c.finish_reason:
-                    self.inbox.put(ev.AbortEv(m.Abort(c.request_id, ev.REQUESTER_GONE)))
+                    self.inbox.put(ev.AbortEv(m.Abort(c.request_id, "requester gone"),
+                                              requester_gone=True))
 
     def _on_requests(self, frames: list[bytes]) -> None:
         got = self.req.unpack_router(frames)

@@ -34,6 +34,7 @@ from common.messages import (
     Plan,
     PlanInsert,
     PlanRemove,
+    RemoveReason,
 )
 from services.rank import events as ev
 from services.rank.cache_clears import answers as clear_answers
@@ -78,7 +79,7 @@ class Leader(RankLoop):
         self.context = context  # prompt + completion must fit (None: unknown)
         self.scheduled: dict[str, Req] = {}  # pending and in the batch
         self.pending: deque[str] = deque()
-        self.removes: dict[str, str] = {}  # request id → reason, for the next plan
+        self.removes: dict[str, RemoveReason] = {}  # request id → reason, for the next plan
         self.cancels: dict[int, object] = {}  # epoch → Cancel, not yet folded
         self.seq = 0
         self.out: list[Command] = []  # for the I/O thread, handed over once per iteration
@@ -122,8 +123,8 @@ class Leader(RankLoop):
         if isinstance(e, ev.GenerateEv):
             self.on_generate(e)
         elif isinstance(e, ev.AbortEv):  # from the requester, or its disappearance (io)
-            self.on_abort(e.body.request_id,
-                          ev.REQUESTER_GONE if e.body.reason == ev.REQUESTER_GONE else "abort")
+            self.on_abort(e.body.request_id, RemoveReason.REQUESTER_GONE if e.requester_gone
+                          else RemoveReason.ABORT)
         elif isinstance(e, ev.AbortAllEv):
             for rid in list(self.scheduled):
                 self.on_abort(rid, e.reason)
@@ -193,7 +194,7 @@ class Leader(RankLoop):
                 return bad, f"grammar: {why}"
         return None
 
-    def on_abort(self, rid: str, reason: str) -> None:
+    def on_abort(self, rid: str, reason: RemoveReason) -> None:
         if rid not in self.scheduled:
             return  # finished already, or never ours
         if self.engine.has(rid):
@@ -220,7 +221,7 @@ class Leader(RankLoop):
             targets = list(self.scheduled) if c.scope == CancelScope.ALL else list(c.request_ids)
             for rid in targets:
                 if self.engine.has(rid):
-                    removes.setdefault(rid, "cancel")
+                    removes.setdefault(rid, RemoveReason.CANCEL)
                 elif rid in self.scheduled and rid in self.pending:
                     self.pending.remove(rid)
                     self.finish(rid, FinishReason.ABORT, error=None)
@@ -411,7 +412,7 @@ class Leader(RankLoop):
         (`code`, `phase`: launcher_lost, peer_lost) takes the same path."""
         if phase == Phase.EXITING:
             self.rt.set_phase(Phase.DRAINING)
-        removes = [PlanRemove(request_id=rid, reason="shutdown")
+        removes = [PlanRemove(request_id=rid, reason=RemoveReason.SHUTDOWN)
                    for rid in self.engine.active_ids()]
         try:
             removed = self.engine.apply(removes, [])

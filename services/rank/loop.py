@@ -9,7 +9,7 @@ import logging
 import queue
 from typing import NoReturn
 
-from common.messages import CancelAck, Phase, Plan
+from common.messages import CancelAck, Phase, Plan, RemoveReason
 from common.rankspec import RankSettings
 from services.rank import events as ev
 from services.rank.engine import Divergence, Emitted, Engine, Finished
@@ -100,7 +100,7 @@ class RankLoop:
         """Leader folds it into a plan; followers wait for the plan that carries it."""
 
     def consume_cancel(self, plan: Plan) -> None:
-        cancelled = [r.request_id for r in plan.removes if r.reason == "cancel"]
+        cancelled = [r.request_id for r in plan.removes if r.reason == RemoveReason.CANCEL]
         ack = CancelAck(deployment_id=self.rt.spec.deployment_id, epoch=plan.cancel_epoch,
                         rank=self.rt.rank, step_applied=plan.step, cancelled=cancelled)
         self.acks[plan.cancel_epoch] = ack

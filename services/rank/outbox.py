@@ -23,6 +23,7 @@ from common.messages import (
     Ping,
     Plan,
     RankReady,
+    RemoveReason,
 )
 
 
@@ -79,7 +80,7 @@ class AbortAll:
     """The abort stage (any thread): every open stream ends now with `abort` (`detail`
     as its error text); the main thread then removes every request (`reason`)."""
 
-    reason: str
+    reason: RemoveReason
     detail: str | None
 
 

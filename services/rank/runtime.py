@@ -30,7 +30,7 @@ import mlx.core as mx
 
 from common.envelope import BOOT_ID
 from common.home import Paths, marker_path, write_marker
-from common.messages import CacheStats, DiskIndex, Phase, Telemetry
+from common.messages import CacheStats, DiskIndex, Phase, RemoveReason, Telemetry
 from common.rankspec import RankSpec
 from common.records import RankMarker
 from services.rank import load_progress
@@ -213,7 +213,7 @@ class RankRuntime:
 
     # -- hooks for the watchdogs (services.rank.watchdog_thread) -------------------------------------
 
-    def request_abort_all(self, reason: str, detail: str | None = None) -> None:
+    def request_abort_all(self, reason: RemoveReason, detail: str | None = None) -> None:
         """Any thread: every stream rank 0 has open ends now with `abort` (`detail` as
         its error text), and every request leaves the batch at the next step boundary
         with removal reason `reason`."""

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from common.messages import Phase, Ping
+from common.messages import Phase, Ping, RemoveReason
 from services.rank.events import ExitEv
 from services.rank.outbox import Probe
 from services.rank.process_exit import EXIT_FAILED
@@ -257,7 +257,7 @@ class RankSide:
         self.rt.mark_verdict(phase, reason)
 
     def abort_all(self, reason: str) -> None:
-        self.rt.request_abort_all("watchdog", reason)
+        self.rt.request_abort_all(RemoveReason.WATCHDOG, reason)
 
     def peers_ok(self, ok: bool) -> None:
         self.rt.peers_ok = ok

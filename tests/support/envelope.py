@@ -62,10 +62,10 @@ SAMPLES: dict[Kind, Any] = {
     Kind.PLAN_WELCOME: m.PlanWelcome(1, 7),
     Kind.PLAN: m.Plan(7, 100, True, [m.PlanInsert("r-2", [1, 2, 3], 16, SAMPLING.seeded(1234),
                                                   [2], 4, 2, 3, 1)],
-                      [m.PlanRemove("r-1", "abort")], 3, True),
+                      [m.PlanRemove("r-1", m.RemoveReason.ABORT)], 3, True),
     Kind.PLAN_FETCH: m.PlanFetch(5),
     Kind.PLAN_BATCH: m.PlanBatch(
-        [m.Plan(5, 98, True), m.Plan(6, 99, False, removes=[m.PlanRemove("r-9", "stop")])], True
+        [m.Plan(5, 98, True), m.Plan(6, 99, False, removes=[m.PlanRemove("r-9", m.RemoveReason.SHUTDOWN)])], True
     ),
     Kind.PING: m.Ping(42, NOW + 0.25),
     Kind.PONG: m.Pong(42, 1, 100, m.Phase.SERVING),

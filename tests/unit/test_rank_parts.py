@@ -9,7 +9,7 @@ import stat
 import mlx.core as mx
 import pytest
 
-from common.messages import Plan, PlanInsert, PlanRemove, SeededSampling
+from common.messages import Plan, PlanInsert, PlanRemove, RemoveReason, SeededSampling
 from common.rank_env import DEFAULTS, rank_environment
 from common.rankspec import RankSettings
 from services.rank.planwire import PlanOrder, ReplayBuffer
@@ -117,11 +117,11 @@ def test_engine_steps_and_detects_divergence(model):
     assert [(f.active.request_id, f.reason) for f in finished] == [("a", "length"), ("b", "length")]
     assert len(e.by_rid) == 0 and [len(f.active.tokens) for f in finished] == [3, 5]
     with pytest.raises(Divergence, match="not in this batch"):
-        e.apply([PlanRemove("a", "abort")], [])
+        e.apply([PlanRemove("a", RemoveReason.ABORT)], [])
     e.apply([], [ins("c", 50)])
     with pytest.raises(Divergence, match="already in this batch"):
         e.apply([], [ins("c")])
-    removed = e.apply([PlanRemove("c", "abort")], [])
+    removed = e.apply([PlanRemove("c", RemoveReason.ABORT)], [])
     assert [(f.active.request_id, f.reason, f.step) for f in removed] == [("c", "abort", e.step)]
     e.gen.insert([[1, 2]])  # an insert on this rank alone (a canary, say) shifts every uid
     with pytest.raises(Divergence, match="plan order predicts"):
