@@ -153,11 +153,16 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 
 def lockstep(model: Path, work: Path, tp: int, cache: bool, timeout: float = 900) -> Server:
-    """`lockstep up --tp N` serving `model`; cache False passes --prompt-cache-entries 0."""
+    """`lockstep up --tp N` serving `model`; cache False passes --prompt-cache-entries 0.
+    The prefix cache's disk tier is off in every run (--prompt-cache-disk-bytes 0): these
+    runs compare with mlx_lm.server, which has none, and its writer thread would spend
+    CPU (about 150 MB written per turn of the agent session) while the other server is
+    measured. bench/disk_cache.py measures the disk tier on its own."""
     name = f"lockstep-tp{tp}-cache-{'on' if cache else 'off'}"
     home, log = work / f"home-{name}", work / f"{name}.log"
     port = free_port()
-    cache_flags = [] if cache else ["--prompt-cache-entries", "0"]
+    cache_flags = ([] if cache else ["--prompt-cache-entries", "0"]) + [
+        "--prompt-cache-disk-bytes", "0"]
     cmd = [sys.executable, "-m", "services", "up", "--home", str(home), "--port", str(port),
            "--tp", str(tp), "--model", str(model), "--admin-port", "0", "--events-port", "0",
            "--control-port", "0", "--report-port", "0", "--reaper-events-port", "0",
@@ -169,9 +174,10 @@ def lockstep(model: Path, work: Path, tp: int, cache: bool, timeout: float = 900
     settings = {"cmd": ["lockstep", *cmd[3:]], "tp": tp, "prefix_cache": cache,
                 "cache_flags": cache_flags, **batch_settings()}
     rs = rank_settings()
-    for f in fields(rs):
-        if f.name.startswith("prompt_cache"):
+    for f in fields(rs):  # the disk tier's rank default is moot: the flag above decides
+        if f.name.startswith("prompt_cache") and f.name != "prompt_cache_disk_bytes":
             settings[f"rank_default_{f.name}"] = getattr(rs, f.name)
+    settings["prompt_cache_disk"] = False
     srv = Server(name, url, "", proc, log, settings)
     try:
         _wait_ready(url + "/ready", proc, f"lockstep up ({name})", log, timeout)
