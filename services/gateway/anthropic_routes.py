@@ -61,7 +61,10 @@ async def _checked(request: Request, req: schemas.CountTokensRequest):
     gw = request.app.state.gw
     chat = await gw.prepare_pool.run(schemas.to_chat, req)
     if req.thinking is not None or (req.output_config and req.output_config.effort):
-        schemas.check_model(req, await gw.tokenizer(_backend(request, req.model)))
+        tok = await gw.tokenizer(_backend(request, req.model))
+        schemas.check_model(req, tok)
+        if "reasoning_effort" not in tok.fmt.template_vars:  # the default, honoured as is
+            chat.reasoning_effort = None
     return chat
 
 

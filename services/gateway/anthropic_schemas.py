@@ -41,6 +41,7 @@ from services.gateway.sampling_params import MAX_TOP_K
 H, OK, NO = Support.HONOURED, Support.HARMLESS, Support.REFUSED
 CREATE, COUNT = "messages", "count_tokens"
 BILLING_LINE = "x-anthropic-billing-header:"  # Claude Code's per-request attribution line
+DEFAULT_EFFORT = "high"  # Anthropic's effort when none is given
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ class Field_:
     create: Support | None  # None: not a field of that endpoint
     count: Support | None
     note: str
-    untyped: bool = False  # sent by clients, not typed by the anthropic 2.x SDK
+    untyped: bool = False  # sent by clients, not typed by the anthropic 2.x SDK's
+    # MessageCreateParams (dropped sampling fields; beta fields Claude Code sends)
 
 
 FIELDS: tuple[Field_, ...] = (
@@ -71,13 +73,21 @@ FIELDS: tuple[Field_, ...] = (
     Field_("tool_choice", H, H, "`auto`, `any` (constrained: a call is made), `tool` "
            "(constrained: that tool), `none`; `disable_parallel_tool_use` → one call"),
     Field_("thinking", H, H, "`enabled` → the template's `enable_thinking` true, `disabled` "
-           "→ false, `adaptive` → the template's default; a model without a thinking "
-           "mode → 400 naming it (`disabled` is accepted); `display: omitted` empties "
+           "→ false, `adaptive` → the template's default (the model decides; one without a "
+           "thinking mode never thinks, so `adaptive` is honoured by every model: Claude "
+           "Code sends it); `enabled` for a model without a thinking mode → 400 naming "
+           "it; `display: omitted` empties "
            "the thinking text; `budget_tokens` is checked (>= 1024, < max_tokens) but not enforced: "
            "thinking counts toward max_tokens"),
     Field_("output_config", H, H, "`format` json_schema → constrained decoding (as chat's "
-           "`response_format`); `effort` → `reasoning_effort` for a template that reads it, "
-           "else 400 naming it"),
+           "`response_format`); `effort` → `reasoning_effort` for a template that reads it; "
+           "otherwise `high`, Anthropic's default and what the model does anyway, is "
+           "accepted (Claude Code sends it) and any other effort is a 400 naming it"),
+    Field_("context_management", H, H, "`clear_thinking_20251015` edits: `keep` `all` "
+           "keeps every earlier thinking block, `{type: thinking_turns, value: N}` (the "
+           "default: 1) keeps those of the last N assistant turns that have any and drops "
+           "the rest from the prompt; `clear_tool_uses_20250919` → 400 naming it (a beta "
+           "field: Claude Code sends it)", untyped=True),
     Field_("metadata", OK, None, "`user_id`; nothing is stored"),
     Field_("cache_control", OK, OK, "prefix caching is automatic (usage "
            "`cache_read_input_tokens` reports it)"),
@@ -187,6 +197,29 @@ class OutputConfig(_M):
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
 
 
+THINKING_EDIT, TOOL_USES_EDIT = "clear_thinking_20251015", "clear_tool_uses_20250919"
+
+
+class ThinkingTurns(_M):
+    type: Literal["thinking_turns"]
+    value: int = Field(ge=1)
+
+
+class ClearThinking(_M):
+    type: Literal["clear_thinking_20251015"]
+    keep: Literal["all"] | ThinkingTurns | None = None  # None: Anthropic's default, 1 turn
+
+    def turns_kept(self) -> int | None:
+        """How many of the last assistant turns with thinking keep it; None: all."""
+        if self.keep == "all":
+            return None
+        return 1 if self.keep is None else self.keep.value
+
+
+class ContextManagement(_M):
+    edits: list[ClearThinking] = Field(default_factory=list, max_length=8)
+
+
 class Metadata(_M):
     user_id: str | None = None
 
@@ -199,6 +232,7 @@ class CountTokensRequest(_M):
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
+    context_management: ContextManagement | None = None
     cache_control: CacheControl | None = None
     speed: Literal["standard", "fast"] | None = None
     user_profile_id: str | None = None
@@ -249,6 +283,11 @@ def validate(raw: bytes, endpoint: str, *, max_messages: int = MAX_MESSAGES,
         if (row.create if endpoint == CREATE else row.count) is NO and value is not None:
             raise bad(name, f"{name!r} is not supported by this server: {row.note}",
                       "unsupported_parameter")
+    cm = obj.get("context_management")
+    for i, e in enumerate((cm.get("edits") or []) if isinstance(cm, dict) else []):
+        if isinstance(e, dict) and e.get("type") == TOOL_USES_EDIT:
+            raise bad(f"context_management.edits.{i}.type", f"{TOOL_USES_EDIT!r} is not "
+                      f"supported here (only {THINKING_EDIT!r})", "unsupported_value")
     for i, t in enumerate(obj.get("tools") or []):
         if isinstance(t, dict) and t.get("type") not in (None, "custom"):
             raise bad(f"tools.{i}.type", f"server tool {t.get('type')!r} is not available here "
@@ -320,6 +359,7 @@ def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
                                else "".join(b.text for b in req.system))
         if sys_text:
             out.append({"role": "system", "content": sys_text})
+    keep = thinking_kept(req)
     for m in req.messages:
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content if m.role != "system"
@@ -340,12 +380,26 @@ def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
             if calls:
                 msg["tool_calls"] = calls
                 msg["content"] = msg["content"] or None
-            if thinking:
+            if thinking and id(m) in keep:
                 msg["reasoning_content"] = "".join(thinking)
             out.append(msg)
             continue
         out += _user_turn(m.role, m.content)
     return out
+
+
+def thinking_kept(req: CountTokensRequest) -> set[int]:
+    """The assistant turns (by id) whose thinking blocks stay in the prompt: all of them,
+    unless a context_management clear_thinking edit keeps only the last N with any."""
+    with_thinking = [m for m in req.messages if m.role == "assistant"
+                     and isinstance(m.content, list)
+                     and any(b.get("type") == "thinking" for b in m.content)]
+    kept = [e.turns_kept() for e in (req.context_management.edits
+                                     if req.context_management else [])]
+    n = min((k for k in kept if k is not None), default=None)
+    if n is not None:
+        with_thinking = with_thinking[-n:]
+    return {id(m) for m in with_thinking}
 
 
 def _user_turn(role: str, blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -411,19 +465,21 @@ def check_model(req: CountTokensRequest, tok: ModelTokenizer) -> None:
     th = req.thinking
     fmt = tok.fmt
     if th is not None:
-        if th.type != "disabled" and not fmt.has_thinking:
+        if th.type == "enabled" and not fmt.has_thinking:
             raise bad("thinking", f"model {tok.path.name} has no thinking mode (its template "
-                      "emits no reasoning markers); omit thinking or send type 'disabled'",
-                      "unsupported_value")
+                      "emits no reasoning markers); omit thinking or send type 'disabled' "
+                      "or 'adaptive'", "unsupported_value")
         renamed = getattr(fmt.wrapper, "_thinking_kwarg", "enable_thinking") != "enable_thinking"
         if th.type == "disabled" and fmt.has_thinking and not renamed and \
                 "enable_thinking" not in fmt.template_vars:
             raise bad("thinking", f"the chat template of {tok.path.name} cannot switch thinking "
                       "off (it reads no enable_thinking)", "unsupported_value")
     oc = req.output_config
-    if oc is not None and oc.effort is not None and "reasoning_effort" not in fmt.template_vars:
+    if oc is not None and oc.effort not in (None, DEFAULT_EFFORT) \
+            and "reasoning_effort" not in fmt.template_vars:
         raise bad("output_config.effort", f"the chat template of {tok.path.name} does not read "
-                  "an effort (reasoning_effort)", "unsupported_value")
+                  f"an effort (reasoning_effort): only {DEFAULT_EFFORT!r}, Anthropic's default "
+                  "and this model's only behaviour, can be honoured", "unsupported_value")
 
 
 def omit_thinking(req: CountTokensRequest) -> bool:

@@ -24,7 +24,7 @@ from services.gateway.request_fields import Support
 from tests.e2e.test_structured_live import PERSON, WEATHER, ranks_agree
 from tests.gwutil import poll_until
 from tests.support import live_cluster as lc
-from tests.unit.test_anthropic_messages import SAMPLES
+from tests.unit.test_anthropic_messages import CLAUDE_CODE_FIRST, SAMPLES
 
 MODES = {"tp": lc.TP_MODEL, "pp": lc.PP_MODEL}
 MSGS = [{"role": "user", "content": "Tell me about the red train."}]
@@ -144,6 +144,11 @@ def test_the_field_table_walked_against_the_server(live):
         c.messages.create(model="tiny", messages=MSGS, max_tokens=2,
                           output_config={"effort": "low"})
     assert e.value.body["error"]["message"].startswith("output_config.effort")
+    # What this model does anyway is accepted: adaptive thinking (it never thinks) and
+    # Anthropic's default effort, as Claude Code sends them.
+    m = c.messages.create(model="tiny", messages=MSGS, max_tokens=2,
+                          thinking={"type": "adaptive"}, output_config={"effort": "high"})
+    assert m.usage.output_tokens == 2 and [b.type for b in m.content] == ["text"]
     with pytest.raises(anthropic.BadRequestError) as e:
         c.messages.create(model="tiny", messages=MSGS, max_tokens=2, output_config={
             "format": {"type": "json_schema", "schema": {"type": "strange"}}})
@@ -182,3 +187,23 @@ def test_disconnect_mid_stream_removed_on_every_rank(live):
     # removal step on every rank, long before the request's cap
     assert steps.pop() - sink["step_at_close"] <= 32, (recs, sink)
     assert rank0_stats(live).active == 0
+
+
+@pytest.mark.timeout(120)
+def test_claude_codes_first_request_streams(live):
+    """The shape Claude Code 2.1.197 sends (tests/unit/test_anthropic_messages.py): billing
+    line, cache_control, a mid-conversation system message, adaptive thinking, effort,
+    context_management, 32000 max_tokens; answered as an Anthropic stream."""
+    body = {**CLAUDE_CODE_FIRST, "model": "tiny", "max_tokens": 32000, "temperature": 0}
+    with httpx.stream("POST", live["url"] + "/v1/messages?beta=true", json=body, timeout=120,
+                      headers={"anthropic-version": "2023-06-01", "anthropic-beta":
+                               "claude-code-20250219,context-management-2025-06-27"}) as r:
+        assert r.status_code == 200, r.read()
+        names = []
+        for ln in r.iter_lines():  # up to the context's cap: leave at the first delta
+            if ln.startswith("event:"):
+                names.append(ln.split(":", 1)[1].strip())
+                if names[-1] == "content_block_delta":
+                    break
+    assert names[0] == "message_start" and names[-1] == "content_block_delta"
+    assert "content_block_start" in names

@@ -34,9 +34,11 @@ def test_every_sdk_field_has_a_row_and_every_row_is_the_sdks():
     assert create - set(rows[s.CREATE]) == set(), "typed by the SDK, no row here"
     assert count - set(rows[s.COUNT]) == set(), "typed by the SDK, no row here"
     untyped = {f.name for f in s.FIELDS if f.untyped}
-    assert untyped == {"temperature", "top_p", "top_k"}  # 2.x no longer types them
+    # 2.x no longer types the sampling fields; context_management is a beta field
+    assert untyped == {"temperature", "top_p", "top_k", "context_management"}
     assert set(rows[s.CREATE]) == create | untyped
-    assert set(rows[s.COUNT]) == count
+    assert set(rows[s.COUNT]) == count | {f.name for f in s.FIELDS
+                                          if f.untyped and f.count is not None}
     for f in s.FIELDS:  # a row the schema lacks would be silently dropped
         if f.create is not None:
             assert f.name in s.MessagesRequest.model_fields, f.name
@@ -56,6 +58,7 @@ SAMPLES = {
     "service_tier": "auto", "speed": "standard", "inference_geo": "us",
     "diagnostics": {"previous_message_id": "msg_1"}, "user_profile_id": "p",
     "workspace_id": "w", "container": "c1",
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
 }
 
 
@@ -211,3 +214,70 @@ def test_errors_under_v1_messages_take_anthropics_shape_and_no_others():
         assert body["type"] == "error" and body["error"]["type"] == "api_error", path
     for path in ("/v1/chat/completions", "/v1/messagesx", "/v1/responses"):
         assert json.loads(shaped(path, e).body)["error"]["code"] == "internal", path
+
+
+def _turns(edits=None):
+    """A conversation with thinking in two assistant turns (as Claude Code sends it)."""
+    body = {**BASE, "messages": [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "T1", "signature": "s"},
+                                          {"type": "text", "text": "A1"}]},
+        {"role": "user", "content": "two"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "T2", "signature": "s"},
+                                          {"type": "text", "text": "A2"}]},
+        {"role": "user", "content": "three"}]}
+    if edits is not None:
+        body["context_management"] = {"edits": edits}
+    msgs = s.chat_messages(s.validate(json.dumps(body).encode(), s.CREATE))
+    return [m.get("reasoning_content") for m in msgs if m["role"] == "assistant"]
+
+
+def test_context_management_clear_thinking_keeps_what_it_says():
+    edit = "clear_thinking_20251015"
+    assert _turns() == ["T1", "T2"]  # no edit: every turn's thinking stays
+    assert _turns([{"type": edit, "keep": "all"}]) == ["T1", "T2"]
+    assert _turns([{"type": edit}]) == [None, "T2"]  # Anthropic's default: the last turn
+    assert _turns([{"type": edit, "keep": {"type": "thinking_turns", "value": 2}}]) == ["T1", "T2"]
+    assert _turns([{"type": edit, "keep": {"type": "thinking_turns", "value": 1}}]) == [None, "T2"]
+    for edits, param in (([{"type": "clear_tool_uses_20250919"}], "context_management.edits.0.type"),
+                         ([{"type": edit, "keep": {"type": "thinking_turns", "value": 0}}],
+                          "context_management.edits.0.keep"),
+                         ([{"type": edit, "clear_at_least": 5}], "context_management.edits.0")):
+        with pytest.raises(ApiError) as e:
+            _turns(edits)
+        assert e.value.message.startswith(param), e.value.message
+
+
+# The shape of what Claude Code 2.1.197 sends as its first request (`claude -p`), captured
+# from the real client; its prompt texts and most of its 24 tools are cut short here.
+CLAUDE_CODE_FIRST = {
+    "model": "m", "max_tokens": 32000, "stream": True,
+    "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.1c0; "
+                                        "cc_entrypoint=sdk-cli;"},
+               {"type": "text", "text": "You are a Claude agent.",
+                "cache_control": {"type": "ephemeral"}},
+               {"type": "text", "text": "\nYou are an interactive agent.",
+                "cache_control": {"type": "ephemeral"}}],
+    "messages": [
+        {"role": "user", "content": [
+            {"type": "text", "text": "<system-reminder>\ncontext\n</system-reminder>\n"},
+            {"type": "text", "text": "Say hello", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "system", "content": "Available agent types for the Agent tool: ..."}],
+    "tools": [{"name": "Bash", "description": "Run a command", "input_schema": {
+        "$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+        "properties": {"command": {"type": "string"}}, "required": ["command"],
+        "additionalProperties": False}}],
+    "metadata": {"user_id": '{"device_id":"d","account_uuid":"","session_id":"s"}'},
+    "thinking": {"type": "adaptive"},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "output_config": {"effort": "high"},
+}
+
+
+def test_claude_codes_first_request_is_accepted_and_translated():
+    req = s.validate(json.dumps(CLAUDE_CODE_FIRST).encode(), s.CREATE)
+    chat = s.to_chat(req)
+    roles = [m["role"] if isinstance(m, dict) else m.role for m in s.chat_messages(req)]
+    assert roles == ["system", "user", "system"]
+    assert "billing-header" not in s.chat_messages(req)[0]["content"]
+    assert chat.chat_template_kwargs is None and chat.tools[0].function.name == "Bash"
