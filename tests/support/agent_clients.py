@@ -1,0 +1,45 @@
+"""The real agent clients, as users run them against a Lockstep gateway: Claude Code
+(`claude -p`, over /v1/messages) and Codex (`codex exec`, over /v1/responses), installed
+pinned from the npm registry by `make agent-clients` (part of `make test`) into
+.venv/agent-clients. Each run gets its own HOME, so nothing of the user's is read or
+written, and the clients' non-essential traffic (telemetry, update checks) is off."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from tests.support.processes import REPO
+
+BIN = REPO / ".venv" / "agent-clients" / "node_modules" / ".bin"
+CLAUDE, CODEX = BIN / "claude", BIN / "codex"
+QUIET = {"DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
+         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+
+
+def missing() -> str | None:
+    """Why the clients cannot run here (None: they can); a test fails with it."""
+    for b in (CLAUDE, CODEX):
+        if not os.access(b, os.X_OK):
+            return f"{b} is missing: run `make agent-clients` (npm install, pinned versions)"
+    return None
+
+
+def claude(url: str, model: str, prompt: str, home: Path, *args: str,
+           timeout: float = 300, max_output: int = 256) -> dict:
+    """`claude -p PROMPT --output-format json` against `url`; its JSON result."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **QUIET, "HOME": str(home), "ANTHROPIC_BASE_URL": url,
+           "ANTHROPIC_API_KEY": "lockstep-test", "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+           "ANTHROPIC_SMALL_FAST_MODEL": model,
+           "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output)}
+    p = subprocess.run([str(CLAUDE), "-p", prompt, "--model", model, "--output-format", "json",
+                        *args], env=env, cwd=home, capture_output=True, text=True,
+                       timeout=timeout)
+    try:
+        return json.loads(p.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"claude exited {p.returncode}: {p.stdout[-2000:]}"
+                             f"{p.stderr[-2000:]}") from None
