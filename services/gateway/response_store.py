@@ -122,6 +122,7 @@ def output_as_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 {"type": "output_text", "text": p.get("text", "")} for p in it["content"]]})
         elif it["type"] == "function_call":
             out.append({"id": it["id"], "type": "function_call", "call_id": it["call_id"], "name": it["name"],
+                        **({"namespace": it["namespace"]} if it.get("namespace") else {}),
                         "arguments": it["arguments"]})
         elif it["type"] == "reasoning":
             out.append({"id": it["id"], "type": "reasoning", "summary": [], "content": [

@@ -65,6 +65,7 @@ def listed(item: dict[str, Any]) -> dict[str, Any]:
                 "status": "completed"}
     if kind == "function_call":
         return {**base, "call_id": item["call_id"], "name": item["name"],
+                **({"namespace": item["namespace"]} if item.get("namespace") else {}),
                 "arguments": item["arguments"], "status": "completed"}
     if kind == "function_call_output":
         return {**base, "call_id": item["call_id"], "output": item["output"],

@@ -31,6 +31,7 @@ from services.gateway.request_path import ClientGone, admit
 from services.gateway.response_store import ResponseStore, output_as_input
 from services.gateway.responses_background import Background
 from services.gateway.responses_stream import Envelope, Output, collect, error_of, status_of, stream
+from services.gateway.responses_tools import namespaced
 
 ENDPOINT = "responses"  # the metrics label
 router = APIRouter()
@@ -122,7 +123,8 @@ async def create_response(request: Request) -> Response:
         raise translate.renamed(e) from None
     gen, rid = run.gens[0], run.rid
     env = Envelope(rid, run.backend.model, req)
-    out = Output(logprobs=req.wants_logprobs(), max_calls=req.max_tool_calls)
+    out = Output(logprobs=req.wants_logprobs(), max_calls=req.max_tool_calls,
+                 namespaces=namespaced(req.tools))
     conversation = [*history, *translate.input_items(req)]
 
     def keep(body: dict) -> None:

@@ -4,7 +4,8 @@ strictly; responses_translate.py turns one into the request form the gateway ser
 
 `FIELDS` is the single table, as request_fields.ROWS is for chat: validation reads it,
 docs/gateway.md's Responses table follows it, and tests/unit/test_responses.py checks it
-against the fields the installed `openai` SDK types (`ResponseCreateParams`). A field in
+against the fields the installed `openai` SDK types (`ResponseCreateParams`; a row
+marked `untyped` is a field clients send that the SDK does not type). A field in
 no row is a 400 `unknown_parameter` naming it; a refused one with a value other than its
 neutral ones a 400 `unsupported_parameter` naming it.
 """
@@ -19,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from services.gateway.errors import ApiError
 from services.gateway.openai_schemas import MAX_MESSAGES, MAX_TOOLS, parse_json
 from services.gateway.request_fields import Support
+from services.gateway.responses_tools import FunctionTool, NamespaceTool, forced_name
+from services.gateway.responses_tools import check as check_tools
 from services.gateway.sampling_params import MAX_TOP_LOGPROBS
 
 H, OK, NO = Support.HONOURED, Support.HARMLESS, Support.REFUSED
@@ -32,13 +35,15 @@ class Field_:
     support: Support
     note: str
     neutral: tuple[Any, ...] = (None,)  # values a refused field may take (= absent)
+    untyped: bool = False  # sent by clients, not typed by the openai SDK's ResponseCreateParams
 
 
 FIELDS: tuple[Field_, ...] = (
     Field_("model", H, "a served model's id (`GET /v1/models`)"),
     Field_("input", H, "a string, or items: `message` (input_text / output_text / refusal "
-           "parts), `function_call`, `function_call_output`, `reasoning`; any other item or "
-           "part type → 400 naming it"),
+           "parts), `function_call` (with a `namespace`: "
+           "that namespace's function), `function_call_output`, `reasoning`; `developer` and "
+           "`system` messages → system messages; any other item or part type → 400 naming it"),
     Field_("instructions", H, "a system message before the input (not carried over by "
            "`previous_response_id`, as OpenAI's)"),
     Field_("previous_response_id", H, "a stored response: its conversation (input and output "
@@ -47,9 +52,13 @@ FIELDS: tuple[Field_, ...] = (
            "false keeps nothing"),
     Field_("stream", H, "typed SSE events with sequence numbers"),
     Field_("stream_options", OK, "`include_obfuscation`: no obfuscation padding is sent"),
-    Field_("tools", H, "function tools; any other tool type → 400 naming it"),
-    Field_("tool_choice", H, "`none`, `auto`, `required`, `{type: function, name}` (the last "
-           "two constrained: a call is made); other forms → 400"),
+    Field_("tools", H, "function tools, and `namespace` tools (their functions offered as "
+           "`namespace__name`, the namespace's description first; calls come back with `name` "
+           "and `namespace`); hosted tools (`web_search`, ...) and any other type → 400 "
+           "naming it"),
+    Field_("tool_choice", H, "`none`, `auto`, `required`, `{type: function, name}` (a plain "
+           "function, else the one namespaced function of that name; the last two "
+           "constrained: a call is made); other forms → 400"),
     Field_("parallel_tool_calls", H, "false: at most one function call"),
     Field_("max_tool_calls", H, "function calls past this many are dropped (1 also "
            "constrains a required call to one)"),
@@ -86,6 +95,8 @@ FIELDS: tuple[Field_, ...] = (
     Field_("context_management", NO, "no server-side compaction"),
     Field_("prompt", NO, "no stored prompt templates"),
     Field_("moderation", NO, "no moderation here"),
+    Field_("client_metadata", OK, "an object of strings about the client's turn (Codex sends "
+           "its session and turn ids); not stored or returned", untyped=True),
 )
 BY_NAME: dict[str, Field_] = {f.name: f for f in FIELDS}
 if len(BY_NAME) != len(FIELDS):
@@ -151,15 +162,6 @@ ROLE_PARTS = {"assistant": ("output_text", "refusal", "input_text")}
 ANY_TEXT = ("input_text", "output_text")
 
 
-class FunctionTool(_M):
-    type: Literal["function"]
-    name: str = Field(min_length=1, max_length=256)
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-    description: str | None = None
-    defer_loading: bool | None = None  # harmless: every tool is in the prompt
-
-
 class TextFormat(_M):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(default=None, min_length=1, max_length=64)
@@ -193,7 +195,7 @@ class ResponsesRequest(_M):
     store: bool | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[FunctionTool | NamespaceTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = Field(default=None, ge=1)
@@ -215,6 +217,7 @@ class ResponsesRequest(_M):
     access_programs: dict[str, Any] | None = None
     background: bool | None = None
     image: dict[str, Any] | None = None
+    client_metadata: dict[str, str] | None = None
     # Refused (FIELDS): only their neutral values get this far.
     background_options: None = None
     conversation: None = None
@@ -260,10 +263,7 @@ def validate(raw: bytes, *, max_messages: int = MAX_MESSAGES,
                                          for n in row.neutral):
             raise bad(name, f"{name!r} is not supported by this server: {row.note}",
                       "unsupported_parameter")
-    for i, t in enumerate(obj.get("tools") or []):
-        if isinstance(t, dict) and t.get("type") != "function":
-            raise bad(f"tools.{i}.type", f"tool type {t.get('type')!r} is not available here "
-                      "(function tools only)", "unsupported_value")
+    check_tools(obj.get("tools"), max_tools)
     if obj.get("truncation") == "auto":
         raise bad("truncation", "'auto' (dropping input to fit the context) is not supported; "
                   "a prompt over the context is a 400", "unsupported_value")
@@ -311,8 +311,7 @@ def _check_tool_choice(req: ResponsesRequest) -> None:
                   "tools only)", "unsupported_value")
     if set(tc) - {"type", "name"} or not isinstance(tc.get("name"), str):
         raise bad("tool_choice", "expected {'type': 'function', 'name': ...}")
-    if tc["name"] not in {t.name for t in req.tools or []}:
-        raise bad("tool_choice.name", f"{tc['name']!r} is not one of the tools")
+    forced_name(req.tools, tc["name"])  # a 400 unless it names exactly one function
 
 
 def _item(item: dict[str, Any], where: str) -> _M:

@@ -11,7 +11,8 @@ response and a collected one are the same items:
 - a tool call → a `function_call` item whose arguments arrive as one
   `response.function_call_arguments.delta` of the complete JSON (a call is only emitted
   once its parser accepted all of it), then `.done`; calls past `max_tool_calls` are
-  dropped;
+  dropped; a namespaced function's call carries its inner `name` and its `namespace`
+  (responses_tools.py);
 - keepalive → an SSE comment; nothing else is a typed event.
 
 Stream: response.created, response.in_progress, per item output_item.added /
@@ -57,7 +58,8 @@ class Output:
     """Output items built from generation events; `feed` returns the typed events (without
     sequence numbers: `Sequencer` numbers them)."""
 
-    def __init__(self, logprobs: bool = False, max_calls: int | None = None) -> None:
+    def __init__(self, logprobs: bool = False, max_calls: int | None = None,
+                 namespaces: dict[str, tuple[str, str]] | None = None) -> None:
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None
         self.held = ""
@@ -65,6 +67,7 @@ class Output:
         self.pending: list[lp.TokenLogprob] = []
         self.max_calls = max_calls
         self.calls = 0
+        self.namespaces = namespaces or {}  # qualified name → (namespace, inner name)
 
     def _index(self) -> int:
         return len(self.items) - 1
@@ -152,8 +155,10 @@ class Output:
             if self.max_calls is not None and self.calls >= self.max_calls:
                 return []
             self.calls += 1
+            ns, name = self.namespaces.get(call.name, (None, call.name))
             out = self._start({"id": "fc_" + call.id.removeprefix("call_"), "type": "function_call",
-                               "call_id": call.id, "name": call.name, "arguments": "",
+                               "call_id": call.id, "name": name,
+                               **({"namespace": ns} if ns else {}), "arguments": "",
                                "status": "in_progress"})
             self.open["arguments"] = call.arguments
             out.append(self._at({"type": "response.function_call_arguments.delta",

@@ -4,9 +4,10 @@ equivalent to, and the shared path's errors renamed back to the Responses parame
 Translation (as vLLM's shim does, peer notes C): `instructions` → a system message
 first; input items in order → chat messages (message items by role, `function_call`
 items → the assistant's `tool_calls`, `function_call_output` → `role: "tool"`,
-`reasoning` items → the next assistant turn's `reasoning_content`); a
+`reasoning` items → the next assistant turn's `reasoning_content`; a `function_call`
+with a `namespace` → a call of the qualified name, responses_tools.py); a
 `previous_response_id` prepends the stored conversation (its input and output items,
-not its instructions); function `tools` → chat tools; `tool_choice` → chat's;
+not its instructions); function and namespace `tools` → chat tools; `tool_choice` → chat's;
 `text.format` → `response_format` (the same grammar path); `max_output_tokens` →
 `max_completion_tokens`; `reasoning.effort` → the template's `reasoning_effort`, or
 `enable_thinking` for a model with a thinking mode (`apply_reasoning`).
@@ -20,6 +21,7 @@ from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
 from services.gateway.openai_schemas import ChatRequest
 from services.gateway.responses_schemas import ResponsesRequest, bad
+from services.gateway.responses_tools import chat_tools, forced_name, qualified
 
 
 def _text(content: str | list[dict[str, Any]]) -> str:
@@ -63,9 +65,11 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list
                              or "".join(p.get("text") or "" for p in item.get("summary") or []))
         elif kind == "function_call":
             msg = assistant()
+            ns = item.get("namespace")
             msg.setdefault("tool_calls", []).append({
                 "id": item["call_id"], "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]}})
+                "function": {"name": qualified(ns, item["name"]) if ns else item["name"],
+                             "arguments": item["arguments"]}})
         elif kind == "function_call_output":
             out.append({"role": "tool", "tool_call_id": item["call_id"],
                         "content": _text(item["output"])})
@@ -84,14 +88,11 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatRequest
     d: dict[str, Any] = {"model": req.model, "stream": bool(req.stream),
                          "messages": chat_messages([*history, *input_items(req)], req.instructions)}
     if req.tools:
-        d["tools"] = [{"type": "function", "function": {
-            "name": t.name, **({"parameters": t.parameters} if t.parameters is not None else {}),
-            **({"description": t.description} if t.description is not None else {}),
-            **({"strict": t.strict} if t.strict is not None else {})}} for t in req.tools]
+        d["tools"] = chat_tools(req.tools)
     tc = req.tool_choice
     if tc is not None:
-        d["tool_choice"] = tc if isinstance(tc, str) else {"type": "function",
-                                                           "function": {"name": tc["name"]}}
+        d["tool_choice"] = tc if isinstance(tc, str) else {
+            "type": "function", "function": {"name": forced_name(req.tools, tc["name"])}}
     if req.parallel_tool_calls is not None:
         d["parallel_tool_calls"] = req.parallel_tool_calls
     if req.max_tool_calls == 1:

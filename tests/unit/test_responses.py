@@ -31,6 +31,7 @@ SAMPLES: dict[str, object] = {
     "access_programs": {"cyber": "standard"},
     "background": True,
     "background_options": {"completion_window": "2h"},
+    "client_metadata": {"session_id": "s1", "x-codex-turn-metadata": '{"turn_id": "t1"}'},
     "context_management": [{"type": "compaction", "compact_threshold": 1000}],
     "conversation": "conv_123",
     "image": {"context_compression": "auto"},
@@ -79,8 +80,12 @@ def refusal(**kw) -> ApiError:
 def test_every_sdk_field_has_a_row_and_every_row_is_an_sdk_field():
     sdk = set(ResponseCreateParamsBase.__annotations__) | set(
         ResponseCreateParamsStreaming.__annotations__)
-    assert sdk == set(rs.BY_NAME), (sdk - set(rs.BY_NAME), set(rs.BY_NAME) - sdk)
-    assert set(SAMPLES) == sdk  # and each is exercised below
+    untyped = {f.name for f in rs.FIELDS if f.untyped}
+    assert untyped == {"client_metadata"}  # Codex sends it; the SDK does not type it
+    assert sdk == set(rs.BY_NAME) - untyped, (sdk - set(rs.BY_NAME), set(rs.BY_NAME) - sdk)
+    assert set(SAMPLES) == sdk | untyped  # and each is exercised below
+    for f in rs.FIELDS:  # a row the schema lacks would be a 400 "extra" instead
+        assert f.name in rs.ResponsesRequest.model_fields, f.name
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
@@ -104,6 +109,7 @@ def test_unknown_and_unsupported_values_are_400s_naming_them():
     assert refusal(truncation="auto").param == "truncation"
     assert refusal(text={"verbosity": "low"}).param == "text.verbosity"
     assert refusal(tools=[{"type": "web_search"}]).param == "tools.0.type"
+    assert refusal(client_metadata={"n": 1}).param.startswith("client_metadata")
     assert refusal(include=["file_search_call.results"]).param == "include.0"
     assert refusal(tool_choice={"type": "file_search"}).param == "tool_choice.type"
     assert refusal(tool_choice="required").param == "tool_choice"  # no tools
