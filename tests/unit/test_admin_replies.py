@@ -128,3 +128,39 @@ async def test_the_gateway_keeps_the_status_it_decoded_once(tmp_path) -> None:
             await c.refresh()
     finally:
         c.ctx.destroy(linger=0)
+
+
+async def test_the_supervisors_commands_answer_what_their_replies_declare() -> None:
+    """The real command modules through the real dispatcher, on a fake CommandHost: each
+    reply passes the dispatcher's own check and decodes on the client's side."""
+    import time
+    from types import SimpleNamespace
+
+    from common.envelope import Key
+    from common.messages import AdminCode, AdminRequest, Phase
+    from services.reaper.reap import ReapReport
+    from services.supervisor import commands as sup_commands
+    from services.supervisor.deployment import Deployment, RankState
+    from services.supervisor.plan import DeployPlan
+
+    plan = DeployPlan(model_path="/models/tiny", tp=2, pp=1, backend="ring",
+                      requested_backend="auto", hosts=None, members=[])
+    dep = Deployment(deployment_id="d-1", job_id="j-1", plan=plan, initial="serving",
+                     ranks={r: RankState(rank=r, host="h", phase=Phase.SERVING) for r in (0, 1)})
+    eps = SimpleNamespace(admin_endpoint="tcp://a", events_endpoint="tcp://e",
+                          control_endpoint="tcp://c", report_endpoint="tcp://r")
+    sup = SimpleNamespace(me=SimpleNamespace(pid=7), version="0.1", started_at=time.time(),
+                          paths=SimpleNamespace(home="/h"), sockets=eps,
+                          deployments={"d-1": dep}, cluster_key=Key.from_secret(b"c" * 32),
+                          epochs=SimpleNamespace(current=3), journal=[],
+                          last_reap=ReapReport(reaped=["j-0"]).to_dict())
+    for name in ("ping", "status", "deployments"):
+        reply = await sup_commands.dispatch(sup, AdminRequest("r", name, {}))
+        assert reply.ok, (name, reply.message)
+        assert COMMANDS[name].decode(reply.data).render()
+    status = COMMANDS["status"].decode(
+        (await sup_commands.dispatch(sup, AdminRequest("r", "status", {}))).data)
+    assert status.reaper.reaped == ["j-0"] and status.deployments[0].ranks[1].rank == 1
+    bad = await sup_commands.dispatch(sup, AdminRequest("r", "stop", {"force": True}))
+    assert not bad.ok and bad.code is AdminCode.BAD_REQUEST
+    assert bad.data["field"] == "args.deployment_id"
