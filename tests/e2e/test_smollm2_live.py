@@ -195,6 +195,26 @@ def test_claude_code_two_turns_against_the_default_model(live, tmp_path):
     assert second["usage"]["cache_read_input_tokens"] >= prompt_1, second["usage"]
 
 
+def test_codex_two_turns_against_the_default_model(live, tmp_path):
+    """Real Codex (`codex exec`, tests/support/agent_clients.py) over /v1/responses: its
+    developer instructions, function and `namespace` tools, reasoning summary, include,
+    prompt_cache_key, store false and client_metadata (web search off: a hosted tool);
+    exit 0 and an answer naming Paris, then `codex exec resume --last` for a second turn
+    that resends the first and is served from the prefix cache for at least the first
+    turn's prompt. Codex reports the thread's usage summed over its turns."""
+    why = agent_clients.missing()
+    assert why is None, why
+    first = agent_clients.codex(live["url"], "smollm2", ONE_WORD, tmp_path)
+    assert first["returncode"] == 0, first["stderr"]
+    assert "Paris" in first["message"], first["events"]
+    second = agent_clients.codex(live["url"], "smollm2", "And of Germany?", tmp_path,
+                                 resume=True)
+    assert second["returncode"] == 0, second["stderr"]
+    assert "Berlin" in second["message"], second["events"]
+    cached = second["usage"]["cached_input_tokens"] - first["usage"]["cached_input_tokens"]
+    assert cached >= first["usage"]["input_tokens"], (first["usage"], second["usage"])
+
+
 def test_a_split_the_model_cannot_take_is_refused_before_anything_starts(tmp_path, model_dir):
     home = tmp_path / "home"
     (home / "models").mkdir(parents=True)

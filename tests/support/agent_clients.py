@@ -43,3 +43,34 @@ def claude(url: str, model: str, prompt: str, home: Path, *args: str,
     except json.JSONDecodeError:
         raise AssertionError(f"claude exited {p.returncode}: {p.stdout[-2000:]}"
                              f"{p.stderr[-2000:]}") from None
+
+
+def codex(url: str, model: str, prompt: str, home: Path, *args: str, resume: bool = False,
+          timeout: float = 300) -> dict:
+    """`codex exec --json PROMPT` against `url` over /v1/responses (`resume`: `codex exec
+    resume --last`, the session before continued), with web search off: a hosted tool
+    Lockstep cannot run (its 400 says so). Returns the exit code, the agent's last
+    message, the turn's usage and every JSON event."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HOME": str(home), "CODEX_HOME": str(home),
+           "OPENAI_API_KEY": "lockstep-test"}
+    provider = ('model_providers.lockstep={name="lockstep",base_url="' + url
+                + '/v1",wire_api="responses"}')
+    argv = [str(CODEX), "exec", *(["resume", "--last"] if resume else []),
+            "--skip-git-repo-check", "--json", "-c", "model_provider=lockstep", "-c", provider,
+            "-c", "web_search=disabled", "-c", "analytics.enabled=false",
+            "-c", "check_for_update_on_startup=false", "-m", model, *args, prompt]
+    p = subprocess.run(argv, env=env, cwd=home, stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=timeout)
+    events = []
+    for line in p.stdout.splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # Codex's own notices between the events
+    messages = [e["item"].get("text", "") for e in events if e.get("type") == "item.completed"
+                and e.get("item", {}).get("type") == "agent_message"]
+    usage = next((e.get("usage") for e in reversed(events)
+                  if e.get("type") == "turn.completed"), None)
+    return {"returncode": p.returncode, "message": messages[-1] if messages else None,
+            "usage": usage, "events": events, "stderr": p.stderr[-3000:]}
