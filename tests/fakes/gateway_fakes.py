@@ -284,9 +284,13 @@ class FakeSupervisor:
             return AdminReply(request_id=req.request_id, ok=canned.ok, code=canned.code,
                               message=canned.message, data=canned.data)
         deps = [self.info()] if self.state != "gone" else []
-        if req.command == "status":
-            return ok({"supervisor": {"pid": 1}, "deployments": deps, "cancel_epoch": 3,
-                       "rejections": [], "reaper": None})
+        if req.command == "status":  # each reply as its command's Reply declares it
+            eps = {"admin": self.admin_endpoint, "events": self.events_endpoint,
+                   "control": "tcp://127.0.0.1:1", "report": "tcp://127.0.0.1:2"}
+            return ok({"supervisor": {"pid": 1, "boot_id": "fake", "uptime_s": 1.0,
+                                      "home": "/fake", "endpoints": eps},
+                       "deployments": deps, "cancel_epoch": 3, "rejections": [],
+                       "reaper": None, "events": []})
         if req.command == "deployments":
             return ok({"deployments": deps})
         if req.command == "abort_all":
@@ -296,7 +300,8 @@ class FakeSupervisor:
                 time.sleep(0.01)
             left = len(self.rank.active_ids)
             return ok({"epoch": 4, "zero_active": left == 0, "ranks": {"0": left},
-                       "acked": {"0": {"step_applied": self.rank.step}}, "missing": []})
+                       "acked": {"0": {"step_applied": self.rank.step}}, "missing": [],
+                       "deployments": {}, "waited_s": 0.0})
         if req.command == "stop":
             self.state = "gone"
             return ok({"deployment_id": req.args.get("deployment_id"),
@@ -308,6 +313,6 @@ class FakeSupervisor:
             return ok({"deployment_id": self.deployment_id, "clear_id": 1,
                        "step": self.rank.step, "enabled": True, "sends": 1, "waited_s": 0.0})
         if req.command == "ping":
-            return ok({"pong": True})
+            return ok({"pid": 1, "boot_id": "fake", "version": "fake"})
         return AdminReply(request_id=req.request_id, ok=False, code="unknown_command",
                           message=f"fake supervisor: {req.command}")

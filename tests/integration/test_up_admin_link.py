@@ -79,10 +79,10 @@ def test_up_follows_and_tears_down_deployments_read_strictly(cluster):
     assert pids == {1} and sup.state == "gone"
     assert any("deployment dep-fake torn down (graceful" in line for line in logs)
 
-    # A deployment the supervisor would never send is an error naming it, not a guess.
+    # A deployment the supervisor would never send is an error naming the field, not a guess.
     sup.replies["deployments"] = AdminReply(
         request_id="-", ok=True, code="ok",
         data={"deployments": [{"deployment_id": "odd", "state": "serving"}]})
-    with pytest.raises(UpError, match="DeploymentInfo odd: missing_field"):
+    with pytest.raises(UpError, match=r"deployments reply: missing_field: deployments\[\]\.job_id"):
         link.deployments(5.0)
     assert link.deployment("odd") is None  # progress() polls through this: no answer yet

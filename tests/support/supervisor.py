@@ -99,6 +99,11 @@ class RunningSupervisor:
     def call(self, command: str, timeout: float = 60.0, **args: Any):
         return self.client.call(command, timeout, **args)
 
+    def ask(self, args: Any, timeout: float = 60.0) -> Any:
+        """The command whose Args `args` is: its Reply, decoded once (AdminFailed if the
+        supervisor refused)."""
+        return self.client.ask(args, timeout)
+
     def ok(self, command: str, timeout: float = 60.0, **args: Any) -> dict:
         reply = self.call(command, timeout, **args)
         assert reply.ok, f"{command} failed: {reply.code} {reply.message}"

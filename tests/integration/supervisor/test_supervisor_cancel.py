@@ -9,6 +9,7 @@ import json
 import pytest
 
 from common.home import Paths
+from common.messages import CancelScope, commands
 from tests.support.requests import RequestsClient
 from tests.support.supervisor import pid_gone, poll_for
 
@@ -19,26 +20,27 @@ def _dep(rs, dep_id):
 
 @pytest.mark.timeout(60)
 def test_cancel_epochs_persist_across_supervisor_restart(start_supervisor, home, model_dir):
-    rs = start_supervisor()
-    rs.ok("deploy", model_path=str(model_dir), tp=2, deployment_id="c1")
-    first = rs.ok("cancel", deployment_id="c1", scope="all", reason="test")
-    second = rs.ok("cancel", deployment_id="c1", scope="requests", request_ids=["nope"])
-    assert (first["epoch"], second["epoch"]) == (1, 2)
-    assert sorted(second["acked"]) == ["0", "1"] and second["missing"] == []
-    assert {r["acked_epoch"] for r in _dep(rs, "c1")["ranks"]} == {2}
+    rs = start_supervisor()  # typed: each reply decoded once into its command's Reply
+    rs.ask(commands.deploy.Args(model_path=str(model_dir), tp=2, deployment_id="c1"))
+    first = rs.ask(commands.cancel.Args("c1", CancelScope.ALL, reason="test"))
+    second = rs.ask(commands.cancel.Args("c1", CancelScope.REQUESTS, ["nope"]))
+    assert (first.epoch, second.epoch) == (1, 2)
+    assert sorted(second.acked) == ["0", "1"] and second.missing == []
+    ranks = rs.ask(commands.deployments.Args()).get("c1").ranks
+    assert {r.acked_epoch for r in ranks} == {2}
     state = json.loads((Paths(home).state / "cancel_epoch.json").read_text())
     assert state["epoch"] == 2
-    rs.ok("stop", deployment_id="c1")
+    assert rs.ask(commands.stop.Args("c1")).outcome.proven
     rs.close()
 
     rs2 = start_supervisor()  # same home: a restarted supervisor
-    assert rs2.ok("status")["cancel_epoch"] == 2
-    rs2.ok("deploy", model_path=str(model_dir), tp=2, deployment_id="c2")
-    third = rs2.ok("cancel", deployment_id="c2", scope="all")
-    assert third["epoch"] == 3 and sorted(third["acked"]) == ["0", "1"]
-    status = rs2.ok("status")
-    assert status["cancel_epoch"] == 3
-    assert [r["acked_epoch"] for r in status["deployments"][0]["ranks"]] == [3, 3]
+    assert rs2.ask(commands.status.Args()).cancel_epoch == 2
+    rs2.ask(commands.deploy.Args(model_path=str(model_dir), tp=2, deployment_id="c2"))
+    third = rs2.ask(commands.cancel.Args("c2", CancelScope.ALL))
+    assert third.epoch == 3 and sorted(third.acked) == ["0", "1"]
+    status = rs2.ask(commands.status.Args())
+    assert status.cancel_epoch == 3
+    assert [r.acked_epoch for r in status.deployments[0].ranks] == [3, 3]
 
 
 @pytest.mark.timeout(60)
