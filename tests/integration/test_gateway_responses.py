@@ -152,3 +152,46 @@ def test_a_rank_error_is_an_http_error_or_response_failed(env):
         assert "out of range" in failed.error.message
     finally:
         rank.refuse = None
+
+
+AGENTS = {"type": "namespace", "name": "multi_agent_v1",
+          "description": "Tools for spawning and managing sub-agents.",
+          "tools": [{"type": "function", "name": "close_agent", "description": "Close one.",
+                     "parameters": {"type": "object", "properties": {
+                         "target": {"type": "string"}}}}]}
+QUALIFIED = "multi_agent_v1__close_agent"
+CLOSE = ("<tool_call>\n<function=" + QUALIFIED + ">\n<parameter=target>\na1\n</parameter>\n"
+         "</function>\n</tool_call>")
+
+
+@pytest.mark.timeout(60)
+def test_a_namespace_tool_both_ways(env):
+    """Codex's `multi_agent_v1` namespace: the model sees `namespace__name` with the
+    namespace's description; its call comes back as `name` + `namespace` (created and
+    streamed, as the SDK's accumulator rebuilds it), and the call continued over the
+    store reaches the model as the qualified call again."""
+    c, m = env["c"], env["model"]
+    say(env, "close it</think>\n" + CLOSE)
+    first = c.responses.create(model=m, input="close a1", tools=[*TOOLS, AGENTS])
+    p = prompt_text(env)
+    desc = json.dumps("Tools for spawning and managing sub-agents.\n\nClose one.")  # tojson
+    assert '"name": "' + QUALIFIED + '", "description": ' + desc in p
+    call = first.output[-1]
+    assert (call.type, call.name, call.namespace) == ("function_call", "close_agent",
+                                                      "multi_agent_v1")
+    assert json.loads(call.arguments) == {"target": "a1"}
+    assert c.responses.retrieve(first.id).output[-1].namespace == "multi_agent_v1"
+    say(env, "done</think>\nClosed.")
+    second = c.responses.create(model=m, previous_response_id=first.id, tools=[AGENTS], input=[
+        {"type": "function_call_output", "call_id": call.call_id, "output": "closed"}])
+    assert second.output_text == "Closed."
+    p = prompt_text(env)
+    assert p.index("close a1") < p.rindex('"' + QUALIFIED + '"') < p.index("closed")
+    say(env, "again</think>\n" + CLOSE)
+    with c.responses.stream(model=m, input="close a1", tools=[AGENTS]) as s:
+        events = list(s)
+        final = s.get_final_response()
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert [e.name for e in done] == ["close_agent"]
+    assert (final.output[-1].name, final.output[-1].namespace) == ("close_agent",
+                                                                   "multi_agent_v1")
