@@ -74,7 +74,7 @@ def _leftovers(ht: HostTeardown, found: Probe, deployment_id: str,
     this launch's ranks (start time and command line, read there)."""
     known = {rs.pid for rs in ht.ranks}
     placed = {rs.rank for rs in ht.ranks}  # only ranks placed on this host
-    found = []
+    out = []
     for m in found.rank_markers():
         if m.pid in known or m.rank not in placed or m.deployment_id != deployment_id:
             continue
@@ -90,8 +90,8 @@ def _leftovers(ht: HostTeardown, found: Probe, deployment_id: str,
             ht.skipped.append({"rank": m.rank, "pid": m.pid, "host": ht.host.name,
                                "reason": "command line does not name this launch"})
         else:
-            found.append((m.rank, ident))
-    return found
+            out.append((m.rank, ident))
+    return out
 
 
 def sweep_and_prove(ht: HostTeardown, deployment_id: str, job_id: str,
