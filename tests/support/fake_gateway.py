@@ -39,7 +39,7 @@ def fake_gateway(tmp_path_factory, model: Path | None = None, *,
                           **{"refresh_s": 0.5, **settings})
     gw = GatewayThread(cfg, key).start()
     try:
-        poll_until(lambda: gw.gw.cluster.backends, 10, "the fake deployment to be picked up")
+        poll_until(lambda: gw.gw.cluster.backends, 30, "the fake deployment to be picked up")
         yield SimpleNamespace(rank=rank, sup=sup, gw=gw, model=model, settings=cfg, key=key,
                               home=home, url=gw.url)
     finally:
