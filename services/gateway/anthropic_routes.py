@@ -1,7 +1,7 @@
 """The Anthropic Messages endpoints: `POST /v1/messages` and `/v1/messages/count_tokens`.
 
 A thin translation onto the one request path (request_path.admit): the body is
-validated and translated into a chat request (anthropic_schemas.py), admitted exactly as
+validated (anthropic_schemas.py) and translated into a chat request (anthropic_translate.py), admitted exactly as
 a chat completion is (chat template, tool parser, grammar, sampling defaults, admission,
 prefix cache), and its Generation's events rendered as Anthropic's message or event
 stream (anthropic_render.py). Release and disconnect are as chat's: a client that goes
@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from services.gateway import anthropic_render as render
 from services.gateway import anthropic_schemas as schemas
+from services.gateway import anthropic_translate as translate
 from services.gateway.errors import SHAPES
 from services.gateway.generation import Final, Finish
 from services.gateway.openai_routes import check_api_key
@@ -59,7 +60,7 @@ def _backend(request: Request, model: str) -> Backend:
 async def _checked(request: Request, req: schemas.CountTokensRequest):
     """The chat request, after what only the model can answer (thinking, effort)."""
     gw = request.app.state.gw
-    chat = await gw.prepare_pool.run(schemas.to_chat, req)
+    chat = await gw.prepare_pool.run(translate.to_chat, req)
     if req.thinking is not None or (req.output_config and req.output_config.effort):
         tok = await gw.tokenizer(_backend(request, req.model))
         schemas.check_model(req, tok)

@@ -13,6 +13,7 @@ import pytest
 
 from services.gateway import anthropic_render as render
 from services.gateway import anthropic_schemas as s
+from services.gateway import anthropic_translate as t
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Finish, ReasoningEvent, TextEvent, ToolCallEvent
 from services.gateway.request_fields import Support
@@ -73,7 +74,7 @@ def test_each_row_behaves_as_its_table_says(endpoint):
                 s.validate(json.dumps(body).encode(), endpoint)
             assert e.value.status == 400 and e.value.param == name
         else:
-            s.to_chat(s.validate(json.dumps(body).encode(), endpoint))
+            t.to_chat(s.validate(json.dumps(body).encode(), endpoint))
 
 
 def refused(body: dict, endpoint: str = s.CREATE) -> ApiError:
@@ -129,7 +130,7 @@ def test_translation_onto_a_chat_request():
             "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
             "stop_sequences": ["END"], "temperature": 0, "top_k": 3,
             "thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 2000}
-    chat = s.to_chat(s.validate(json.dumps(body).encode(), s.CREATE))
+    chat = t.to_chat(s.validate(json.dumps(body).encode(), s.CREATE))
     msgs = [m.model_dump(exclude_none=True) for m in chat.messages]
     assert msgs == [
         {"role": "system", "content": "You are terse."},
@@ -144,18 +145,18 @@ def test_translation_onto_a_chat_request():
     assert chat.tools[0].function.parameters == {"type": "object"}
     assert chat.stops() == ["END"] and chat.temperature == 0 and chat.top_k == 3
     assert chat.chat_template_kwargs == {"enable_thinking": True} and chat.limit() == 2000
-    named = s.to_chat(s.validate(json.dumps({**body, "tool_choice": {
+    named = t.to_chat(s.validate(json.dumps({**body, "tool_choice": {
         "type": "tool", "name": "add"}}).encode(), s.CREATE))
     assert named.tool_choice == {"type": "function", "function": {"name": "add"}}
-    none = s.to_chat(s.validate(json.dumps({**body, "tool_choice": {"type": "none"}}).encode(),
+    none = t.to_chat(s.validate(json.dumps({**body, "tool_choice": {"type": "none"}}).encode(),
                                 s.CREATE))
     assert none.tool_choice == "none"
     fmt = {**BASE, "output_config": {"format": {"type": "json_schema", "schema": {
         "type": "object"}}}}
-    rf = s.to_chat(s.validate(json.dumps(fmt).encode(), s.CREATE)).response_format
+    rf = t.to_chat(s.validate(json.dumps(fmt).encode(), s.CREATE)).response_format
     assert rf["type"] == "json_schema" and rf["json_schema"]["schema"] == {"type": "object"}
     adaptive = {**BASE, "thinking": {"type": "adaptive"}}
-    assert s.to_chat(s.validate(json.dumps(adaptive).encode(), s.CREATE)) \
+    assert t.to_chat(s.validate(json.dumps(adaptive).encode(), s.CREATE)) \
         .chat_template_kwargs is None  # the template's own default
 
 
@@ -228,7 +229,7 @@ def _turns(edits=None):
         {"role": "user", "content": "three"}]}
     if edits is not None:
         body["context_management"] = {"edits": edits}
-    msgs = s.chat_messages(s.validate(json.dumps(body).encode(), s.CREATE))
+    msgs = t.chat_messages(s.validate(json.dumps(body).encode(), s.CREATE))
     return [m.get("reasoning_content") for m in msgs if m["role"] == "assistant"]
 
 
@@ -276,8 +277,8 @@ CLAUDE_CODE_FIRST = {
 
 def test_claude_codes_first_request_is_accepted_and_translated():
     req = s.validate(json.dumps(CLAUDE_CODE_FIRST).encode(), s.CREATE)
-    chat = s.to_chat(req)
-    roles = [m["role"] if isinstance(m, dict) else m.role for m in s.chat_messages(req)]
+    chat = t.to_chat(req)
+    roles = [m["role"] if isinstance(m, dict) else m.role for m in t.chat_messages(req)]
     assert roles == ["system", "user", "system"]
-    assert "billing-header" not in s.chat_messages(req)[0]["content"]
+    assert "billing-header" not in t.chat_messages(req)[0]["content"]
     assert chat.chat_template_kwargs is None and chat.tools[0].function.name == "Bash"
