@@ -1,14 +1,5 @@
-"""stop — verified teardown of a deployment (DESIGN.md 5.7): graceful shutdown on
-control → SIGTERM per rank process group → wait (stop_timeout) → SIGKILL → wait →
-SIGKILL → sweep marker pids (identity-checked) → proof of exit.
-
-Refused with `active_requests` while requests are active, unless `force`: then
-abort_all runs first and its evidence is in the reply. A launch in progress is aborted
-and torn down. Not proven → `teardown_failed` naming each survivor; the deployment and
-its manifest are kept, and the next stop retries.
-
-Wire (Args, Reply, the CLI's flags): common/messages/commands/stop.py.
-"""
+"""stop — the verified teardown of a deployment; its protocol doc (what it does, when it
+is refused, its Args and Reply) is common/messages/commands/stop.py."""
 
 from __future__ import annotations
 
