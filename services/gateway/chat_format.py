@@ -32,6 +32,9 @@ class ChatFormat:
     wrapper: Any = None  # mlx_lm TokenizerWrapper: renders the chat template as mlx-lm does
     # The reasoning markers as token ids (start, end): what reasoning_tokens counts between.
     think_ids: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    # The template has no tools (never reads them, no parser known): the gateway writes
+    # tools and tool turns into the messages in json_tools's form (tool_prompt.py).
+    gateway_tools: bool = False
 
     @property
     def has_thinking(self) -> bool:
@@ -59,11 +62,18 @@ def load_format(path: Path) -> tuple[Any, ChatFormat]:
 
     w = load_wrapper(path)
     name = w._tokenizer.init_kwargs.get("tool_parser_type")  # load() records its choice
+    template_vars = _template_vars(w._tokenizer)
+    tools = (w.tool_call_start, w.tool_call_end, w.tool_parser, name)
+    gateway_tools = w.tool_parser is None and bool(template_vars) and "tools" not in template_vars
+    if gateway_tools:
+        from mlx_lm.tool_parsers import json_tools
+
+        tools = (json_tools.tool_call_start, json_tools.tool_call_end,
+                 json_tools.parse_tool_call, "json_tools")
     return w, ChatFormat(
         think_start=w.think_start, think_end=w.think_end,
-        tool_start=w.tool_call_start, tool_end=w.tool_call_end,
-        tool_parser=w.tool_parser, parser_name=name,
-        template_vars=_template_vars(w._tokenizer), wrapper=w,
+        tool_start=tools[0], tool_end=tools[1], tool_parser=tools[2], parser_name=tools[3],
+        template_vars=template_vars, wrapper=w, gateway_tools=gateway_tools,
         think_ids=(tuple(w.think_start_tokens), tuple(w.think_end_tokens))
         if w.think_start_tokens and w.think_end_tokens else None)
 

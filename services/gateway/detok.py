@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.gateway import tool_prompt
 from services.gateway.chat_format import ChatFormat, load_format
 
 REPLACEMENT = "\ufffd"
@@ -64,6 +65,8 @@ class ModelTokenizer:
         if not getattr(self.hf, "chat_template", None) and not (w and w.has_chat_template):
             raise ChatTemplateError(f"model {self.path.name} has no chat template; use /v1/completions")
         render = w.apply_chat_template if w is not None else self.hf.apply_chat_template
+        if self.fmt.gateway_tools:  # a template without tools: they are written as text
+            messages, tools = tool_prompt.fold(messages, tools), None
         try:
             return render(messages, tools=tools or None, add_generation_prompt=True,
                           tokenize=False, **(template_kwargs or {}))

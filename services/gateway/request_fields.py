@@ -91,7 +91,8 @@ ROWS: tuple[Row, ...] = (
     Row("temperature", H, H, "0-2; omitted: the deployment's default (1 unless set)"),
     Row("tool_choice", H, None, "`none`, `auto`, `required`, a named function"),
     Row("tools", H, None, "rendered by the chat template; calls parsed by the model's "
-        "mlx-lm tool parser"),
+        "mlx-lm tool parser (a template without tools: written into the system message in "
+        "json_tools's form by the gateway, services/gateway/tool_prompt.py)"),
     Row("top_logprobs", H, None, "0-20, with `logprobs: true`"),
     Row("top_p", H, H, "(0, 1]; omitted: the deployment's default"),
     Row("user", OK, OK, "an end-user id; not used"),

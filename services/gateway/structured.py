@@ -67,7 +67,10 @@ def lltokenizer(tok: ModelTokenizer) -> llg.LLTokenizer:
 
 def tool_format(tok: ModelTokenizer) -> str | None:
     """The mlx-lm tool parser of this model, chosen as mlx_lm.tokenizer_utils.load does:
-    the tokenizer config's `tool_parser_type`, else inferred from the template or vocab."""
+    the tokenizer config's `tool_parser_type`, else inferred from the template or vocab;
+    json_tools for a template without tools, whose calls the gateway writes in that form."""
+    if tok.fmt.gateway_tools:
+        return WRAPPER_FORMAT
     key = str(tok.path)
     with _lock:
         if key not in _formats:
