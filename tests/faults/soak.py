@@ -2,7 +2,8 @@
 `lockstep reaper` (service, 1 s interval) and `lockstep gateway` as separate processes,
 a TP=2 deployment of real MLX ranks (ring backend) with short watchdog settings — under
 concurrent streaming clients, hit by a seeded random schedule of faults. After every
-fault the driver restores service if the fault took it down, then checks the invariants:
+fault the driver restores service if the fault took it down, then checks the invariants
+(the schedule: every fault kind once, in a seeded order, then weighted random draws):
 
 - no process of a stopped (or killed) deployment is alive (psutil; a zombie has exited);
 - no manifest without a live supervisor (pid + start time);
@@ -282,8 +283,11 @@ class Soak(Faults):
         self.start()
         self.check_invariants()
         n = 0
+        # every kind once first, in a seeded order (a short soak covers them all), then
+        # weighted draws
+        first = self.rng.sample(self.faults, len(self.faults))
         while n < self.budget.faults and time.monotonic() - t0 < self.budget.seconds:
-            kind = self.rng.choices(self.faults, self.weights)[0]
+            kind = first[n] if n < len(first) else self.rng.choices(self.faults, self.weights)[0]
             time.sleep(self.rng.uniform(0.2, 1.5))  # let the clients get streams going
             self.fault(kind)
             n += 1

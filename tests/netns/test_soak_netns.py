@@ -11,7 +11,7 @@ alive (the namespaces share this machine's pid space), no manifest without a liv
 supervisor, gateway and rank active counts agree when quiescent, every client stream
 ended with content, abort or a clear error.
 
-- `test_fault_soak_across_hosts_short`: a few faults, in `make test`.
+- `test_fault_soak_across_hosts_short`: every fault kind once (8), in `make test`.
 - `test_fault_soak_across_hosts_full` (`soak` marker, `make soak`): 200 faults or 10 min.
 """
 
@@ -77,7 +77,8 @@ def _run(c: NetnsCluster, tmp_path: Path, budget: Budget, random_seed: bool = Fa
 @pytest.mark.timeout(600)
 def test_fault_soak_across_hosts_short(netns_cluster, tmp_path: Path) -> None:
     _run(netns_cluster, tmp_path,
-         Budget(faults=int(os.environ.get("LOCKSTEP_SOAK_FAULTS", "8")), seconds=150.0))
+         Budget(faults=int(os.environ.get("LOCKSTEP_SOAK_FAULTS",
+                                          str(len(NetnsSoak.faults)))), seconds=150.0))
 
 
 @pytest.mark.soak

@@ -15,6 +15,8 @@ from tests.support.processes import REPO
 
 BIN = REPO / ".venv" / "agent-clients" / "node_modules" / ".bin"
 CLAUDE, CODEX = BIN / "claude", BIN / "codex"
+# Codex's multi-agent namespace and goal tools (3.5k tokens) off: for a small context.
+CODEX_SMALL_CONTEXT = ("--disable", "multi_agent", "--disable", "goals")
 QUIET = {"DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
          "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
 
