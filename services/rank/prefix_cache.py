@@ -11,8 +11,10 @@ is used when an insert starts from it, and new when stored.
   (the last prompt token is always computed: its logits start the completion). An entry
   longer than the shared prefix is cut to it, which needs trimmable caches.
 - store: a request the model finished (stop or length) leaves prompt + generated tokens
-  as fed, so a conversation's next turn hits its own reply too. Entries that are a
-  prefix of the new one are evicted (the new one serves them, trimmed); then LRU entries
+  as fed, so a conversation's next turn hits its own reply too. Entries that the new one
+  covers but for a few end tokens (SUPERSEDE_SLACK; a prefix of it, or the previous
+  turn, whose reply the next prompt resends re-tokenized) are evicted (the new one
+  serves them, trimmed, recomputing at most those tokens); then LRU entries
   until the entry and byte budgets hold. An entry bigger than the whole budget is not
   stored. Aborted or cancelled requests are never stored: nothing half-written.
 - share a prefill: a request whose prompt shares at least SHARE_TOKENS more with a
@@ -44,6 +46,21 @@ from services.rank.disk_tier import entry_key
 MIN_HIT_TOKENS = 8  # below this a hit saves less than copying the entry costs
 SHARE_TOKENS = 64  # wait for a running prefill when it would save at least this much
 WAIT = -1  # plan_insert: keep the request pending (a running prefill will serve it)
+SUPERSEDE_SLACK = 256  # a store evicts an entry it covers but for this many end tokens
+SUPERSEDE_SHARE = 8  # ... and at most this share of the entry
+
+
+def superseded(old: np.ndarray, new: np.ndarray) -> bool:
+    """`new` serves `old`'s prompts (trimmed) but for at most SUPERSEDE_SLACK tokens (and
+    an eighth of `old`) at its end: an agent's next turn resends its reply re-tokenized, which often differs
+    from the tokens generated in its last few, so the old entry is not a strict prefix
+    of the new. Holding both would keep a second copy of the whole conversation's KV per
+    turn; measured on a CPU rank, the memory they held slowed later turns' prefill
+    (bench/results/agent_session_bench.json's note)."""
+    if len(old) > len(new):
+        return False
+    slack = min(SUPERSEDE_SLACK, len(old) // SUPERSEDE_SHARE)
+    return shared_prefix(new, old) >= len(old) - slack
 
 
 @dataclass
@@ -228,11 +245,10 @@ class CachePlanner:
                 self.index.move_to_end(eid)  # the same tokens are held already
                 return
         extends: list[str] = []  # disk entries it extends: it serves them, trimmed
-        if self.trimmable:  # entries it extends: it serves them, trimmed
+        if self.trimmable:  # entries it supersedes: it serves them, trimmed
             for eid, e in list(self.index.items()):
-                if len(e.tokens) < len(t) and shared_prefix(t, e.tokens) == len(e.tokens):
-                    if eid not in self.pinned:
-                        self._evict(eid)
+                if superseded(e.tokens, t) and eid not in self.pinned:
+                    self._evict(eid)
             if self.disk is not None:
                 extends = [k for k, e in self.disk.index.items()
                            if len(e.tokens) < len(t)

@@ -50,6 +50,29 @@ def test_a_store_evicts_the_entries_it_extends_then_lru_by_count_and_bytes():
     assert list(p.index) == [5] and p.nbytes == 95
 
 
+def test_the_next_agent_turn_supersedes_the_last_but_a_branch_keeps_its_own_entry():
+    """An agent's next turn resends its reply re-tokenized: the previous entry (prompt +
+    reply as generated) is not a prefix of the new one, only shares all but its last few
+    tokens. The new entry serves its prompts (trimmed): the previous one is evicted, not
+    held as a second copy of the conversation. A conversation that branched earlier
+    (more than SUPERSEDE_SLACK or an eighth of the entry before its end) keeps its own."""
+    p = CachePlanner(max_entries=8, max_bytes=10**9, trimmable=True)
+    prompt = list(range(1000, 1000 + 3000))
+    turn1 = prompt + list(range(20, 44))  # 24 generated tokens
+    p.finished("t1", turn1, nbytes=10)
+    turn2 = prompt + list(range(20, 27)) + [9] * 300 + list(range(50, 74))  # diverges at 7
+    p.finished("t2", turn2, nbytes=10)
+    assert ops(p) == [("store", 1, "t1"), ("evict", 1, ""), ("store", 2, "t2")]
+    assert p.match(turn1 + [5]) == (2, len(prompt) + 7)  # served by turn 2's entry
+    branch = prompt[:2000] + [8] * 1500  # shares 2000 of turn 2's 3331 tokens
+    p.finished("b", branch, nbytes=10)
+    assert ops(p) == [("store", 3, "b")]
+    short = list(range(100, 160))  # an eighth of 60 tokens: 7 may differ at its end
+    p.finished("s1", short, nbytes=1)
+    p.finished("s2", short[:52] + [1] * 30, nbytes=1)  # 8 differ: both kept
+    assert [k for k, _, _ in ops(p)] == ["store", "store"]
+
+
 def test_the_same_tokens_are_stored_once_and_clear_replaces_pending_ops():
     p = CachePlanner(max_entries=4, max_bytes=100, trimmable=True)
     t = list(range(100, 120))
