@@ -155,8 +155,11 @@ def test_disk_budget_holds_under_distinct_long_prompts(tmp_path):
 
 def test_a_full_disk_keeps_the_cache_in_memory_and_fails_no_request(reference, tmp_path):
     """Every rank's kvcache folder on a 64 KiB tmpfs (an entry of the tiny model is
-    bigger): every write fails with ENOSPC on both ranks; requests are served as ever,
-    from memory too, each rank says so once, and rank 0 drops the entries everywhere."""
+    bigger): no write succeeds on any rank; requests are served as ever, from memory
+    too; each entry's failure drops it everywhere, and a rank that failed says so once.
+    Which rank fails which entry is a race, not a contract: a follower's writer may find
+    an entry already dropped because rank 0's write of it failed first (CI saw rank 1
+    fail one entry and skip the other), so the counts are asserted across ranks."""
     home = tmp_path / "home"
     (home / "kvcache").mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(home / "kvcache")],
@@ -170,14 +173,16 @@ def test_a_full_disk_keeps_the_cache_in_memory_and_fails_no_request(reference, t
             rb = d.generate(b, max_tokens=12)
             assert cached(rb) == len(a) + len(ra.tokens)  # the memory tier serves it
             assert (ra.tokens, rb.tokens) == (ref_tokens(reference, a), ref_tokens(reference, b))
-            for r in range(2):
-                d.wait(lambda r=r: (t := d.telemetry(r)) and t.cache
-                       and t.cache.disk_write_errors >= 2, 20, f"rank {r}'s failed writes")
+            # Two entries were stored, each failed on at least one rank.
+            d.wait(lambda: sum(t.cache.disk_write_errors for r in range(2)
+                               if (t := d.telemetry(r)) and t.cache) >= 2, 20,
+                   "both entries' failed writes")
             d.wait(lambda: last_disk(d) == [], 20, "the failed entries dropped everywhere")
             for r in range(2):
+                st = stats(d, r)
+                assert (st.disk_written, st.disk_entries) == (0, 0), st
                 warned = [ln for ln in d.log(r).splitlines() if "WARNING" in ln and "disk" in ln]
-                assert len(warned) == 1, warned  # one warning, not one per entry
-            assert stats(d, 0).disk_entries == 0
+                assert len(warned) == min(1, st.disk_write_errors), warned  # not one per entry
     finally:
         subprocess.run(["umount", str(home / "kvcache")], check=False)
 
