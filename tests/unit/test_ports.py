@@ -66,3 +66,17 @@ def test_an_address_not_on_this_host_is_an_error_at_once():
     with pytest.raises(OSError) as exc:
         ports.free_ports(2, "192.0.2.1")  # TEST-NET-1: never a local address
     assert exc.value.errno == errno.EADDRNOTAVAIL
+
+
+def test_a_configured_range_narrows_the_draw(monkeypatch):
+    assert ports.configured_range({}) is None
+    assert ports.configured_range({ports.RANGE_ENV: " 21000-21009 "}) == (21000, 21009)
+    for bad in ("21000", "21000-", "a-b", "21010-21000", "0-10", "60000-70000"):
+        with pytest.raises(ValueError, match=ports.RANGE_ENV):
+            ports.configured_range({ports.RANGE_ENV: bad})
+    monkeypatch.setenv(ports.RANGE_ENV, "21000-21009")
+    got = ports.free_ports(5, "127.0.0.1")
+    assert len(set(got)) == 5 and all(21000 <= p <= 21009 for p in got), got
+    monkeypatch.setenv(ports.RANGE_ENV, "21000-21001")
+    with pytest.raises(OSError, match="no 3 free TCP ports"):
+        ports.free_ports(3, "127.0.0.1")
