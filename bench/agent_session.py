@@ -3,10 +3,14 @@ vs `mlx_lm.server` on the same model directory, in the same run, with the same B
 batch settings (bench/servers.py).
 
 A session: a ~`system_tokens`-token system prompt and `tools` function tools (both sent
-every turn, as agents do), then `turns` turns; each appends the server's own reply
-(greedy, max_tokens `max_tokens`) and a new user message carrying a tool result of
-~`tool_result_tokens` tokens, and resends the whole conversation. TTFT of every turn,
-client side (send → first visible content; bench/chat_client.py).
+every turn, as agents do), then `turns` turns; each appends a reply and a new user
+message carrying a tool result of ~`tool_result_tokens` tokens, and resends the whole
+conversation. The reply (`replies`): "fixed" (the default) a canned `max_tokens`-token
+text, the same for every server, so both see exactly the same prompts and compute the
+same tokens; "own" the server's own greedy reply (on a random-weight preset the two
+servers' replies differ, and each re-tokenized reply matches its cache to a different
+depth, so they do unlike work). TTFT of every turn, client side (send → first visible
+content; bench/chat_client.py).
 
 Fairness: both servers are up at once and take turns request by request (the order
 flips every turn and every session), so machine noise lands on both alike; each
@@ -70,6 +74,9 @@ class Config:
     sessions_off: int = 1  # per server, prompt cache off
     messages_sessions: int = 1  # Lockstep /v1/messages vs mlx_lm chat, cache on
     seed: str = "as-1"
+    # "fixed": every server's session appends the same canned reply each turn, so both
+    # compute the same tokens (like with like); "own": each appends its own reply
+    replies: str = "fixed"
 
 
 QUICK = Config(preset="tiny", system_tokens=600, turns=4, tool_result_tokens=150,
@@ -241,9 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a short smoke on the tiny preset")
     ap.add_argument("--sessions", type=int, help="sessions per server with the cache on")
     ap.add_argument("--preset", help="model preset (default: bench; --quick: tiny)")
+    ap.add_argument("--replies", choices=("fixed", "own"),
+                    help="each turn's reply: the same canned text for both (default), or "
+                         "each server's own")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     cfg = QUICK if a.quick else Config()
+    if a.replies:
+        cfg.replies = a.replies
     if a.sessions:
         cfg.sessions_on = a.sessions
     if a.preset:

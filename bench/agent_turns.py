@@ -57,6 +57,12 @@ class Session:
         self.turns.append([text, None])
 
     def reply(self, text: str) -> None:
+        """Append the server's reply (replies "own"), or the same canned text for every
+        server (replies "fixed"): then each server gets exactly the same prompts, and the
+        servers compute the same tokens every turn (their own greedy replies may differ,
+        and a re-tokenized reply matches each one's cache to a different depth)."""
+        if self.cfg.replies == "fixed":
+            text = prose(self.tok, self.cfg_max_tokens, f"{self.key}/reply{len(self.turns)}")
         self.turns[-1][1] = text or EMPTY_REPLY
         self._next_user()
 

@@ -197,11 +197,16 @@ def test_a_long_prompt_prefills_between_the_running_streams_tokens(tp, greedy):
     arrived = time.time()  # rank 0 stamps tokens with this host's wall clock
     r = tp.result(tp.submit(long_prompt, 3), timeout=150)
     assert (r.tokens, r.finish_reason) == (want, "length")
-    for rid in runs:
+    for rid in runs:  # both, before any assertion: the module's next test shares `tp`
         tp.abort(rid)
+    # At full 512-token chunks the prompt takes ceil(2300 / 512) = 5 steps, so a stream
+    # gets at most 5 tokens in; rank 0's small chunks give it several times that (11-17
+    # seen, the fewer with the machine saturated by the suite's other worker).
+    full_chunk_steps = -(-len(long_prompt) // 512)
+    for rid in runs:
         times = tp.result(rid).token_times
         during = [t for t in times if arrived < t < r.token_times[0]]
-        assert len(during) >= 12, (len(during), len(times))
+        assert len(during) > full_chunk_steps + 3, (len(during), len(times))
 
 
 # -- cancel broadcasts -----------------------------------------------------------------
