@@ -24,8 +24,9 @@ BOOT_BUDGET_S = 600  # added to the first user's timeout: up's boot and the PP d
 STOP_BUDGET_S = 240  # added to the last user's: the stop with proof
 
 
-def _module_of(item: pytest.Item) -> str:
-    return item.nodeid.split("::")[0]
+def _module_of(item: pytest.Item | str) -> str:
+    """The test module's path of an item or a node id."""
+    return (item if isinstance(item, str) else item.nodeid).split("::")[0]
 
 
 # --- two workers (pytest-xdist, `make test`) ------------------------------------------------
@@ -46,7 +47,7 @@ SHARED_CLUSTER_MODULES = frozenset({
 
 
 def group_of(nodeid: str) -> str:
-    mod = nodeid.split("::")[0]
+    mod = _module_of(nodeid)
     if mod.startswith(NETNS_DIR):
         return "netns"
     return "shared-cluster" if mod in SHARED_CLUSTER_MODULES else mod

@@ -7,7 +7,8 @@ sidecar `<key>.json` = {"v", "key", "tokens", "bytes", "mac"}. Each is written t
 name, fsynced and renamed, the sidecar last, so a crash leaves at most a temp file or data
 without a sidecar, both removed by `scan`. The MAC (HMAC-SHA256 under the cache key) binds
 the file bytes to the tokens, the model, the placement and the rank: a flipped bit or a file
-from another model, placement, rank or key is refused, never parsed.
+from another model, placement, rank or key is refused, never parsed (one entry's files:
+services/rank/disk_entry.py).
 
 Threads. `write()` runs on the MLX step thread: it evaluates the entry's arrays there (free
 when they are evaluated already; a lazy entry, e.g. fresh from BatchKVCache.extract, is
@@ -21,12 +22,8 @@ threads waiting on one array race. Reading an available array's buffer changes n
 
 from __future__ import annotations
 
-import enum
 import fcntl
 import hashlib
-import hmac
-import io
-import json
 import logging
 import os
 import re
@@ -37,13 +34,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_unflatten
-from mlx_lm.models import cache as mlx_cache
 
+from services.rank.disk_entry import (
+    KEY_RE,
+    DiskEntry,
+    DiskEntryError,
+    EntryMac,
+    Reject,
+    parse,
+    read_entry,
+    sidecar,
+)
 from services.rank.kv_format import encode as _encode
 from services.rank.kv_format import entry_key, model_fingerprint, placement_name
 from services.rank.kv_format import layout as _layout
-from services.rank.kv_format import lp as _lp
 from services.rank.kv_format import token_bytes as _token_bytes
 from services.rank.kv_format import write_blobs as _write_blobs
 
@@ -52,44 +56,8 @@ __all__ = ["DiskEntry", "DiskEntryError", "DiskStats", "DiskTier", "Reject", "en
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-_MAC_DOMAIN = b"lockstep-kv/v1"
-_KEY_RE = re.compile(r"[0-9a-f]{32}")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a single safe path component
 _TMP = ".tmp"
-_SIDECAR_MAX = 256 << 20
-
-
-
-class Reject(enum.Enum):
-    """Why an entry was refused; its files are removed (unless DISABLED or BAD_KEY)."""
-    DISABLED = "the disk tier is off"
-    BAD_KEY = "not an entry key"
-    MISSING = "no such entry"
-    IO = "entry unreadable"
-    ORPHAN = "half an entry (data without sidecar or sidecar without data)"
-    SIDECAR = "sidecar missing fields or unparsable"
-    KEY_MISMATCH = "the tokens do not hash to the key"
-    SIZE = "file size differs from the sidecar's (truncated?)"
-    MAC = "MAC mismatch (corrupt, or made for another model, placement, rank or cache key)"
-    TOKENS = "token count differs from the plan's"
-    FORMAT = "cache layout unreadable"
-
-
-class DiskEntryError(Exception):
-    """A load that cannot be trusted or read."""
-
-    def __init__(self, key: str, reason: Reject, detail: str = "") -> None:
-        super().__init__(f"disk cache entry {key}: {reason.value}" + (f" ({detail})" if detail else ""))
-        self.key, self.reason = key, reason
-
-
-@dataclass
-class DiskEntry:
-    key: str
-    tokens: list[int]
-    nbytes: int  # size of the .safetensors file
-    used_at: float  # its mtime: LRU order survives restarts
 
 
 @dataclass
@@ -101,9 +69,6 @@ class DiskStats:
     rejected: int
     loaded: int
     dropped: int
-
-
-
 
 
 def _unlink(p: Path) -> bool:
@@ -133,8 +98,7 @@ class DiskTier:
         self.folder = Path(root) / fingerprint / placement
         self.enabled = False
         self.pending: dict[str, tuple[list[int], list]] = {}
-        self._mac_base = hmac.new(key, _MAC_DOMAIN + _lp(fingerprint) + _lp(placement)
-                                  + _lp(str(rank)), hashlib.sha256)
+        self._macs = EntryMac(key, fingerprint, placement, rank)
         self._lock = threading.Lock()  # pending, failed, index, counters
         self._io = threading.Lock()  # one writer task or one scan at a time
         self._cv = threading.Condition()  # the task queue
@@ -171,7 +135,7 @@ class DiskTier:
         costs O(layers); the arrays are evaluated here, free when they are already."""
         if not self.enabled:
             return
-        if not _KEY_RE.fullmatch(key):
+        if not KEY_RE.fullmatch(key):
             raise ValueError(f"{key!r} is not an entry key")
         items, rows, classes = _layout(cache)
         mx.eval([v for _, v in items if isinstance(v, mx.array)])
@@ -183,7 +147,7 @@ class DiskTier:
     def load(self, key: str, n_tokens: int) -> list:
         if not self.enabled:
             raise DiskEntryError(key, Reject.DISABLED)
-        if not _KEY_RE.fullmatch(key):
+        if not KEY_RE.fullmatch(key):
             raise DiskEntryError(key, Reject.BAD_KEY)
         with self._lock:
             item = self.pending.get(key)
@@ -193,10 +157,10 @@ class DiskTier:
         if item is not None:  # a planner bug, not a bad file: nothing to remove
             raise DiskEntryError(key, Reject.TOKENS, f"{len(item[0])} pending, plan says {n_tokens}")
         try:
-            tokens, data, _ = self._read(key)
+            tokens, data, _ = read_entry(self.folder, key, self._macs)
             if len(tokens) != n_tokens:
                 raise DiskEntryError(key, Reject.TOKENS, f"{len(tokens)} on disk, plan says {n_tokens}")
-            cache = _parse(key, data, n_tokens)  # the very bytes the MAC covered
+            cache = parse(key, data, n_tokens)  # the very bytes the MAC covered
         except DiskEntryError as e:
             self._reject(e)
             raise
@@ -206,7 +170,7 @@ class DiskTier:
         return cache
 
     def drop(self, key: str) -> None:
-        if not _KEY_RE.fullmatch(key):
+        if not KEY_RE.fullmatch(key):
             raise ValueError(f"{key!r} is not an entry key")  # it names files
         with self._lock:
             self.pending.pop(key, None)
@@ -222,7 +186,7 @@ class DiskTier:
             self._put(self._do_clear)
 
     def touch(self, key: str) -> None:
-        if self.enabled and _KEY_RE.fullmatch(key):
+        if self.enabled and KEY_RE.fullmatch(key):
             self._put(self._touch, key)
 
     def take_failed(self) -> list[str]:
@@ -269,57 +233,13 @@ class DiskTier:
             keys = {n.rsplit(".", 1)[0] for n in names if n.endswith((".safetensors", ".json"))}
             for k in sorted(keys):
                 try:
-                    tokens, data, mtime = self._read(k)
+                    tokens, data, mtime = read_entry(self.folder, k, self._macs)
                     found[k] = DiskEntry(k, tokens, len(data), mtime)
                 except DiskEntryError as e:
                     self._reject(e)
             with self._lock:
                 self._index = dict(found)
         return found
-
-    def _read(self, key: str) -> tuple[list[int], bytes, float]:
-        """An entry's tokens, its data file read once into memory and checked against the
-        sidecar's MAC, and the data's mtime. Raises DiskEntryError."""
-        if not _KEY_RE.fullmatch(key):
-            raise DiskEntryError(key, Reject.BAD_KEY)
-        side, path = self.folder / f"{key}.json", self.folder / f"{key}.safetensors"
-        try:
-            if side.stat().st_size > _SIDECAR_MAX:
-                raise DiskEntryError(key, Reject.SIDECAR, "too large")
-            d = json.loads(side.read_bytes())
-            tokens, nbytes, mac = d["tokens"], d["bytes"], d["mac"]
-            if not (d["v"] == FORMAT_VERSION and d["key"] == key and isinstance(mac, str)
-                    and type(nbytes) is int and isinstance(tokens, list)
-                    and all(type(t) is int for t in tokens)):
-                raise ValueError("a field of the wrong type or value")
-            tb = _token_bytes(tokens)
-        except FileNotFoundError:
-            raise DiskEntryError(key, Reject.ORPHAN if path.exists() else Reject.MISSING) from None
-        except OSError as e:
-            raise DiskEntryError(key, Reject.IO, str(e)) from None
-        except (ValueError, KeyError, TypeError, OverflowError) as e:
-            raise DiskEntryError(key, Reject.SIDECAR, str(e)) from None
-        if hashlib.sha256(tb).hexdigest()[:32] != key:
-            raise DiskEntryError(key, Reject.KEY_MISMATCH)
-        try:
-            with open(path, "rb") as f:
-                data, mtime = f.read(), os.fstat(f.fileno()).st_mtime
-        except FileNotFoundError:
-            raise DiskEntryError(key, Reject.ORPHAN, "sidecar without data") from None
-        except OSError as e:
-            raise DiskEntryError(key, Reject.IO, str(e)) from None
-        if len(data) != nbytes:
-            raise DiskEntryError(key, Reject.SIZE, f"{len(data)} bytes, sidecar says {nbytes}")
-        want = self._mac(key, len(tokens), tb, hashlib.sha256(data).digest())
-        if not hmac.compare_digest(want, mac):
-            raise DiskEntryError(key, Reject.MAC)
-        return tokens, data, mtime
-
-    def _mac(self, key: str, n_tokens: int, token_bytes: bytes, data_digest: bytes) -> str:
-        m = self._mac_base.copy()
-        m.update(_lp(key) + _lp(str(n_tokens)) + hashlib.sha256(token_bytes).digest()
-                 + data_digest)
-        return m.hexdigest()
 
     def _reject(self, e: DiskEntryError) -> None:
         if e.reason in (Reject.DISABLED, Reject.BAD_KEY):
@@ -389,9 +309,9 @@ class DiskTier:
             path, h = self.folder / f"{key}.safetensors", hashlib.sha256()
             self._durable(path, _encode(items, rows, classes, meta), h)
             st = path.stat()
-            rec = {"v": FORMAT_VERSION, "key": key, "tokens": list(tokens), "bytes": st.st_size,
-                   "mac": self._mac(key, len(tokens), tb, h.digest())}
-            self._durable(self.folder / f"{key}.json", [json.dumps(rec).encode()], None)
+            mac = self._macs.of(key, len(tokens), tb, h.digest())
+            self._durable(self.folder / f"{key}.json", [sidecar(key, tokens, st.st_size, mac)],
+                          None)
             dfd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 os.fsync(dfd)  # the renames, too, survive a crash
@@ -407,7 +327,7 @@ class DiskTier:
             self._warn(f"writing entry {key} failed: {e}")
             return
         with self._lock:
-            self._index[key] = DiskEntry(key, rec["tokens"], st.st_size, st.st_mtime)
+            self._index[key] = DiskEntry(key, list(tokens), st.st_size, st.st_mtime)
             self._n["written"] += 1
             if self.pending.get(key) is item:
                 del self.pending[key]
@@ -441,32 +361,3 @@ class DiskTier:
         with self._lock:
             self._n["dropped"] += len(keys | set(self._index))
             self._index.clear()
-
-
-def _parse(key: str, data: bytes, n_tokens: int) -> list:
-    """load_prompt_cache's rebuilding, from verified bytes in memory (mx.load reads a
-    file-like object), with class names only from mlx-lm's cache module."""
-    try:
-        arrays, meta = mx.load(io.BytesIO(data), format="safetensors", return_metadata=True)
-        mx.eval(list(arrays.values()))  # copied out now, from the verified bytes
-        if meta.get("0.lockstep_key") != key or meta.get("0.n_tokens") != str(n_tokens):
-            raise ValueError("the metadata names another entry")
-        _, classes, scalars = tree_unflatten(list(meta.items()))
-        for pos, kind in scalars[1:]:
-            a = arrays[pos]
-            arrays[pos] = (a.item() if kind == "scalar" else None if kind == "none"
-                           else "".join(map(chr, a.tolist())) if kind == "string"
-                           else _bad(kind))
-        cache = []
-        for name, state in zip(classes, tree_unflatten(list(arrays.items())), strict=True):
-            cls = getattr(mlx_cache, name, None)
-            if not (isinstance(cls, type) and issubclass(cls, mlx_cache._BaseCache)):
-                raise ValueError(f"unknown cache class {name!r}")
-            cache.append(cls.from_state(state))
-        return cache
-    except (ValueError, KeyError, TypeError, RuntimeError) as e:
-        raise DiskEntryError(key, Reject.FORMAT, str(e)) from None
-
-
-def _bad(kind: str):
-    raise ValueError(f"unknown scalar kind {kind!r}")

@@ -16,10 +16,12 @@ Lockstep's `lockstep up` (before it starts its services), `admin deploy` and
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import json
 from dataclasses import dataclass
-from functools import reduce
+from functools import cache, reduce
 from math import gcd
 from pathlib import Path
 
@@ -99,7 +101,16 @@ class ModelShape:
 
 def _arch(config: dict) -> tuple[bool, bool]:
     """(has Model.shard, inner model pipelines) for the config's architecture, as mlx-lm
-    picks it; (False, False) for one mlx-lm does not know."""
+    picks it; (False, False) for one mlx-lm does not know. Read from mlx-lm's source when
+    it says both plainly: importing any mlx_lm module runs its package __init__, which
+    imports transformers (~1 s of CPU in `lockstep up` and again in the supervisor, before
+    anything starts)."""
+    if _arch_in_source(config) == (True, True):
+        return True, True
+    return _arch_imported(config)
+
+
+def _arch_imported(config: dict) -> tuple[bool, bool]:
     try:
         from mlx_lm.models.pipeline import PipelineMixin
         from mlx_lm.utils import _get_classes  # mlx-lm's own model-type remapping
@@ -113,6 +124,64 @@ def _arch(config: dict) -> tuple[bool, bool]:
     pipelines = any(isinstance(c, type) and issubclass(c, PipelineMixin)
                     and c is not PipelineMixin for c in vars(module).values())
     return hasattr(model_cls, "shard"), pipelines
+
+
+def _arch_in_source(config: dict) -> tuple[bool, bool] | None:
+    """(True, True) when the architecture's module, found as mlx-lm's `_get_classes` finds
+    it, defines `Model.shard` and a class on `PipelineMixin` in plain sight; None when it
+    does not say so (then the import decides: inherited methods, re-exported classes)."""
+    root = _mlx_lm_dir()
+    if root is None:
+        return None
+    try:
+        by_type, by_arch = _remappings(root / "utils.py")
+        model_type = _remapped_type(config, by_type, by_arch)
+        if not model_type.isidentifier():
+            return None
+        tree = ast.parse((root / "models" / f"{model_type}.py").read_text())
+    except (OSError, SyntaxError, ValueError, TypeError):
+        return None
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+    shard = any(c.name == "Model" and any(isinstance(f, ast.FunctionDef) and f.name == "shard"
+                                          for f in c.body) for c in classes)
+    pipelines = any((b.id if isinstance(b, ast.Name) else getattr(b, "attr", None))
+                    == "PipelineMixin" for c in classes for b in c.bases)
+    return (True, True) if shard and pipelines else None
+
+
+def _mlx_lm_dir() -> Path | None:
+    spec = importlib.util.find_spec("mlx_lm")  # finds the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@cache
+def _remappings(utils_py: Path) -> tuple[dict, dict]:
+    """mlx-lm's MODEL_REMAPPING and MODEL_ARCHITECTURE_REMAPPING, as literals."""
+    found: dict[str, dict] = {}
+    for node in ast.parse(utils_py.read_text()).body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)):
+            name = node.targets[0].id
+            if name in ("MODEL_REMAPPING", "MODEL_ARCHITECTURE_REMAPPING"):
+                found[name] = ast.literal_eval(node.value)
+    if "MODEL_REMAPPING" not in found:
+        raise ValueError("mlx_lm/utils.py: no MODEL_REMAPPING literal")
+    return found["MODEL_REMAPPING"], found.get("MODEL_ARCHITECTURE_REMAPPING", {})
+
+
+def _remapped_type(config: dict, by_type: dict, by_arch: dict) -> str:
+    """The module name mlx-lm's `_get_classes` imports for this config."""
+    model_type = config["model_type"]
+    architectures = config.get("architectures") or ()
+    if isinstance(architectures, str):
+        architectures = (architectures,)
+    for architecture in architectures:
+        remapped = by_arch.get((model_type, architecture))
+        if remapped is not None:
+            return remapped
+    return by_type.get(model_type, model_type)
 
 
 def _int(cfg: dict, *names: str) -> int | None:

@@ -6,9 +6,7 @@ writer thread never runs MLX work while the step thread runs the model."""
 from __future__ import annotations
 
 import errno
-import json
 import logging
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -29,63 +27,16 @@ from mlx_lm.models.cache import (
 from services.rank import disk_tier
 from services.rank.disk_tier import (
     DiskEntryError,
-    DiskTier,
     Reject,
     entry_key,
-    model_fingerprint,
-    placement_name,
 )
 from services.rank.prefix_store import prefix_copy
-
-FP = "0123456789abcdef"
-KEY = b"k" * 32
-PLACE = placement_name(0, 2, 1, 0)
-
-
-def kv_cache(n: int, layers: int = 3, dtype=mx.bfloat16, seed: int = 0) -> list:
-    """Per-layer KVCaches filled the way a model fills them (buffers padded past offset)."""
-    mx.random.seed(seed)
-    out = []
-    for _ in range(layers):
-        c = KVCache()
-        c.update_and_fetch(mx.random.normal((1, 2, n, 8)).astype(dtype),
-                           mx.random.normal((1, 2, n, 8)).astype(dtype))
-        mx.eval(c.keys, c.values)
-        out.append(c)
-    return out
-
-
-def assert_same(got: list, want: list) -> None:
-    assert len(got) == len(want)
-    for g, w in zip(got, want, strict=True):
-        assert type(g) is type(w) and g.offset == w.offset
-        for a, b in ((g.keys, w.keys), (g.values, w.values)):
-            a, b = a[..., : w.offset, :], b[..., : w.offset, :]
-            assert a.dtype == b.dtype and a.shape == b.shape
-            assert mx.array_equal(a, b).item()
-
-
-def entry(n: int, seed: int = 0, **kw):
-    tokens = list(range(seed * 1000, seed * 1000 + n))
-    return entry_key(tokens), tokens, kv_cache(n, seed=seed, **kw)
-
-
-def files(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.name != ".lock")
-
-
-@pytest.fixture
-def tiers(tmp_path):
-    made = []
-
-    def make(placement: str = PLACE, rank: int = 0, key: bytes = KEY, root=None) -> DiskTier:
-        t = DiskTier(root or tmp_path / "kv", FP, placement, rank, key)
-        made.append(t)
-        return t
-
-    yield make
-    for t in made:
-        t.close()
+from tests.support.kv_entries import (
+    assert_same,
+    entry,
+    files,
+    reopen,
+)
 
 
 @pytest.fixture
@@ -100,12 +51,6 @@ def blocked(monkeypatch):
     monkeypatch.setattr(disk_tier, "_write_blobs", slow)
     yield gate
     gate.set()
-
-
-def reopen(tiers, t: DiskTier) -> DiskTier:
-    assert t.flush(10)
-    t.close()
-    return tiers()
 
 
 # -- round trip ----------------------------------------------------------------------------
@@ -177,85 +122,6 @@ def test_a_load_with_the_wrong_token_count_is_refused(tiers):
     with pytest.raises(DiskEntryError) as e:
         t.load(key, 19)
     assert e.value.reason is Reject.TOKENS and key in str(e.value)
-
-
-# -- refusals ------------------------------------------------------------------------------
-
-def _flip(p: Path, at: int) -> None:
-    b = bytearray(p.read_bytes())
-    b[at] ^= 0x01
-    p.write_bytes(bytes(b))
-
-
-def _bump_token(p: Path) -> None:
-    d = json.loads(p.read_text())
-    d["tokens"][3] += 1
-    p.write_text(json.dumps(d))
-
-
-def _truncate(p: Path) -> None:
-    p.write_bytes(p.read_bytes()[:-100])
-
-
-TAMPER = {
-    "data byte": (lambda f, k: _flip(f / f"{k}.safetensors", -5), Reject.MAC),
-    "header byte": (lambda f, k: _flip(f / f"{k}.safetensors", 20), Reject.MAC),
-    "sidecar token": (lambda f, k: _bump_token(f / f"{k}.json"), Reject.KEY_MISMATCH),
-    "truncated": (lambda f, k: _truncate(f / f"{k}.safetensors"), Reject.SIZE),
-    "no sidecar": (lambda f, k: (f / f"{k}.json").unlink(), Reject.ORPHAN),
-    "sidecar garbage": (lambda f, k: (f / f"{k}.json").write_text("{not json"), Reject.SIDECAR),
-}
-
-
-@pytest.mark.parametrize("case", sorted(TAMPER))
-def test_a_damaged_entry_is_refused_at_scan_and_removed(tiers, case):
-    t = tiers()
-    key, tokens, cache = entry(40)
-    good_key, good_tokens, good = entry(10, seed=1)
-    t.write(key, tokens, cache)
-    t.write(good_key, good_tokens, good)
-    t = reopen(tiers, t)
-    damage, _ = TAMPER[case]
-    damage(t.folder, key)
-    assert list(t.scan()) == [good_key]
-    assert t.stats().rejected == 1 and t.stats().entries == 1
-    assert files(t.folder) == [f"{good_key}.json", f"{good_key}.safetensors"]
-    with pytest.raises(DiskEntryError) as e:
-        t.load(key, 40)
-    assert e.value.reason is Reject.MISSING
-
-
-@pytest.mark.parametrize("case", sorted(TAMPER))
-def test_damage_after_scan_is_refused_at_load_and_removed(tiers, case):
-    t = tiers()
-    key, tokens, cache = entry(40)
-    t.write(key, tokens, cache)
-    t = reopen(tiers, t)
-    assert list(t.scan()) == [key]
-    damage, reason = TAMPER[case]
-    damage(t.folder, key)
-    with pytest.raises(DiskEntryError) as e:
-        t.load(key, 40)
-    assert e.value.reason is reason and e.value.key == key
-    assert files(t.folder) == [] and t.stats().rejected == 1 and t.stats().entries == 0
-
-
-@pytest.mark.parametrize("other", [dict(placement=placement_name(0, 2, 1, 1), rank=1),
-                                   dict(key=b"x" * 32)])
-def test_a_file_made_for_another_placement_or_cache_key_is_foreign(tiers, tmp_path, other):
-    key, tokens, cache = entry(30)
-    theirs = tiers(root=tmp_path / "elsewhere", **other)
-    theirs.write(key, tokens, cache)
-    assert theirs.flush(10)
-    t = tiers()
-    for n in (f"{key}.json", f"{key}.safetensors"):
-        shutil.copy(theirs.folder / n, t.folder / n)
-    assert t.scan() == {} and t.stats().rejected == 1 and files(t.folder) == []
-    for n in (f"{key}.json", f"{key}.safetensors"):
-        shutil.copy(theirs.folder / n, t.folder / n)
-    with pytest.raises(DiskEntryError) as e:
-        t.load(key, 30)
-    assert e.value.reason is Reject.MAC and files(t.folder) == []
 
 
 def test_leftover_temp_files_are_removed_at_scan_and_not_counted(tiers):
@@ -386,36 +252,6 @@ def test_touch_and_load_move_the_mtime(tiers):
     disk_tier.os.utime(p, (old, old))
     t.load(key, 10)
     assert p.stat().st_mtime > old + 500
-
-
-# -- identity and budget -------------------------------------------------------------------
-
-def test_the_fingerprint_follows_config_and_weights_only(tmp_path):
-    d = tmp_path / "m"
-    d.mkdir()
-    (d / "config.json").write_text('{"hidden_size": 8}')
-    mx.save_safetensors(str(d / "model.safetensors"), {"w": mx.zeros((2, 2))})
-    fp = model_fingerprint(d)
-    assert len(fp) == 16 and int(fp, 16) >= 0 and model_fingerprint(d) == fp
-    (d / "README.md").write_text("unrelated")
-    assert model_fingerprint(d) == fp
-    mx.save_safetensors(str(d / "model.safetensors"), {"w": mx.ones((2, 2))})
-    assert model_fingerprint(d) == fp  # same header and size: weights are never read
-    (d / "config.json").write_text('{"hidden_size": 9}')
-    fp2 = model_fingerprint(d)
-    assert fp2 != fp
-    mx.save_safetensors(str(d / "model.safetensors"), {"w": mx.zeros((2, 3))})
-    assert model_fingerprint(d) not in (fp, fp2)
-
-
-def test_names_keys_and_budget():
-    assert placement_name(0, 2, 1, 1) == "r0-tp2-pp1-rank1"
-    assert entry_key([1, 2, 3]) == entry_key((1, 2, 3)) != entry_key([1, 2, 4])
-    assert len(entry_key([])) == 32
-    # the budget is the supervisor's (common.rankspec.auto_prompt_cache_disk_bytes)
-    from common.rankspec import PROMPT_CACHE_DISK_AUTO_MAX, auto_prompt_cache_disk_bytes
-    assert auto_prompt_cache_disk_bytes(10 << 30) == 1 << 30
-    assert auto_prompt_cache_disk_bytes(10 << 40) == PROMPT_CACHE_DISK_AUTO_MAX
 
 
 # -- MLX and threads -----------------------------------------------------------------------

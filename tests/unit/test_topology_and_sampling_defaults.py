@@ -5,10 +5,14 @@ order (common/sampling_defaults.py)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from common.sampling_defaults import Origin, SamplingOverrides, check_overrides, resolve
+from services.supervisor import topology as topo
 from services.supervisor.topology import TopologyError, check, read_shape
 from services.up.model import PRESETS, Preset, sampling, topology
 
@@ -58,6 +62,32 @@ def test_pipeline_needs_the_weight_index_and_unknown_models_are_refused(tmp_path
         check(odd, 3, 1)
     with pytest.raises(TopologyError, match="cannot read config.json"):
         check(tmp_path / "missing", 1, 1)
+
+
+def test_the_source_reading_agrees_with_mlx_lms_import_wherever_it_answers():
+    """`_arch_in_source` answers (True, True) only where importing the module, as mlx-lm's
+    `_get_classes` does, says the same; every other answer is left to the import."""
+    root = topo._mlx_lm_dir()
+    names = sorted(p.stem for p in (root / "models").glob("*.py") if not p.stem.startswith("_"))
+    answered = [n for n in names if topo._arch_in_source({"model_type": n}) is not None]
+    assert {"qwen2", "deepseek_v3"} <= set(answered)  # the tiny presets' architecture among them
+    for n in answered:
+        assert topo._arch_imported({"model_type": n}) == (True, True), n
+    by_type, _ = topo._remappings(root / "utils.py")
+    assert by_type["mistral"] == "llama"  # mlx-lm's remapping, read as a literal
+    assert topo._arch_in_source({"model_type": "../utils"}) is None
+
+
+def test_checking_a_pipelined_qwen2_imports_no_mlx_lm(tmp_path):
+    """`lockstep up` and the supervisor check the topology before anything starts; for the
+    presets' architecture that check reads mlx-lm's source and imports none of it."""
+    d = model(tmp_path, {**SMOLLM2, "model_type": "qwen2"})
+    code = ("import sys; from services.supervisor.topology import check; "
+            f"check({str(d)!r}, 1, 2); check({str(d)!r}, 3, 1); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx_lm', 'transformers')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=Path(__file__).resolve().parents[2], check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_what_the_user_names_wins_dimension_by_dimension():
