@@ -20,7 +20,8 @@ torn down with proof and redeployed, up to --restarts times (default 3).
 --replicas N: N deployments of the model behind the one gateway, each on the next tp×pp
 rank slots of --hosts (services/up/replicas.py); a failed one is redeployed while the
 others serve, and the gateway resumes its requests on them at once.
-Ctrl-C / SIGTERM / SIGHUP (a closed terminal): abort_all, verified teardown of every
+Ctrl-C / SIGTERM / SIGHUP (a closed terminal; also a hung-up terminal whose SIGHUP went
+only to a session leader that kept it, as `make` does: services/up/terminal.py): abort_all, verified teardown of every
 deployment, then SIGTERM → SIGKILL each service; exit 0 only when every process it
 started (and every rank) is proven gone. Messages also go to runtime/logs/up.log, and a
 stop never needs a writable stdout (services/up/console.py). Each service watches `up`
@@ -46,6 +47,7 @@ from common.sampling_defaults import check_overrides
 from services.up.admin import UpError
 from services.up.run import Up
 from services.up.settings import UpSettings, named_sampling
+from services.up.terminal import watch_terminal
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    watch_terminal(up.stop_flag.set)  # a hang-up whose SIGHUP went elsewhere: the same stop
     code = 0
     try:
         code = up.run()

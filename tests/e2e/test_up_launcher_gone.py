@@ -1,5 +1,6 @@
 """Nothing outlives `lockstep up` (DESIGN 1), however it went: a closed terminal
-(its pty hung up, then SIGHUP: every later write is EIO), Ctrl-C (twice) with its stdout a pipe nobody reads any more (`up | tee`, tee
+(its pty hung up, then SIGHUP: every later write is EIO; or hung up with no SIGHUP for
+`up`, as under `ssh -t host make up`, where make, the session leader, takes it), Ctrl-C (twice) with its stdout a pipe nobody reads any more (`up | tee`, tee
 gone), and SIGKILL, after which the services notice on their own and stop in order.
 Each case on a real `up` (supervisor, reaper, gateway, TP=2 MLX ranks), proven from outside:
 every pid of its tree and every rank gone, every port it listened on free, no launch
@@ -27,7 +28,7 @@ from tests.support.processes import up_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 # generous: with two test workers the machine may be saturated while ranks stop
-STOP_DEADLINE = {"sighup": 90.0, "closed_stdout": 90.0, "sigkill": 60.0}
+STOP_DEADLINE = {"sighup": 90.0, "hangup_only": 90.0, "closed_stdout": 90.0, "sigkill": 60.0}
 
 
 def _listening_ports(tree: list[ProcessIdentity]) -> set[int]:
@@ -98,13 +99,13 @@ def _rank_identities(port: int, home: Path) -> list[ProcessIdentity]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("how", ["sighup", "closed_stdout", "sigkill"])
+@pytest.mark.parametrize("how", ["sighup", "hangup_only", "closed_stdout", "sigkill"])
 def test_nothing_outlives_up(tmp_path, how):
     home, port = tmp_path / "home", free_port()
     paths = Paths(home)
     err = open(tmp_path / "up.err", "wb")  # noqa: SIM115 - closed in finally
-    term = Terminal() if how == "sighup" else None
-    out = {"sighup": term.slave if term else None, "closed_stdout": subprocess.PIPE}.get(how, err)
+    term = Terminal() if how in ("sighup", "hangup_only") else None
+    out = term.slave if term else subprocess.PIPE if how == "closed_stdout" else err
     proc = subprocess.Popen(up_argv(home, port), cwd=ROOT, stdout=out,
                             stderr=term.slave if term else err, stdin=subprocess.DEVNULL,
                             start_new_session=True)
@@ -125,6 +126,8 @@ def test_nothing_outlives_up(tmp_path, how):
         if how == "sighup":
             term.hang_up()
             proc.send_signal(signal.SIGHUP)
+        elif how == "hangup_only":  # the SIGHUP went to a session leader that kept it (make)
+            term.hang_up()
         elif how == "closed_stdout":
             proc.stdout.close()  # the reader is gone: every write of up's now fails (EPIPE)
             proc.send_signal(signal.SIGINT)
