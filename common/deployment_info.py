@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.messages import Backend, CacheStats, DeploymentState, LoadProgress, Phase, PhaseTimes
+from common.messages import (
+    Backend,
+    CacheStats,
+    DeploymentState,
+    Determinism,
+    LoadProgress,
+    Phase,
+    PhaseTimes,
+)
 from common.sampling_defaults import SamplingDefaults
 from common.schema import SchemaError, decode_into
 
@@ -69,6 +77,8 @@ class DeploymentInfo:
     # one of `replicas` deployments of this model, served under one name
     replica: int = 0
     replicas: int = 1
+    # rank 0's forward pass as its RANK_READY said (None: not ready yet)
+    determinism: Determinism | None = None
 
 
 def read_deployment_info(d: Any) -> DeploymentInfo:

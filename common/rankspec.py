@@ -97,6 +97,9 @@ class RankSettings:
     progress_stall_timeout: Seconds = 120.0
     signal_clear_timeout: Seconds = 10.0
     openblas: bool = True
+    # The batch-invariant forward pass (services/rank/determinism.py): a request's tokens
+    # and logprobs depend on it alone, not on its batch, prefill chunk or cache start.
+    deterministic: bool = True
     auth_timeout_s: PositiveSeconds = 30.0  # no mutual authentication by then: fail
     rank_test_seams: bool = False  # allows LOCKSTEP_TEST_* fault switches (tests only)
 

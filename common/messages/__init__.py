@@ -95,6 +95,7 @@ from common.messages.vocab import (
     Backend,
     CancelScope,
     DeploymentState,
+    Determinism,
     EventName,
     EventTopic,
     FinishReason,
@@ -105,6 +106,7 @@ from common.messages.vocab import (
 )
 
 __all__ = [
+    "Determinism",
     "RemoveReason",
     "ReapOutcome",
     "ProcState",

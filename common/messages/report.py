@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.messages.base import TEXT
-from common.messages.vocab import Phase
+from common.messages.vocab import Determinism, Phase
 
 
 @dataclass
@@ -65,6 +65,8 @@ class RankReady:
     start_time: float
     boot_id: str
     endpoints: dict[str, str] = field(default_factory=dict)
+    # its forward pass: batch-invariant or not (services/rank/determinism.py)
+    determinism: Determinism = Determinism.OFF
 
 
 @dataclass

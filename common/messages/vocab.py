@@ -17,6 +17,16 @@ class _Wire(str, enum.Enum):
         return self.value
 
 
+class Determinism(_Wire):
+    """Whether a rank's forward pass is batch-invariant (services/rank/determinism.py):
+    in RANK_READY and DeploymentInfo. `unverified`: the invariant path runs, on an
+    architecture the determinism harness does not check."""
+
+    OFF = "off"
+    ON = "on"
+    UNVERIFIED = "unverified"
+
+
 class Phase(_Wire):
     """A rank's phase (services/rank/runtime.py owns the transitions): in its marker,
     TELEMETRY, STATS, PONG and DeploymentInfo's RankInfo."""

@@ -54,7 +54,9 @@ async def list_models(request: Request) -> dict:
         seen.setdefault(d.model, {"id": d.model, "object": "model",
                                   "created": _created(d.model_path),
                                   "owned_by": model_ref.owner(d.model),
-                                  "sampling_defaults": _defaults(d.sampling)})
+                                  "sampling_defaults": _defaults(d.sampling),
+                                  # "on" | "unverified" | "off": the batch-invariant pass
+                                  "determinism": d.determinism and d.determinism.value})
     return {"object": "list", "data": list(seen.values())}
 
 

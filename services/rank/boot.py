@@ -21,7 +21,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from common.keys import KeyFileError, LaunchKeys, read_secret_file
-from common.messages import Backend, Phase, RankReady
+from common.messages import Backend, Determinism, Phase, RankReady
 from common.rankspec import RankSpec
 from services.rank import events as ev
 from services.rank.disk_open import open_disk_tier
@@ -129,6 +129,13 @@ def run(spec: RankSpec) -> None:
         group = init_distributed(spec)
         rt.inside = Where(Inside.LOAD)
         model, tokenizer, eos_ids, vocab, max_context = load_shard(spec, group)
+        determinism = Determinism.OFF
+        if spec.settings.deterministic:  # before the warm-up: it runs the same path
+            from services.rank.determinism import install
+
+            invariance = install(model)  # NotInvariant: refused, as a failed load
+            determinism = invariance.mode
+            log.info("%s", invariance.line())
         disk, verified, wanted = open_disk_tier(spec)  # every file's MAC checked
         if disk is not None:
             rt.disk_tier = disk
@@ -155,7 +162,7 @@ def run(spec: RankSpec) -> None:
     io.post(AnnounceReady(RankReady(
         deployment_id=spec.deployment_id, job_id=spec.job_id, rank=spec.rank,
         host=spec.host or socket.gethostname(), pid=rt.pid, start_time=rt.start_time,
-        boot_id=rt.boot_id, endpoints=endpoints)))
+        boot_id=rt.boot_id, endpoints=endpoints, determinism=determinism)))
     # Rank 0 plans only once it was released, so a plan is a release too (a follower
     # that missed SERVE on the PUB must not leave rank 0 alone in a collective).
     got = wait_for(rt, io, (ev.ServeEv, ev.PlanEv), stash, "SERVE")

@@ -32,8 +32,6 @@ other rows, in any prefill chunk, from a cached prefix or one token at a time.
 
 from __future__ import annotations
 
-import math
-
 import mlx.core as mx
 
 BLOCK = 128  # canonical key block; a window of 2*BLOCK stays inside one OpenBLAS K block

@@ -319,4 +319,10 @@ class Deployment:
             "ranks": [self.ranks[r].to_wire() for r in sorted(self.ranks)],
             "sampling": to_wire(self.plan.sampling),
             "replica": self.plan.replica, "replicas": self.plan.replicas,
+            "determinism": self.determinism(),
         }
+
+    def determinism(self) -> str | None:
+        """Rank 0's forward pass as its RANK_READY said; None until it is ready."""
+        r0 = self.ranks.get(0)
+        return None if r0 is None or r0.ready is None else r0.ready.determinism.value

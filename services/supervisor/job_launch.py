@@ -86,7 +86,7 @@ RANK_FIELDS = ("lease_ttl", "peer_abort_grace", "progress_stall_timeout",
                "signal_clear_timeout", "rank_telemetry_interval_s", "max_open_requests",
                "prompt_cache_entries", "prompt_cache_bytes", "prefill_stall_ratio",
                "prefill_step_decoding", "prefill_long_prompt", "rank_test_seams",
-               "prompt_cache_disk_bytes")
+               "prompt_cache_disk_bytes", "deterministic")
 
 
 @functools.cache

@@ -31,6 +31,7 @@ A field's name is the setting's one name: flag `--peer-abort-grace`, variable
 | prefill_stall_ratio | 3 | while streams decode and a long prompt (see prefill_long_prompt) prefills, rank 0 sizes each step's prompt chunk so the step takes at most X times a decode-only step (more while more prompts wait than streams run); 0 = never: always prefill_step_decoding chunks |
 | prefill_step_decoding | 512 | the prompt chunk while streams decode and no long prompt prefills (or prefill_stall_ratio is 0) |
 | prefill_long_prompt | 2048 | a prompt with more tokens than this to compute is long: prefilled in steered chunks while streams decode; 0 = every prompt |
+| deterministic | true | every rank runs the batch-invariant forward pass (services/rank/determinism.py): a request's tokens and logprobs depend on the request alone, not on its batch, prefill chunk, prefix-cache hit or resume point; `--no-deterministic` runs mlx-lm's own (faster, see README "Determinism") |
 | rank_test_seams | false | lets ranks honour LOCKSTEP_TEST_* fault switches (tests only) |
 | hosts | (none) | hosts file (mlx.launch format) for deploys that name no hosts (`--hosts FILE`) |
 | ssh_config | (empty) | ssh client config (`ssh -F`) for remote hosts that set none of their own |
@@ -92,6 +93,7 @@ class SupervisorSettings:
     prefill_step_decoding: AtLeastOne = 512
     prefill_long_prompt: Count = 2048
     rank_test_seams: bool = False
+    deterministic: bool = True  # the batch-invariant forward pass (rank/determinism.py)
     canary_runs: AtLeastOne = 3
     canary_window_s: Seconds = 1.0
     canary_tokens: AtLeastOne = 4

@@ -5,7 +5,7 @@
                 [--prompt-cache-entries 32] [--prompt-cache-bytes 0]
                 [--prompt-cache-disk-bytes -1] [--prefill-stall-ratio 3]
                 [--prefill-long-prompt 2048] [--temperature T] [--top-p P] [--top-k K]
-                [--min-p P] [--repetition-penalty R]
+                [--min-p P] [--repetition-penalty R] [--no-deterministic]
 
 Starts `lockstep supervisor`, `lockstep reaper` and `lockstep gateway` as separate
 processes (each in its own session, logs in $LOCKSTEP_HOME/runtime/logs/), writes the
@@ -15,7 +15,10 @@ default for any other model; what the user names wins, services/up/model.py), wa
 /ready and prints the URL with a curl to paste. A tp/pp the model cannot be split into is
 refused before anything starts (services/supervisor/topology.py). --temperature, --top-p,
 --top-k, --min-p, --repetition-penalty: what requests that name none are sampled with
-(over the model's generation_config.json; common/sampling_defaults.py). If the deployment fails on its own (a rank died, a peer was lost) it is
+(over the model's generation_config.json; common/sampling_defaults.py).
+--no-deterministic: mlx-lm's own forward pass instead of the batch-invariant one
+(faster; a request's output may then depend on what shares its batch; README
+"Determinism"). If the deployment fails on its own (a rank died, a peer was lost) it is
 torn down with proof and redeployed, up to --restarts times (default 3).
 --replicas N: N deployments of the model behind the one gateway, each on the next tp×pp
 rank slots of --hosts (services/up/replicas.py); a failed one is redeployed while the
@@ -66,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
                      ("--top-p", float), ("--top-k", int), ("--min-p", float),
                      ("--repetition-penalty", float)):
         ap.add_argument(flag, type=tp, default=None)
+    ap.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None)
     return ap
 
 

@@ -23,6 +23,7 @@ from common.keys import KeyFileError, ensure_cluster_key
 from common.launcher_watch import LAUNCHER_ENV, launcher_value
 from common.messages import FAILED_STATES, DeploymentState
 from common.messages.commands import deploy, stop
+from common.messages.commands.status_text import determinism_text
 from common.model_ref import model_id
 from common.procs import ProcessIdentity, identify, is_alive, snapshot_children, terminate_ladder
 from common.sampling_defaults import SamplingOverrides
@@ -162,7 +163,9 @@ class Up:
                                         "--prompt-cache-disk-bytes",
                                         str(s.prompt_cache_disk_bytes),
                                         "--prefill-stall-ratio", str(s.prefill_stall_ratio),
-                                        "--prefill-long-prompt", str(s.prefill_long_prompt)])
+                                        "--prefill-long-prompt", str(s.prefill_long_prompt),
+                                        "--deterministic" if s.deterministic
+                                        else "--no-deterministic"])
         self.admin = AdminLink(self.paths, key, sup.pid)
         self.admin.interrupted = self.stop_flag.is_set
         admin_ep, events_ep = self.admin.wait_endpoints(60.0, self.stop_flag, self.check_children)
@@ -251,7 +254,9 @@ class Up:
             f"  OpenAI base URL: {url}/v1    ready: {url}/ready    metrics: {url}/metrics\n"
             f"  admin token:     {self.paths.admin_token}\n"
             f"  sampling defaults (a request's own values win): "
-            f"{dep.sampling.describe() if dep is not None else '?'}\n\n"
+            f"{dep.sampling.describe() if dep is not None else '?'}\n"
+            f"  deterministic:   "
+            f"{determinism_text(dep.determinism) if dep is not None else '?'}\n\n"
             f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
             f"       -d '{body}'\n")
         # The console's login link carries the token in its fragment (never sent to a

@@ -39,6 +39,7 @@ class UpSettings:
     prompt_cache_disk_bytes: AutoCount = -1
     prefill_stall_ratio: StallRatio = 3.0  # rank 0's prefill policy; 0 = fixed chunks
     prefill_long_prompt: Count = 2048  # ... steered while streams decode; 0 = every prompt
+    deterministic: bool = True  # the batch-invariant forward pass; False: mlx-lm's own
     # Sampling defaults of the deployment (None = the preset's, the model's, then OpenAI's)
     temperature: float | None = None
     top_p: float | None = None

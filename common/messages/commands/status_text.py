@@ -150,6 +150,7 @@ def render(reply: StatusReply, *, now: float | None = None,
                      f"backend={d.backend} job={d.job_id}" + (f"  error: {d.error}" if d.error else ""))
         lines.append(f"  {cache_text(d)}")
         lines.append(f"  sampling defaults: {d.sampling.describe()}")
+        lines.append(f"  deterministic: {determinism_text(d.determinism)}")
         lines.append(f"  {'rank':>4} {'host':<16} {'pid':>7} {'phase':<13} {'step':>7} "
                      f"{'steps/s':>7} {'active':>6} {'memory':>10} {'seen':>6}  epoch seen/acked")
         for r in d.ranks:
@@ -174,3 +175,10 @@ def render(reply: StatusReply, *, now: float | None = None,
             lines.append(f"  {stamp} {inc.kind:<15} {inc.deployment_id or '-'}  {inc.what}"
                          + (f"  [{inc.detail}]" if inc.detail else ""))
     return "\n".join(lines)
+
+
+def determinism_text(mode) -> str:
+    """A deployment's `determinism` as status, the banner and the console say it."""
+    return {None: "? (no rank ready yet)", "on": "on (batch-invariant)",
+            "unverified": "on, unverified for this architecture",
+            "off": "off (--no-deterministic)"}[None if mode is None else mode.value]
