@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
+from common.messages import PlanInsert, SeededSampling
+from services.rank.sampling import logits_processors_for, make_sampler
+
 
 @dataclass
 class Run:
@@ -29,11 +32,20 @@ class Companion:
 
 def generate(model, prompt: list[int], n: int, *, companions: tuple[Companion, ...] = (),
              prefill_step: int = 2048, cache=None, cached: int = 0,
+             sampling: SeededSampling | None = None, resumed: int = 0,
              completion_batch: int = 16, prefill_batch: int = 8) -> Run:
-    """The probe's first n tokens (greedy; no stop token) and its logprob rows."""
+    """The probe's first n tokens (no stop token) and its logprob rows: greedy, or with
+    the rank's own sampler and logits processors for `sampling` (its last `resumed`
+    prompt tokens are output so far, as a continuation's are)."""
     gen = BatchGenerator(model, max_tokens=n, stop_tokens=[],
                          completion_batch_size=completion_batch,
                          prefill_batch_size=prefill_batch, prefill_step_size=prefill_step)
+    sampler, processors = None, []
+    if sampling is not None:
+        ins = PlanInsert(request_id="probe", prompt=list(prompt), max_tokens=n,
+                         sampling=sampling, resumed=resumed)
+        sampler, processors = make_sampler(sampling, start=resumed), \
+            logits_processors_for(ins, None)
     try:
         now = [c for c in companions if c.at_step == 0]
         later = sorted((c for c in companions if c.at_step > 0), key=lambda c: c.at_step)
@@ -43,7 +55,9 @@ def generate(model, prompt: list[int], n: int, *, companions: tuple[Companion, .
         if cache is not None:
             prompts[0] = prompt[cached:]
         (probe, *_) = gen.insert(prompts, max_tokens=[n] + [c.max_tokens for c in now],
-                                 caches=caches, all_tokens=done)
+                                 caches=caches, all_tokens=done,
+                                 samplers=[sampler] + [None] * len(now),
+                                 logits_processors=[processors] + [[] for _ in now])
         run, step = Run(), 0
         while len(run.tokens) < n:
             while later and later[0].at_step <= step:

@@ -1,0 +1,153 @@
+"""The determinism harness, run in a process with a rank's environment (its BLAS):
+
+    python -m tests.support.invariance_harness MODEL_DIR --mode on|off [--tokens N]
+                                               [--greedy-only]
+
+prints one JSON object: `ops` (each operation of the forward pass, checked on its own:
+does a row get the same bits alone and in company, in a prefill and in a decode step)
+and `runs` (one request through mlx-lm's BatchGenerator, as the engine drives it, in
+each situation the contract names, against the request alone: null if identical, else
+where it first differs). `--mode off` is today's path (mlx-lm's own ops), `on` the
+rank's deterministic mode (services/rank/determinism.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm import load
+from mlx_lm.models.base import create_causal_mask
+
+from common.messages import SeededSampling
+from services.rank import determinism
+from services.rank.invariant_attention import invariant_sdpa
+from tests.support.invariance import Companion, Run, first_difference, generate, prefix_cache
+
+SEED = 20261206
+
+
+def _same(a: mx.array, b: mx.array) -> bool:
+    return bool(mx.array_equal(a, b))
+
+
+def check_ops(model, mode: str) -> dict[str, bool]:
+    """Each operation on random data shaped like the model's: True if invariant."""
+    mx.random.seed(SEED)
+    layer = model.layers[0]
+    attn = layer.self_attn
+    Hq, Hkv = attn.n_heads, attn.n_kv_heads
+    D = attn.q_proj.weight.shape[0] // Hq if hasattr(attn.q_proj, "weight") \
+        else attn.q_proj.inner.weight.shape[0] // Hq
+    S, pad = 300, 13
+
+    def sdpa(q, k, v, mask):
+        if mode == "on":
+            return invariant_sdpa(q, k, v, 0.125, mask)
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
+
+    q = mx.random.normal((1, Hq, S, D))
+    k = mx.random.normal((1, Hkv, S, D))
+    v = mx.random.normal((1, Hkv, S, D))
+    full = sdpa(q, k, v, "causal")
+    out: dict[str, bool] = {}
+    # a decode step over exactly its keys equals the prefill's row
+    out["attention: a prefill row vs a decode step"] = all(
+        _same(sdpa(q[:, :, i:i + 1], k[:, :, :i + 1], v[:, :, :i + 1], None)[:, :, 0],
+              full[:, :, i]) for i in (0, 1, 63, 64, 130, 257, S - 1))
+    # a prompt prefilled in chunks equals one prefill
+    parts = [sdpa(q[:, :, a:a + 37], k[:, :, :a + 37], v[:, :, :a + 37], "causal")
+             for a in range(0, S, 37)]
+    out["attention: prefill in chunks vs one"] = _same(mx.concatenate(parts, axis=2), full)
+    # the row left-padded in a batch with another row equals the row alone
+    z = mx.zeros((1, Hkv, pad, D))
+    K = mx.concatenate([mx.concatenate([z, k], axis=2), mx.random.normal((1, Hkv, S + pad, D))])
+    V = mx.concatenate([mx.concatenate([z, v], axis=2), mx.random.normal((1, Hkv, S + pad, D))])
+    Q = mx.concatenate([q[:, :, -1:], mx.random.normal((1, Hq, 1, D))])
+    mask = create_causal_mask(1, offset=S + pad - 1, left_padding=mx.array([pad, 0]))
+    out["attention: left-padded in a batch vs alone"] = _same(sdpa(Q, K, V, mask)[0, :, 0],
+                                                              full[0, :, -1])
+    # every Linear's rows: one row alone vs among 64
+    linears = {}
+    for _, m in model.named_modules():
+        if isinstance(m, determinism.RowFloor | nn.Linear) and hasattr(m, "weight") \
+                or isinstance(m, determinism.RowFloor):
+            w = m.inner.weight if isinstance(m, determinism.RowFloor) else m.weight
+            linears.setdefault(tuple(w.shape), m)
+    rows_ok = True
+    for (n_out, n_in), m in linears.items():
+        x = mx.random.normal((64, n_in))
+        rows_ok &= all(_same(m(x[i:i + n]), m(x)[i:i + n]) for n in (1, 2, 4) for i in (0, 9))
+    out["linear: a row alone vs among 64 (every weight shape)"] = rows_ok
+    x = mx.random.normal((64, model.layers[0].input_layernorm.weight.shape[0]))
+    norm = layer.input_layernorm
+    out["rms_norm: a row alone vs among 64"] = _same(norm(x[5:6]), norm(x)[5:6])
+    rope = attn.rope
+    xr = mx.random.normal((2, Hq, 40, D))
+    whole = rope(xr, offset=mx.array([7, 7]))
+    out["rope: array offsets vs a scalar, one position vs many"] = (
+        _same(rope(xr, offset=7), whole)
+        and _same(rope(xr[:, :, 20:21], offset=27), whole[:, :, 20:21]))
+    logits = mx.random.normal((16, 1000)) * 6
+    out["logsumexp: a row alone vs among 16"] = _same(
+        mx.logsumexp(logits[3:4], axis=-1), mx.logsumexp(logits, axis=-1)[3:4])
+    return out
+
+
+def check_runs(model, n: int, seeded_too: bool = True) -> dict[str, str | None]:
+    """One request alone, then in each situation: null where identical."""
+    rng = random.Random(SEED)
+    vocab = model.args.vocab_size
+
+    def prompt(length: int) -> list[int]:
+        return [rng.randrange(5, min(vocab, 1000)) for _ in range(length)]
+
+    probe = prompt(160)
+    seeded = SeededSampling(temperature=0.8, top_p=0.9, top_k=40, seed=7,
+                            presence_penalty=0.5, repetition_penalty=1.1)
+    out: dict[str, str | None] = {}
+    samplings = [("greedy", None)] + [("seeded top_p/top_k + penalties", seeded)] * seeded_too
+    for label, sampling in samplings:
+        alone = generate(model, probe, n, sampling=sampling)
+        cases = {
+            "beside 3 others from the start": dict(companions=(
+                Companion(prompt(40)), Companion(prompt(290)), Companion(prompt(7)))),
+            "others arriving mid-stream": dict(companions=(
+                Companion(prompt(60), at_step=2), Companion(prompt(230), at_step=5))),
+            "prefill chunk 7": dict(prefill_step=7),
+            "prefill chunk 64": dict(prefill_step=64),
+        }
+        for name, kw in cases.items():
+            out[f"{label}: {name}"] = first_difference(
+                alone, generate(model, probe, n, sampling=sampling, **kw))
+        out[f"{label}: from a cached prefix of 100"] = first_difference(
+            alone, generate(model, probe, n, sampling=sampling,
+                            cache=prefix_cache(model, probe, 100), cached=100))
+        k = n // 2
+        rest = generate(model, probe + alone.tokens[:k], n - k, sampling=sampling, resumed=k)
+        out[f"{label}: resumed at k={k}"] = first_difference(
+            alone, Run(alone.tokens[:k] + rest.tokens, alone.rows[:k] + rest.rows))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--mode", choices=("on", "off"), required=True)
+    ap.add_argument("--tokens", type=int, default=12)
+    ap.add_argument("--greedy-only", action="store_true")
+    args = ap.parse_args()
+    model, _ = load(args.model)
+    arch = None
+    if args.mode == "on":
+        arch = determinism.install(model).architecture
+    print(json.dumps({"mode": args.mode, "architecture": arch,
+                      "ops": check_ops(model, args.mode),
+                      "runs": check_runs(model, args.tokens, not args.greedy_only)}))
+
+
+if __name__ == "__main__":
+    main()
