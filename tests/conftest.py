@@ -40,6 +40,7 @@ def _module_of(item: pytest.Item | str) -> str:
 NETNS_DIR = "tests/netns/"
 SHARED_CLUSTER_MODULES = frozenset({
     "tests/e2e/test_cache_index_live.py", "tests/e2e/test_console_browser_live.py",
+    "tests/e2e/test_determinism_live.py",
     "tests/e2e/test_gateway_live.py", "tests/e2e/test_messages_live.py",
     "tests/e2e/test_responses_live.py", "tests/e2e/test_sampling_live.py",
     "tests/e2e/test_structured_live.py", "tests/faults/test_rogue_secret_grep.py",

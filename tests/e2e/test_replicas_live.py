@@ -37,7 +37,7 @@ WORDS = ["amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "heath",
 def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("replicas")
     home, port, out = tmp / "home", free_port(), tmp / "up.out"
-    # rank 0 sleeps 10 ms a step (test seam): a 150-token stream is surely mid-stream
+    # rank 0 sleeps 10 ms a step (test seam): a 300-token stream is surely mid-stream
     # when the fault comes
     env = {**os.environ, "LOCKSTEP_PEER_ABORT_GRACE": "1", "LOCKSTEP_RANK_TEST_SEAMS": "true",
            "LOCKSTEP_TEST_STEP_DELAY_S": "0.01"}
@@ -161,11 +161,10 @@ def test_distinct_prompts_split_between_the_replicas(cluster):
 
 
 def _stream(c: dict, i: int, got: dict, lock: threading.Lock) -> None:
-    # 150 tokens: with 300, stream 1 diverged in about 1 module run of 8, always at the
-    # same place (~250 tokens in, far past its resume at ~5): after the failover it decodes
-    # in a batch of 6 on one replica instead of 3 + 3, and identity holds only as far as
-    # decode is numerically invariant to that (the likely cause; not proven)
-    body = {"model": "tiny", "stream": True, "max_tokens": 150, "temperature": 0.8,
+    # 300 tokens: after the failover a stream decodes in a batch of 6 on one replica
+    # instead of 3 + 3; the deterministic forward pass (on by default) makes its logprobs
+    # the same either way (before it, 1 module run in 8 diverged ~250 tokens in)
+    body = {"model": "tiny", "stream": True, "max_tokens": 300, "temperature": 0.8,
             "seed": 100 + i, "logit_bias": NO_EOS,
             "messages": [{"role": "user", "content": f"story {WORDS[i]} and {WORDS[i + 8]}"}]}
     text, finish = [], None

@@ -3,7 +3,7 @@ supervisor, reaper and gateway processes serving the random-weight "tiny" model 
 (`up`'s own deployment) and, deployed beside it through the admin API, a copy named
 "tiny-pp" at PP=2. test_gateway_live, test_console_browser_live, test_messages_live,
 test_responses_live, test_structured_live, test_sampling_live, test_cache_index_live and
-faults/test_rogue_secret_grep use it through the `live_cluster` fixture
+faults/test_rogue_secret_grep and test_determinism_live use it through the `live_cluster` fixture
 (tests/conftest.py), which runs them one after another; tests that kill ranks, unload a
 deployment, stop `up` or need other settings keep a cluster of their own.
 
