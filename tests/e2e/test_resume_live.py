@@ -72,8 +72,10 @@ def _stop(c: dict) -> None:
 
 def _stream(url: str, kind: str, got: dict, lock: threading.Lock) -> None:
     texts: dict[int, list[str]] = {}
+    logprobs: dict[int, list[tuple[str, float]]] = {}
     finish: dict[int, str] = {}
-    body = {"model": "tiny", "messages": MSG, "stream": True, **KINDS[kind]}
+    body = {"model": "tiny", "messages": MSG, "stream": True, "logprobs": True,
+            "top_logprobs": 1, **KINDS[kind]}
     try:
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=240) as r:
             assert r.status_code == 200, r.read()
@@ -84,18 +86,22 @@ def _stream(url: str, kind: str, got: dict, lock: threading.Lock) -> None:
                 for ch in data["choices"]:
                     i = ch["index"]
                     texts.setdefault(i, []).append(ch["delta"].get("content") or "")
+                    logprobs.setdefault(i, []).extend(  # compared exactly: determinism
+                        (t["token"], t["logprob"], t["top_logprobs"][0]["logprob"])
+                        for t in (ch.get("logprobs") or {}).get("content") or [])
                     if ch.get("finish_reason"):
                         finish[i] = ch["finish_reason"]
                     with lock:
                         got.setdefault("tokens", {})[f"{kind}/{i}"] = len(texts[i])
-        result = {i: ("".join(t), finish.get(i)) for i, t in texts.items()}
+        result = {i: ("".join(t), finish.get(i), logprobs.get(i)) for i, t in texts.items()}
     except Exception as exc:  # noqa: BLE001 - reported by the test, not lost in a thread
         result = {"error": repr(exc)}
     with lock:
         got[kind] = result
 
 
-def _run_all(url: str, during=None) -> dict:
+def _run_all(url: str, during=None, at: int = 3) -> dict:
+    """Every kind streamed at once; `during` runs once each stream has `at` tokens."""
     got: dict = {}
     lock = threading.Lock()
     threads = [threading.Thread(target=_stream, args=(url, k, got, lock), daemon=True)
@@ -108,7 +114,7 @@ def _run_all(url: str, during=None) -> dict:
                 counts = dict(got.get("tokens") or {})
                 done = [k for k in KINDS if k in got]
             assert not done, f"finished before the fault: {done}"
-            return len(counts) == STREAMS and min(counts.values()) >= 3
+            return len(counts) == STREAMS and min(counts.values()) >= at
         poll_until(all_streaming, 60, "every stream streaming")
         during()
     for t in threads:
@@ -156,21 +162,26 @@ def tp2(tmp_path_factory):
     c["reference"] = _run_all(c["url"])
     for kind, res in c["reference"].items():
         assert "error" not in res, (kind, res)
-        assert all(f == "length" for _, f in res.values()) or kind == "json", (kind, res)
+        assert all(f == "length" for _, f, _ in res.values()) or kind == "json", (kind, res)
+        assert all(len(lp) >= 100 for _, _, lp in res.values()), (kind, res)
     yield c
     _stop(c)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("rank, sig", [(1, signal.SIGKILL), (0, signal.SIGKILL),
-                                       (1, signal.SIGSTOP)],
-                         ids=["kill-follower", "kill-rank0", "stop-follower"])
-def test_tp2_streams_survive_a_rank_fault_token_for_token(tp2, rank, sig):
+@pytest.mark.parametrize("rank, sig, at", [(1, signal.SIGKILL, 1), (1, signal.SIGKILL, 37),
+                                           (0, signal.SIGKILL, 3), (1, signal.SIGSTOP, 3)],
+                         ids=["kill-follower-k1", "kill-follower-k37", "kill-rank0",
+                              "stop-follower"])
+def test_tp2_streams_survive_a_rank_fault_token_for_token(tp2, rank, sig, at):
+    """Text, finish and every token's logprob equal the unfaulted run's (determinism:
+    the continuation's prompt + k tokens prefilled give decode's bits), the fault at
+    k = `at` tokens into every stream."""
     before, pids = _resumes(tp2), []
 
     def fault():
         pids.extend(_fault(tp2, rank, sig))
-    got = _run_all(tp2["url"], fault)
+    got = _run_all(tp2["url"], fault, at)
     _check_resumed(tp2, tp2["reference"], got, before, pids)
 
 
