@@ -169,10 +169,11 @@ def tp2(tmp_path_factory):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("rank, sig, at", [(1, signal.SIGKILL, 1), (1, signal.SIGKILL, 37),
-                                           (0, signal.SIGKILL, 3), (1, signal.SIGSTOP, 3)],
-                         ids=["kill-follower-k1", "kill-follower-k37", "kill-rank0",
-                              "stop-follower"])
+@pytest.mark.parametrize("rank, sig, at", [
+    (1, signal.SIGKILL, 1), (1, signal.SIGKILL, 37), (0, signal.SIGKILL, 3),
+    (1, signal.SIGSTOP, 3), pytest.param(1, signal.SIGKILL, 250, marks=pytest.mark.soak)],
+    ids=["kill-follower-k1", "kill-follower-k37", "kill-rank0", "stop-follower",
+         "kill-follower-k250"])
 def test_tp2_streams_survive_a_rank_fault_token_for_token(tp2, rank, sig, at):
     """Text, finish and every token's logprob equal the unfaulted run's (determinism:
     the continuation's prompt + k tokens prefilled give decode's bits), the fault at

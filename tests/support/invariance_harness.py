@@ -1,7 +1,8 @@
 """The determinism harness, run in a process with a rank's environment (its BLAS):
 
     python -m tests.support.invariance_harness MODEL_DIR --mode on|off [--tokens N]
-                                               [--greedy-only]
+                                               [--greedy-only] [--chunks 7,64]
+                                               [--prompt-tokens 160]
 
 prints one JSON object: `ops` (each operation of the forward pass, checked on its own:
 does a row get the same bits alone and in company, in a prefill and in a decode step)
@@ -34,14 +35,17 @@ def _same(a: mx.array, b: mx.array) -> bool:
     return bool(mx.array_equal(a, b))
 
 
+def _weight(m) -> mx.array:
+    return m.inner.weight if isinstance(m, determinism.RowFloor) else m.weight
+
+
 def check_ops(model, mode: str) -> dict[str, bool]:
     """Each operation on random data shaped like the model's: True if invariant."""
     mx.random.seed(SEED)
     layer = model.layers[0]
     attn = layer.self_attn
     Hq, Hkv = attn.n_heads, attn.n_kv_heads
-    D = attn.q_proj.weight.shape[0] // Hq if hasattr(attn.q_proj, "weight") \
-        else attn.q_proj.inner.weight.shape[0] // Hq
+    D = _weight(attn.q_proj).shape[0] // Hq
     S, pad = 300, 13
 
     def sdpa(q, k, v, mask):
@@ -70,15 +74,15 @@ def check_ops(model, mode: str) -> dict[str, bool]:
     mask = create_causal_mask(1, offset=S + pad - 1, left_padding=mx.array([pad, 0]))
     out["attention: left-padded in a batch vs alone"] = _same(sdpa(Q, K, V, mask)[0, :, 0],
                                                               full[0, :, -1])
-    # every Linear's rows: one row alone vs among 64
-    linears = {}
-    for _, m in model.named_modules():
-        if isinstance(m, determinism.RowFloor | nn.Linear) and hasattr(m, "weight") \
-                or isinstance(m, determinism.RowFloor):
-            w = m.inner.weight if isinstance(m, determinism.RowFloor) else m.weight
-            linears.setdefault(tuple(w.shape), m)
+    # every Linear's rows (as the model calls it: row-floored or not): one row alone vs
+    # among 64, one per weight shape
+    modules = [m for _, m in model.named_modules()]
+    linears = {tuple(_weight(m).shape): m for m in modules if isinstance(m, determinism.RowFloor)}
+    for m in modules:
+        if isinstance(m, nn.Linear):
+            linears.setdefault(tuple(m.weight.shape), m)
     rows_ok = True
-    for (n_out, n_in), m in linears.items():
+    for (_, n_in), m in linears.items():
         x = mx.random.normal((64, n_in))
         rows_ok &= all(_same(m(x[i:i + n]), m(x)[i:i + n]) for n in (1, 2, 4) for i in (0, 9))
     out["linear: a row alone vs among 64 (every weight shape)"] = rows_ok
@@ -97,7 +101,8 @@ def check_ops(model, mode: str) -> dict[str, bool]:
     return out
 
 
-def check_runs(model, n: int, seeded_too: bool = True) -> dict[str, str | None]:
+def check_runs(model, n: int, seeded_too: bool = True,
+               chunks: tuple[int, ...] = (7, 64), length: int = 160) -> dict[str, str | None]:
     """One request alone, then in each situation: null where identical."""
     rng = random.Random(SEED)
     vocab = model.args.vocab_size
@@ -105,7 +110,7 @@ def check_runs(model, n: int, seeded_too: bool = True) -> dict[str, str | None]:
     def prompt(length: int) -> list[int]:
         return [rng.randrange(5, min(vocab, 1000)) for _ in range(length)]
 
-    probe = prompt(160)
+    probe = prompt(length)
     seeded = SeededSampling(temperature=0.8, top_p=0.9, top_k=40, seed=7,
                             presence_penalty=0.5, repetition_penalty=1.1)
     out: dict[str, str | None] = {}
@@ -117,15 +122,15 @@ def check_runs(model, n: int, seeded_too: bool = True) -> dict[str, str | None]:
                 Companion(prompt(40)), Companion(prompt(290)), Companion(prompt(7)))),
             "others arriving mid-stream": dict(companions=(
                 Companion(prompt(60), at_step=2), Companion(prompt(230), at_step=5))),
-            "prefill chunk 7": dict(prefill_step=7),
-            "prefill chunk 64": dict(prefill_step=64),
+            **{f"prefill chunk {n}": dict(prefill_step=n) for n in chunks},
         }
         for name, kw in cases.items():
             out[f"{label}: {name}"] = first_difference(
                 alone, generate(model, probe, n, sampling=sampling, **kw))
-        out[f"{label}: from a cached prefix of 100"] = first_difference(
+        cut = length * 5 // 8
+        out[f"{label}: from a cached prefix of {cut}"] = first_difference(
             alone, generate(model, probe, n, sampling=sampling,
-                            cache=prefix_cache(model, probe, 100), cached=100))
+                            cache=prefix_cache(model, probe, cut), cached=cut))
         k = n // 2
         rest = generate(model, probe + alone.tokens[:k], n - k, sampling=sampling, resumed=k)
         out[f"{label}: resumed at k={k}"] = first_difference(
@@ -139,6 +144,8 @@ def main() -> None:
     ap.add_argument("--mode", choices=("on", "off"), required=True)
     ap.add_argument("--tokens", type=int, default=12)
     ap.add_argument("--greedy-only", action="store_true")
+    ap.add_argument("--chunks", default="7,64", help="prefill chunk sizes, comma-separated")
+    ap.add_argument("--prompt-tokens", type=int, default=160)
     args = ap.parse_args()
     model, _ = load(args.model)
     arch = None
@@ -146,7 +153,9 @@ def main() -> None:
         arch = determinism.install(model).architecture
     print(json.dumps({"mode": args.mode, "architecture": arch,
                       "ops": check_ops(model, args.mode),
-                      "runs": check_runs(model, args.tokens, not args.greedy_only)}))
+                      "runs": check_runs(model, args.tokens, not args.greedy_only,
+                                         tuple(int(x) for x in args.chunks.split(",")),
+                                         args.prompt_tokens)}))
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ def test_deterministic_mode_is_invariant_smollm2():
 
 @pytest.mark.soak
 def test_deterministic_mode_is_invariant_bench_preset(tmp_path):
-    out = harness(build_model(tmp_path / "bench", preset="bench"), "on")
+    out = harness(build_model(tmp_path / "bench", preset="bench"), "on", "--tokens", "24",
+                  "--chunks", "7,32,64,128,512", "--prompt-tokens", "1100")
     assert all(out["ops"].values()), out["ops"]
     assert all(v is None for v in out["runs"].values()), out["runs"]
