@@ -19,7 +19,11 @@ refused before anything starts (services/supervisor/topology.py). --temperature,
 --no-deterministic: mlx-lm's own forward pass instead of the batch-invariant one
 (faster; a request's output may then depend on what shares its batch; README
 "Determinism"). If the deployment fails on its own (a rank died, a peer was lost) it is
-torn down with proof and redeployed, up to --restarts times (default 3).
+torn down with proof and redeployed, at most --restarts times (default 3) within any
+--restart-window seconds (default 600), spaced by a doubling --restart-backoff (default
+2 s; services/up/restart_budget.py). Past that rate `up` keeps serving nothing but stays
+up (gateway, supervisor, reaper running; /ready 503) until a deployment of the model is
+deployed again (`lockstep admin deploy`), which it then watches as its own.
 --replicas N: N deployments of the model behind the one gateway, each on the next tp×pp
 rank slots of --hosts (services/up/replicas.py); a failed one is redeployed while the
 others serve, and the gateway resumes its requests on them at once.
@@ -62,7 +66,9 @@ def _parser() -> argparse.ArgumentParser:
                      ("--admin-port", int), ("--events-port", int), ("--control-port", int),
                      ("--report-port", int), ("--reaper-events-port", int),
                      ("--ready-timeout", float), ("--stop-timeout", float),
-                     ("--restarts", int), ("--replicas", int), ("--prompt-cache-entries", int),
+                     ("--restarts", int), ("--restart-window", float),
+                     ("--restart-backoff", float), ("--replicas", int),
+                     ("--prompt-cache-entries", int),
                      ("--prompt-cache-bytes", int), ("--prompt-cache-disk-bytes", int),
                      ("--prefill-stall-ratio", float),
                      ("--prefill-long-prompt", int), ("--temperature", float),

@@ -5,8 +5,10 @@ model name and routed between by the gateway (services/gateway/router.py).
 A replica that fails on its own is torn down with proof and redeployed here, while the
 others serve: the gateway has already resumed its in-flight requests on them
 (services/gateway/resume.py) and routes new ones around it; it rejoins once its canary
-passed. The restarts budget (--restarts) is shared by the replicas. One replica that
-cannot be torn down (teardown_failed), or no restarts left, stops `up` as with one.
+passed. The restarts budget (--restarts within --restart-window, with its backoff:
+services/up/restart_budget.py) is shared by the replicas; past it a failed replica stays
+down (said once) while the others serve. One replica that cannot be torn down
+(teardown_failed) stops `up` as with one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from common.messages import FAILED_STATES, DeploymentState
 from common.messages.commands import deploy, stop
 from common.model_ref import model_id
 from services.up.admin import DeploymentDown, UpError
+from services.up.restart_budget import Exhausted
 
 if TYPE_CHECKING:
     from services.up.run import Up
@@ -31,13 +34,14 @@ class Replica:
     index: int
     dep_id: str
     serving: bool = False  # its canary passed (since its last (re)deploy)
+    given_up: bool = False  # failed past the restart budget: left down
 
 
 class ReplicaSet:
     def __init__(self, up: Up, model: str, hosts, envs: list[str], backend: str) -> None:
         self.up, self.model, self.hosts, self.envs, self.backend = up, model, hosts, envs, backend
         self.n = up.s.replicas
-        self.restarts_left = up.s.restarts
+        self.budget = up.restart_budget()
         self.replicas: list[Replica] = []
 
     def deploy(self, r: int) -> str:
@@ -90,16 +94,25 @@ class ReplicaSet:
                 rep.serving = True
                 if not starting:
                     self.up.log(f"replica {rep.index} serving again as {rep.dep_id}")
-            elif dep.state in FAILED_STATES:
+            elif dep.state in FAILED_STATES and not rep.given_up:
                 self.redeploy(rep, dep.state, dep.error)
 
     def redeploy(self, rep: Replica, state: DeploymentState, error: str | None) -> None:
-        if state == DeploymentState.TEARDOWN_FAILED or self.restarts_left <= 0:
+        if state == DeploymentState.TEARDOWN_FAILED:
             raise DeploymentDown(rep.dep_id, state, error)
-        self.restarts_left -= 1
+        decision = self.budget.decide(time.monotonic())
+        if isinstance(decision, Exhausted):
+            rep.given_up = True
+            self.up.log(f"replica {rep.index}: deployment {rep.dep_id} is {state}: {error}; "
+                        f"{decision.reason()}: left down, the others serve on", err=True)
+            return
         self.up.log(f"replica {rep.index}: deployment {rep.dep_id} is {state}: {error}; the "
-                    f"others serve on; redeploying it ({self.restarts_left} restart(s) left)")
+                    f"others serve on; redeploying it ({decision.used} of {self.up.s.restarts}"
+                    f" within {self.up.s.restart_window:g}s)")
         out = self.up.admin.ask(stop.Args(rep.dep_id, force=True), timeout=120.0).outcome
         path = "/".join(out.path) or "its ranks were already gone"
         self.up.log(f"replica {rep.index}: old deployment torn down ({path})")
+        if self.up.stop_flag.wait(decision.delay_s):
+            return
+        self.budget.record(time.monotonic())
         rep.dep_id, rep.serving = self.deploy(rep.index), False

@@ -34,7 +34,10 @@ from services.up.admin import AdminLink, DeploymentDown, UpError
 from services.up.console import UpConsole
 from services.up.preflight import busy_ports, supervisor_busy
 from services.up.progress import UpProgress
+from services.up.restart_budget import Exhausted, RestartBudget
 from services.up.settings import UpSettings, named_sampling
+
+RESTART_BACKOFF_MAX_S = 60.0  # the redeploy backoff doubles up to this
 
 
 def wait_http_ready(url: str, timeout: float, stop: threading.Event, progress) -> None:
@@ -179,9 +182,9 @@ class Up:
             from services.up.replicas import ReplicaSet
 
             return ReplicaSet(self, model, hosts, envs, backend).run()
-        restarts_left = s.restarts
+        budget = self.restart_budget()
+        dep_id = self.deploy_and_wait(model, hosts, envs, backend)
         while True:
-            dep_id = self.deploy_and_wait(model, hosts, envs, backend)
             if dep_id is None:  # stopped while waiting
                 return 0
             try:
@@ -190,13 +193,41 @@ class Up:
                 return 0
             except DeploymentDown as down:
                 # A rank died or a peer was lost: the ranks are gone (the supervisor proves
-                # it). Redeploy, a bounded number of times, instead of leaving no service.
-                if down.state == DeploymentState.TEARDOWN_FAILED or restarts_left <= 0:
+                # it). Redeploy at a bounded rate instead of leaving no service.
+                if down.state == DeploymentState.TEARDOWN_FAILED:
                     raise
-                restarts_left -= 1
-                self.log(f"{down}; redeploying ({restarts_left} restart(s) left)")
+                decision = budget.decide(time.monotonic())
+                if isinstance(decision, Exhausted):
+                    dep_id = self.wait_for_a_deploy(model, down, decision)
+                    continue
+                self.log(f"{down}; redeploying ({decision.used} of {s.restarts} within "
+                         f"{s.restart_window:g}s{f', in {decision.delay_s:.1f}s' if decision.delay_s else ''})")
                 out = self.admin.ask(stop.Args(dep_id, force=True), timeout=120.0).outcome
                 self.log(f"old deployment torn down ({'/'.join(out.path) or 'its ranks were already gone'})")
+                if self.stop_flag.wait(decision.delay_s):
+                    return 0
+                budget.record(time.monotonic())
+                dep_id = self.deploy_and_wait(model, hosts, envs, backend)
+
+    def restart_budget(self) -> RestartBudget:
+        s = self.s
+        return RestartBudget(s.restarts, s.restart_window, s.restart_backoff, RESTART_BACKOFF_MAX_S)
+
+    def wait_for_a_deploy(self, model: str, down: DeploymentDown, why: Exhausted) -> str | None:
+        """Past the redeploy rate: everything but the model keeps running (/ready 503,
+        requests 503 naming the failed deployment) until an operator deploys the model
+        again; that deployment is then ours to watch. None: stopped meanwhile."""
+        self.log(f"{down}; {why.reason()}: not redeploying. The gateway, supervisor and "
+                 f"reaper keep running; deploy {model_id(model)} again to serve it "
+                 "(lockstep admin deploy, or POST /admin/api/cluster/deployments)", err=True)
+        while not self.stop_flag.wait(1.0):
+            self.check_children()
+            for d in self.admin.deployments(10.0):
+                if d.state == DeploymentState.SERVING and d.model == model_id(model):
+                    self.log(f"{model_id(model)} serving again as {d.deployment_id} (deployed "
+                             "by the operator); watching it")
+                    return d.deployment_id
+        return None
 
     def progress(self, dep_id: str) -> None:
         self.check_children()

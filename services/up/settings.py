@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import AtLeastOne, AutoCount, Count, Port, PositiveSeconds, StallRatio
+from common.config import (
+    AtLeastOne,
+    AutoCount,
+    Count,
+    Port,
+    PositiveSeconds,
+    Seconds,
+    StallRatio,
+)
 from common.home import default_home
 from common.sampling_defaults import FIELDS as SAMPLING_FIELDS
 from common.sampling_defaults import SamplingOverrides
@@ -29,7 +37,12 @@ class UpSettings:
     reaper_events_port: Port = 7714
     ready_timeout: PositiveSeconds = 600.0
     stop_timeout: PositiveSeconds = 15.0
-    restarts: Count = 3  # redeploys after a deployment fails (a rank died, a peer was lost)
+    # redeploys after a deployment fails (a rank died, a peer was lost): at most `restarts`
+    # within any `restart_window` seconds, spaced by a doubling backoff from
+    # `restart_backoff` (services/up/restart_budget.py)
+    restarts: Count = 3
+    restart_window: PositiveSeconds = 600.0
+    restart_backoff: Seconds = 2.0
     replicas: AtLeastOne = 1  # deployments of the model behind the gateway (replicas.py)
     # The supervisor's settings of the same names, handed to it as its flags (every rank
     # gets them through its spec): 0 entries = prefix cache off; 0 bytes = auto; disk

@@ -7,8 +7,8 @@ empties both tiers.
   turns back from disk instead of prefilling them; the resumed text equals the same
   turn asked again afterwards.
 - `up` stopped with Ctrl-C and started again on the same home serves turn 9 with
-  cached_tokens covering turns 1-8, read from disk, and the text a cold run gives (the
-  same turn once `cache-clear` emptied both tiers).
+  cached_tokens covering turns 1-8, read from disk, and the text and every logprob a
+  cold run gives (the same turn once `cache-clear` emptied both tiers; determinism).
 """
 
 from __future__ import annotations
@@ -58,13 +58,21 @@ class Up:
         return next((d for d in deps if d["state"] == "serving"), None)
 
     def chat(self, messages: list[dict], **kw) -> tuple[str, int, int]:
+        text, prompt_tokens, cached, _ = self.chat_logprobs(messages, **kw)
+        return text, prompt_tokens, cached
+
+    def chat_logprobs(self, messages: list[dict], **kw) -> tuple[str, int, int, list]:
+        """The reply's text, prompt and cached tokens, and every token's logprob and top
+        logprobs (compared exactly: determinism)."""
         body = {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 8,
-                **kw}
+                "logprobs": True, "top_logprobs": 2, **kw}
         r = httpx.post(self.url + "/v1/chat/completions", json=body, timeout=120)
         assert r.status_code == 200, r.text
         j = r.json()
         cached = (j["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-        return j["choices"][0]["message"]["content"], j["usage"]["prompt_tokens"], cached
+        lps = [(t["token"], t["logprob"], [(x["token"], x["logprob"]) for x in t["top_logprobs"]])
+               for t in j["choices"][0]["logprobs"]["content"]]
+        return j["choices"][0]["message"]["content"], j["usage"]["prompt_tokens"], cached, lps
 
     def rank0_cache(self) -> dict:
         dep = self.serving()
@@ -164,7 +172,7 @@ def test_a_conversation_outlives_a_killed_rank_and_a_restart(tmp_path):
     up = Up(tmp_path, home, "second")
     try:
         msgs.append(turn(8))
-        text9, p9, cached9 = up.chat(msgs)
+        text9, p9, cached9, lp9 = up.chat_logprobs(msgs, max_tokens=24, logit_bias=NO_EOS)
         assert cached9 >= prompts[7]  # the 8 turns before it, read back from disk
         dep = up.serving()
         r = httpx.post(up.url + f"/admin/api/cluster/deployments/{dep['deployment_id']}"
@@ -172,7 +180,10 @@ def test_a_conversation_outlives_a_killed_rank_and_a_restart(tmp_path):
         assert r.status_code == 200, r.text
         poll_until(lambda: not list((home / "kvcache").glob("*/*/*.safetensors")), 10,
                    "both tiers empty, on every rank's disk")
-        cold, p9_cold, cached_cold = up.chat(msgs)
+        cold, p9_cold, cached_cold, lp_cold = up.chat_logprobs(msgs, max_tokens=24,
+                                                               logit_bias=NO_EOS)
+        # from disk or cold: the same text and the same logprobs, bit for bit
         assert (cold, p9_cold, cached_cold) == (text9, p9, 0)
+        assert lp_cold == lp9 and len(lp9) == 24
     finally:
         up.stop()
