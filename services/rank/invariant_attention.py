@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-BLOCK = 128  # canonical key block; a window of 2*BLOCK stays inside one OpenBLAS K block
+# The canonical key block: its `P @ V` (K = BLOCK) stays inside one OpenBLAS K block
+# (measured: one FMA chain for K <= 256, split at a length-dependent place above).
+BLOCK = 128
 # OpenBLAS (0.3.21, SkylakeX/Cooperlake kernels) takes its small-matrix kernel for
 # q @ k.T when keys * queries <= 1200: pad the keys past that so every call, decode or
 # prefill, uses the regular kernel (which gives each output the same bits at any M, N).
@@ -46,7 +48,7 @@ OUT_COLUMNS = 16
 
 class UnsupportedMask(ValueError):
     """A mask the invariant attention cannot reduce in position order (additive values,
-    a sliding window): the model is refused in deterministic mode."""
+    per-head masks): the warm-up's forward pass meets it, so the rank fails its load."""
 
 
 def allowed_keys(mask, B: int, L: int, S: int) -> mx.array:

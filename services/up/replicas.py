@@ -8,7 +8,8 @@ others serve: the gateway has already resumed its in-flight requests on them
 passed. The restarts budget (--restarts within --restart-window, with its backoff:
 services/up/restart_budget.py) is shared by the replicas; past it a failed replica stays
 down (said once) while the others serve. One replica that cannot be torn down
-(teardown_failed) stops `up` as with one.
+(teardown_failed: a host unreachable) has its teardown retried while the others serve,
+as with one (services/up/run.py `teardown_until_proven`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from common.messages import FAILED_STATES, DeploymentState
-from common.messages.commands import deploy, stop
+from common.messages.commands import deploy
 from common.model_ref import model_id
-from services.up.admin import DeploymentDown, UpError
+from services.up.admin import UpError
 from services.up.restart_budget import Exhausted
 
 if TYPE_CHECKING:
@@ -98,8 +99,9 @@ class ReplicaSet:
                 self.redeploy(rep, dep.state, dep.error)
 
     def redeploy(self, rep: Replica, state: DeploymentState, error: str | None) -> None:
-        if state == DeploymentState.TEARDOWN_FAILED:
-            raise DeploymentDown(rep.dep_id, state, error)
+        proven = state == DeploymentState.TEARDOWN_FAILED
+        if proven and not self.up.teardown_until_proven(rep.dep_id, f"{state}: {error}"):
+            return  # up is stopping
         decision = self.budget.decide(time.monotonic())
         if isinstance(decision, Exhausted):
             rep.given_up = True
@@ -109,9 +111,8 @@ class ReplicaSet:
         self.up.log(f"replica {rep.index}: deployment {rep.dep_id} is {state}: {error}; the "
                     f"others serve on; redeploying it ({decision.used} of {self.up.s.restarts}"
                     f" within {self.up.s.restart_window:g}s)")
-        out = self.up.admin.ask(stop.Args(rep.dep_id, force=True), timeout=120.0).outcome
-        path = "/".join(out.path) or "its ranks were already gone"
-        self.up.log(f"replica {rep.index}: old deployment torn down ({path})")
+        if not proven and not self.up.teardown_until_proven(rep.dep_id, f"{state}: {error}"):
+            return
         if self.up.stop_flag.wait(decision.delay_s):
             return
         self.budget.record(time.monotonic())

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from common.bus import BusTimeout
 from common.home import Paths
 from common.keys import KeyFileError, ensure_cluster_key
 from common.launcher_watch import LAUNCHER_ENV, launcher_value
@@ -38,6 +39,8 @@ from services.up.restart_budget import Exhausted, RestartBudget
 from services.up.settings import UpSettings, named_sampling
 
 RESTART_BACKOFF_MAX_S = 60.0  # the redeploy backoff doubles up to this
+TEARDOWN_RETRY_S = 5.0  # an unproven teardown is retried after this, doubling ...
+TEARDOWN_RETRY_MAX_S = 60.0  # ... up to this
 
 
 def wait_http_ready(url: str, timeout: float, stop: threading.Event, progress) -> None:
@@ -194,20 +197,40 @@ class Up:
             except DeploymentDown as down:
                 # A rank died or a peer was lost: the ranks are gone (the supervisor proves
                 # it). Redeploy at a bounded rate instead of leaving no service.
-                if down.state == DeploymentState.TEARDOWN_FAILED:
-                    raise
+                proven = down.state == DeploymentState.TEARDOWN_FAILED
+                if proven and not self.teardown_until_proven(dep_id, str(down)):
+                    return 0  # stopped meanwhile
                 decision = budget.decide(time.monotonic())
                 if isinstance(decision, Exhausted):
                     dep_id = self.wait_for_a_deploy(model, down, decision)
                     continue
                 self.log(f"{down}; redeploying ({decision.used} of {s.restarts} within "
                          f"{s.restart_window:g}s{f', in {decision.delay_s:.1f}s' if decision.delay_s else ''})")
-                out = self.admin.ask(stop.Args(dep_id, force=True), timeout=120.0).outcome
-                self.log(f"old deployment torn down ({'/'.join(out.path) or 'its ranks were already gone'})")
+                if not proven and not self.teardown_until_proven(dep_id, str(down)):
+                    return 0
                 if self.stop_flag.wait(decision.delay_s):
                     return 0
                 budget.record(time.monotonic())
                 dep_id = self.deploy_and_wait(model, hosts, envs, backend)
+
+    def teardown_until_proven(self, dep_id: str, why: str) -> bool:
+        """The failed deployment torn down with proof. One that cannot be proven yet (a
+        host unreachable: the supervisor gave up its own retries, `teardown_failed`) is
+        retried with a doubling backoff while the gateway, supervisor and reaper keep
+        running; the cut-off ranks end on their own meanwhile (their lease lapses: the
+        launcher watchdog). True once proven; False if `up` was told to stop first."""
+        delay = TEARDOWN_RETRY_S
+        while True:
+            try:
+                out = self.admin.ask(stop.Args(dep_id, force=True), timeout=180.0).outcome
+                self.log(f"old deployment torn down ({out.describe()})")
+                return True
+            except (UpError, BusTimeout) as exc:
+                self.log(f"teardown pending: {dep_id} ({why}): {exc}; retrying in "
+                         f"{delay:.0f}s (Ctrl-C stops everything)", err=True)
+            if self.stop_flag.wait(delay):
+                return False
+            delay = min(2 * delay, TEARDOWN_RETRY_MAX_S)
 
     def restart_budget(self) -> RestartBudget:
         s = self.s

@@ -65,8 +65,10 @@ def _stream(url: str, model: str, kind: str, got: dict, lock: threading.Lock) ->
         got[kind] = result
 
 
-def _run(u: Up, c: NetnsCluster | None, model: str) -> dict:
-    """Both streams; with `c`, host B's link is cut for CUT_S once both stream."""
+def _run(u: Up, c: NetnsCluster | None, model: str, cut_s: float = CUT_S,
+         during_cut=None) -> dict:
+    """Both streams; with `c`, host B's link is cut for `cut_s` once both stream
+    (`during_cut()` is polled through the cut)."""
     got: dict = {}
     lock = threading.Lock()
     threads = [threading.Thread(target=_stream, args=(u.url, model, k, got, lock), daemon=True)
@@ -83,7 +85,11 @@ def _run(u: Up, c: NetnsCluster | None, model: str) -> dict:
         poll_for(both_streaming, 60, "both streams streaming")
         c.link_down(B)
         try:
-            time.sleep(CUT_S)
+            end = time.monotonic() + cut_s
+            while time.monotonic() < end:
+                if during_cut is not None:
+                    during_cut()
+                time.sleep(0.5)
         finally:
             c.link_up(B)
     for t in threads:
@@ -127,6 +133,57 @@ def test_streams_cut_off_by_a_partition_resume_after_the_heal_token_for_token(
         assert all(process_gone(p.pid, p.start_time) for p in old), u.logs()
         status = u.admin_get("status")
         assert status["gateway"]["resuming"] == 0 and status["gateway"]["active"] == 0, status
+        u.ranks += [identify(r["pid"]) for r in new["ranks"]]
+        stop(u)
+    finally:
+        c.link_up(B)
+        if u.proc.poll() is None:
+            os.killpg(u.proc.pid, signal.SIGKILL)
+            u.proc.wait()
+
+
+# Longer than the supervisor's own teardown retries (lease_ttl + 2 s of new attempts,
+# each up to 1 + stop 3 + 2 x kill 2 + 2 x ssh connect 3 + 10 s): it gives up with
+# teardown_failed while the link is still down.
+LONG_CUT_S = 75.0
+SHORT_TIMEOUTS = {"LOCKSTEP_LEASE_TTL": "6", "LOCKSTEP_STOP_TIMEOUT": "3",
+                  "LOCKSTEP_KILL_TIMEOUT": "2"}
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+def test_a_partition_longer_than_the_teardown_leaves_up_running_and_resumes_after(
+        netns_cluster, tmp_path):
+    """Issue 44 item 4: host B cut off for longer than the teardown's timeouts. `up`
+    keeps running all through (the gateway, supervisor and reaper too), the deployment's
+    teardown shows as pending (teardown_failed, retried by `up`), and after the heal it
+    is proven and the model redeployed; both streams resume and complete as unfaulted."""
+    c = netns_cluster
+    u = start(c, tmp_path, restarts=2, resume_timeout=400, env_extra=SHORT_TIMEOUTS)
+    try:
+        wait_banner(u, 1, 300)
+        model = httpx.get(u.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        reference = _run(u, None, model)
+        dep = u.serving()
+        old = [identify(r["pid"]) for r in dep["ranks"]]
+        u.ranks += old
+        seen: set[str] = set()
+
+        def watch() -> None:
+            assert u.proc.poll() is None, u.logs()
+            for d in u.admin_get("deployments")["deployments"]:
+                if d["deployment_id"] == dep["deployment_id"]:
+                    seen.add(d["state"])
+        got = _run(u, c, model, LONG_CUT_S, watch)
+        assert "teardown_failed" in seen, (seen, u.logs())
+        assert "teardown pending" in u.text(), u.logs()
+        for kind in KINDS:
+            assert "error" not in got[kind], (kind, got[kind], u.logs())
+            assert (got[kind]["text"], got[kind]["finish"]) == \
+                (reference[kind]["text"], reference[kind]["finish"]), kind
+        new = u.serving()
+        assert new["deployment_id"] != dep["deployment_id"]
+        assert all(process_gone(p.pid, p.start_time) for p in old), u.logs()
         u.ranks += [identify(r["pid"]) for r in new["ranks"]]
         stop(u)
     finally:

@@ -77,9 +77,10 @@ class Up:
 
 
 def start(c: NetnsCluster, tmp_path: Path, restarts: int, *, resume_timeout: float,
-          hosts: tuple[int, ...] = (A, B), extra: tuple[str, ...] = ()) -> Up:
+          hosts: tuple[int, ...] = (A, B), extra: tuple[str, ...] = (),
+          env_extra: dict[str, str] | None = None) -> Up:
     """`up --hosts` over `hosts` (rank slots in order); `resume_timeout` 0 ends a cut's
-    streams; `extra`: more of up's flags."""
+    streams; `extra`: more of up's flags; `env_extra`: more LOCKSTEP_* settings."""
     home = tmp_path / "home"
     doc = hosts_doc(c, list(hosts))
     doc["envs"] = [STEP_DELAY]
@@ -88,7 +89,7 @@ def start(c: NetnsCluster, tmp_path: Path, restarts: int, *, resume_timeout: flo
     port = free_port()
     env = lockstep_env(None, LOCKSTEP_RANK_TEST_SEAMS="1", LOCKSTEP_SSH_CONNECT_TIMEOUT="3",
                        LOCKSTEP_PEER_ABORT_GRACE=str(GRACE_S), LOCKSTEP_REMOTE_POLL_S="0.3",
-                       LOCKSTEP_RESUME_TIMEOUT=f"{resume_timeout:g}")
+                       LOCKSTEP_RESUME_TIMEOUT=f"{resume_timeout:g}", **(env_extra or {}))
     out = tmp_path / "up.out"
     with open(out, "wb") as log:
         proc = subprocess.Popen(
