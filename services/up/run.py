@@ -186,17 +186,22 @@ class Up:
 
             return ReplicaSet(self, model, hosts, envs, backend).run()
         budget = self.restart_budget()
-        dep_id = self.deploy_and_wait(model, hosts, envs, backend)
+        # The first deployment failing before it served is the user's to see: `up` exits.
+        dep_id: str | None = self.deploy_and_wait(model, hosts, envs, backend)
+        redeploy = False  # a redeploy is due (one that fails before serving counts too)
         while True:
-            if dep_id is None:  # stopped while waiting
-                return 0
             try:
+                if redeploy:
+                    redeploy, dep_id = False, self.deploy_and_wait(model, hosts, envs, backend)
+                if dep_id is None:  # stopped while waiting
+                    return 0
                 while not self.stop_flag.wait(1.0):
                     self.progress(dep_id)
                 return 0
             except DeploymentDown as down:
                 # A rank died or a peer was lost: the ranks are gone (the supervisor proves
                 # it). Redeploy at a bounded rate instead of leaving no service.
+                dep_id = down.dep_id
                 proven = down.state == DeploymentState.TEARDOWN_FAILED
                 if proven and not self.teardown_until_proven(dep_id, str(down)):
                     return 0  # stopped meanwhile
@@ -211,7 +216,7 @@ class Up:
                 if self.stop_flag.wait(decision.delay_s):
                     return 0
                 budget.record(time.monotonic())
-                dep_id = self.deploy_and_wait(model, hosts, envs, backend)
+                redeploy = True
 
     def teardown_until_proven(self, dep_id: str, why: str) -> bool:
         """The failed deployment torn down with proof. One that cannot be proven yet (a
