@@ -94,7 +94,7 @@ def test_a_follower_killed_is_torn_down_and_redeployed(up, page):
         poll_until(lambda: "rank_lost" in kinds(page), 20, "the rank_lost incident on the page")
         poll_until(lambda: "redeploy" in kinds(page), 30, "the redeploy on the page")
     poll_until(lambda: up["text"]().count("Press Ctrl-C") == 2, 240, "the redeploy's banner", 0.5)
-    assert "redeploying (0 restart(s) left)" in up["text"]()
+    assert "redeploying (1 of 1 within 600s)" in up["text"]()
     poll_until(lambda: all(process_gone(p) for p in pids), 30,
                "the failed launch's ranks to be gone")
     r = httpx.post(up["url"] + "/v1/completions", timeout=60,

@@ -74,7 +74,8 @@ def test_deterministic_mode_is_invariant_smollm2():
                              allow_fetch=False)
     except WheelMissing as exc:
         pytest.fail(f"{exc} (run `{FETCH_COMMAND}` or `make test`)")
-    out = harness(path, "on", "--greedy-only", "--chunks", "16,64")
+    out = harness(path, "on", "--greedy-only", "--chunks", "16", "--prompt-tokens", "100",
+                  "--tokens", "8")
     assert out["architecture"] == "ministral3"
     assert all(out["ops"].values()), out["ops"]
     assert all(v is None for v in out["runs"].values()), out["runs"]
