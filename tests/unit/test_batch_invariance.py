@@ -87,3 +87,16 @@ def test_deterministic_mode_is_invariant_bench_preset(tmp_path):
                   "--chunks", "7,32,64,128,512", "--prompt-tokens", "1100")
     assert all(out["ops"].values()), out["ops"]
     assert all(v is None for v in out["runs"].values()), out["runs"]
+
+
+@pytest.mark.soak
+def test_deterministic_mode_is_invariant_smollm2_as_llama(tmp_path):
+    """The llama architecture (the default model converted with --arch llama)."""
+    from models.gguf_model import build_smollm2
+
+    out = harness(build_smollm2(tmp_path / "smollm2-llama", arch="llama", allow_fetch=False),
+                  "on", "--greedy-only", "--chunks", "16", "--prompt-tokens", "100",
+                  "--tokens", "8")
+    assert out["architecture"] == "llama"
+    assert all(out["ops"].values()), out["ops"]
+    assert all(v is None for v in out["runs"].values()), out["runs"]
