@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.atomic_json import StateFileError, fsync_dir, read_json, write_json_atomic
-from common.records import ID_RE, LaunchManifest, RankMarker, SupervisorRecord
+from common.records import ID_RE, AdoptionRecord, LaunchManifest, RankMarker, SupervisorRecord
 
 # Exactly what write_marker writes; [0-9] not \d, which also matches non-ASCII digits.
 _MARKER_RE = re.compile(r"rank-(0|[1-9][0-9]{0,5})\.json")
@@ -46,6 +46,7 @@ class Paths:
     state: Path = field(init=False)
     models: Path = field(init=False)
     supervisor_file: Path = field(init=False)
+    adoption_file: Path = field(init=False)
 
     def __post_init__(self) -> None:
         home = Path(self.home).expanduser().absolute()  # a later chdir cannot move it
@@ -56,7 +57,8 @@ class Paths:
                   "manifests": runtime / "manifests", "markers": runtime / "markers",
                   "secrets": runtime / "secrets", "logs": runtime / "logs",
                   "state": runtime / "state", "models": home / "models",
-                  "supervisor_file": runtime / "supervisor.json"}
+                  "supervisor_file": runtime / "supervisor.json",
+                  "adoption_file": runtime / "adoption.json"}
         for name, value in layout.items():
             object.__setattr__(self, name, value)
 
@@ -89,6 +91,38 @@ def read_supervisor_record(path: Path) -> SupervisorRecord:
     is not exactly a SupervisorRecord of this version."""
     path = Path(path)
     return SupervisorRecord.from_dict(read_json(path), path=path)
+
+
+# --- the adoption record (`lockstep up` restarts a supervisor that dies) ------------
+
+
+def write_adoption_record(path: Path, record: AdoptionRecord) -> None:
+    write_json_atomic(path, record.to_dict())
+
+
+def read_adoption_record(path: Path) -> AdoptionRecord | None:
+    """The record, or None if there is none; StateFileError if it is malformed."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    return AdoptionRecord.from_dict(read_json(path), path=path)
+
+
+def live_adoption_record(path: Path) -> AdoptionRecord | None:
+    """The adoption record while the `up` that wrote it runs (pid + start time); None
+    otherwise, an unreadable record included (it cannot hold anything back)."""
+    from common.procs import START_TIME_TOLERANCE, identify
+
+    try:
+        rec = read_adoption_record(path)
+    except (StateFileError, OSError):
+        return None
+    if rec is None:
+        return None
+    who = identify(rec.up_pid)
+    if who is None or abs(who.start_time - rec.up_start_time) > START_TIME_TOLERANCE:
+        return None
+    return rec
 
 
 # --- manifests and markers on disk ---------------------------------------------------

@@ -90,6 +90,10 @@ class RankSettings:
     plan_fetch_after_s: PositiveSeconds = 0.25  # follower asks for missed plans after this
     replay_buffer: AtLeastOne = 1024  # plans rank 0 keeps for followers that missed some
     lease_ttl: Seconds = 45.0  # no LEASE for this long (after one): launcher_lost; 0: off
+    # A local rank whose parent (the supervisor) died keeps serving this long for a
+    # restarted supervisor to adopt it (a lease after its re-authentication); 0: the
+    # parent gone is launcher_lost at once (services/rank/watchdogs.py).
+    adopt_window_s: Seconds = 0.0
     peer_probe_interval_s: PositiveSeconds = 0.5
     peer_probe_interval_loading_s: PositiveSeconds = 2.0
     peer_fail_tolerance: AtLeastOne = 2

@@ -34,6 +34,8 @@ _PID = _typed("int >= 1", lambda v: type(v) is int and v >= 1)  # kill(0|-1) hit
 _FLOAT = _typed("finite number", lambda v: type(v) in (int, float) and math.isfinite(v))
 _STR = _typed("str", lambda v: type(v) is str)
 _OPT_STR = _typed("str or null", lambda v: v is None or type(v) is str)
+_OPT_FLOAT = _typed("finite number or null", lambda v: v is None or (
+    type(v) in (int, float) and math.isfinite(v)))
 _BOOL = _typed("bool", lambda v: type(v) is bool)
 _STR_LIST = _typed("list of str", lambda v: type(v) is list and all(type(s) is str for s in v))
 _ID = _typed("id [A-Za-z0-9._-]", lambda v: type(v) is str and ID_RE.fullmatch(v) is not None)
@@ -201,3 +203,30 @@ class SupervisorRecord(_Record):
 
     _SPEC = {"schema_version": _VERSION, "pid": _PID, "boot_id": _STR, "start_time": _FLOAT,
              "admin": _STR, "events": _STR, "control": _STR, "report": _STR}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdoptionRecord(_Record):
+    """`runtime/adoption.json`: the `lockstep up` that restarts a supervisor which dies,
+    and so may adopt its launches (docs/supervisor.md "Adoption"). Written by `up` at
+    start (`restarting_until` null) and again when its supervisor died (`restarting_until`:
+    the wall-clock end of the adoption window). Read by the reaper: while this `up` lives
+    (pid + start time), a launch whose supervisor is dead is left alone for `window_s`
+    (from when the reaper first saw it orphaned, or until `restarting_until`)."""
+
+    up_pid: int
+    up_start_time: float
+    window_s: float
+    restarting_until: float | None = None
+    reason: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    _SPEC = {"schema_version": _VERSION, "up_pid": _PID, "up_start_time": _FLOAT,
+             "window_s": _FLOAT, "restarting_until": _OPT_FLOAT, "reason": _STR}
+
+    @classmethod
+    def from_dict(cls, d: Any, *, path: Path | str | None = None) -> AdoptionRecord:
+        v = _checked(cls, d, path)
+        if v["restarting_until"] is not None:
+            v["restarting_until"] = float(v["restarting_until"])
+        return cls(**v)

@@ -54,6 +54,7 @@ class DeploymentState(_Wire):
     LOADING = "loading"
     CANARY = "canary"
     SERVING = "serving"
+    ADOPTING = "adopting"  # a restarted supervisor proving a running launch's ranks
     STOPPING = "stopping"
     STOPPED = "stopped"
     FAILED = "failed"
@@ -136,6 +137,9 @@ class EventName(_Wire):
     RANK_LOST = "rank_lost"  # incident
     LAUNCH_FAILED = "launch_failed"  # incident
     TEARDOWN_FAILED = "teardown_failed"  # incident
+    ADOPTED = "adopted"  # incident: a restarted supervisor adopted a running launch
+    ADOPTION_FAILED = "adoption_failed"  # incident: ... could not prove it; torn down
+    SUPERVISOR_RESTARTED = "supervisor_restarted"  # incident: `up` restarted its supervisor
     PASS = "pass"  # reap: one pass's summary
     MANIFEST_UNREADABLE = "manifest_unreadable"  # reap
     REAP_FAILED = "reap_failed"  # reap

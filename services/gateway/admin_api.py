@@ -138,6 +138,23 @@ async def call(request: Request, command: str, args: dict | None = None,
     gw = request.app.state.gw
     try:
         reply = await gw.cluster.admin(command, args or {}, timeout=timeout)
+    except SupervisorUnavailable as exc:
+        if (why := gw.cluster.restarting()) is None:
+            raise_unavailable(gw, command, exc)
+        gw.metrics.admin_calls.labels(command=command, code="supervisor_restarting").inc()
+        raise ApiError(503, f"supervisor restarting: {why}; the model keeps serving, retry "
+                       "the command shortly", code="supervisor_restarting") from None
+    gw.metrics.admin_calls.labels(command=command, code=reply.code or ("ok" if reply.ok else "?")).inc()
+    if not reply.ok:
+        raise ApiError(ADMIN_STATUS.get(reply.code, 500), reply.message or reply.code,
+                       code=reply.code, data=dict(reply.data) or None)
+    gw.cluster.wake()
+    return dict(reply.data)
+
+
+def raise_unavailable(gw, command: str, exc: SupervisorUnavailable) -> None:
+    try:
+        raise exc
     except AdminTimeout as exc:
         gw.metrics.admin_calls.labels(command=command, code="timeout").inc()
         raise ApiError(504, f"no reply from the supervisor in time ({exc}); the command may "
@@ -146,12 +163,6 @@ async def call(request: Request, command: str, args: dict | None = None,
     except SupervisorUnavailable as exc:
         gw.metrics.admin_calls.labels(command=command, code="unavailable").inc()
         raise ApiError(503, f"supervisor unavailable: {exc}", code="supervisor_unavailable") from None
-    gw.metrics.admin_calls.labels(command=command, code=reply.code or ("ok" if reply.ok else "?")).inc()
-    if not reply.ok:
-        raise ApiError(ADMIN_STATUS.get(reply.code, 500), reply.message or reply.code,
-                       code=reply.code, data=dict(reply.data) or None)
-    gw.cluster.wake()
-    return dict(reply.data)
 
 
 def args_of(cls: type, fields: dict) -> Any:

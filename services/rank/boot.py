@@ -116,7 +116,7 @@ def run(spec: RankSpec) -> None:
         rt.exit(EXIT_FAILED, Phase.FAILED, f"cannot open the bus: {exc}")
     rt.install_signal_handlers(io.signal_fd)
     io.start()
-    Watchdogs(RankSide(rt, io), rt.timeouts).start()
+    Watchdogs(RankSide(rt, io), rt.timeouts, launcher=rt.launcher).start()
     removals = RemovalLog(removals_path(rt.paths, spec.deployment_id, spec.rank))
     stash: list[object] = []
 

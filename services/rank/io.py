@@ -2,8 +2,10 @@
 
     control  SUB     ← supervisor   LEASE, SERVE, SHUTDOWN, CANCEL, CACHE_CLEAR (rank 0)
                                     (topic b"ctl:<dep>"; services.rank.control_intake)
-    report   DEALER  → supervisor   RANK_READY (re-sent until SERVE), TELEMETRY, CANCEL_ACK,
-                                    CACHE_CLEARED (rank 0: services.rank.cache_clears)
+    report   DEALER  → supervisor   RANK_READY (re-sent until SERVE, and again after a
+                                    re-authentication with a restarted supervisor),
+                                    TELEMETRY, CANCEL_ACK, CACHE_CLEARED (rank 0:
+                                    services.rank.cache_clears)
     plan     ROUTER (rank 0) / DEALER (followers): services.rank.plan_channel
     requests ROUTER  (rank 0)       GENERATE, ABORT → main; STATS answered here; TOKENS out;
                                     CACHE_SUBSCRIBE → cache index events pushed
@@ -91,11 +93,11 @@ class RankIO:
         self.report = configure(self.ctx.socket(zmq.DEALER))
         self.reporting = ReportSession(spec, keys, self.rep, self.report, self.wire,
                                        on_fail=lambda why: self.inbox.put(ev.IoFailed(why)))
-        # Control is believed only after that proof; what comes earlier is held, not
-        # counted (services.rank.control_intake).
+        # Control is believed only from the supervisor that gave that proof; what comes
+        # earlier is held, not counted; another supervisor's (a restarted one) is held
+        # until it proved itself too (services.rank.control_intake).
         self.control_in = ControlIntake(self.ctl, self.topic, spec.deployment_id, spec.job_id,
-                                        self.drops,
-                                        verified=lambda: self.reporting.peer_verified,
+                                        self.drops, session=self.reporting,
                                         deliver=self._on_control)
         self.requests = None
         self.watches: list[ZmtpWatch] = []
@@ -285,6 +287,12 @@ class RankIO:
         auth_at = self.reporting.timers(now, self.reject_counts)
         if self.reporting.accepted_now():  # telemetry at once, then periodic
             self._telemetry_at = now
+            if self.reporting.reauths and self._ready_msg is not None:
+                # A restarted supervisor: RANK_READY is this rank's identity proof to it
+                # (pid, start time, boot id, endpoints): now, then re-sent until its SERVE
+                # (`_on_report` cleared `_served` when it proved itself).
+                self._ready_at = now + RESEND_S
+                self.reporting.send(self._ready_msg)
         if now >= self._telemetry_at:
             self._telemetry_at = now + self.spec.settings.rank_telemetry_interval_s
             self.rt.write_marker()  # first: a reader that saw the report finds the file
@@ -310,7 +318,10 @@ class RankIO:
                 self.inbox.put(ev.SignalEv(signum))
 
     def _on_report(self, frames: list[bytes]) -> None:
+        proofs = self.reporting.proofs
         self.reporting.on_frames(frames)
+        if proofs and self.reporting.proofs != proofs and self._ready_msg is not None:
+            self._served = False  # a restarted supervisor proved itself: wait for its SERVE
         self.control_in.release()  # the supervisor's proof may have just verified
 
     def _on_control(self, body) -> None:

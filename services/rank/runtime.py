@@ -111,6 +111,9 @@ class RankRuntime:
         self.last_progress_at = time.monotonic()
         self.inside: Where | None = None  # what the main thread is inside (for watchdogs)
         self.timeouts = WatchdogSettings.resolve(spec.settings)  # boot adds the env
+        # The one launcher watchdog: the watchdog thread moves it on (adoption, t0), the
+        # main thread asks it why the rank is leaving (`launcher_gone`).
+        self.launcher = LauncherWatchdog(self.timeouts.lease_ttl, self.timeouts.adopt_window_s)
         self.signal_received: int | None = None
         self.signals = 0  # counted by the I/O thread (on_signal)
         self.memory_released = False
@@ -145,8 +148,8 @@ class RankRuntime:
 
     def launcher_gone(self) -> str | None:
         """Why the launcher is gone (parent gone, lease stale), or None."""
-        v = LauncherWatchdog(self.timeouts.lease_ttl).check(
-            time.monotonic(), parent_gone(self.parent_pid), self.last_lease_at)
+        v = self.launcher.judge(time.monotonic(), parent_gone(self.parent_pid),
+                                self.last_lease_at)
         return None if v is None else v.reason
 
     def progressed(self, step: int) -> None:

@@ -1,7 +1,8 @@
 """The watchdog thread: runs services.rank.watchdogs against one rank, and ends it.
 
     every tick (≤ 0.5 s; the probe interval on rank 0 once loaded):
-      launcher  parent gone / lease stale → marker launcher_lost → abort stage → exit
+      launcher  parent gone (past the adopt window, if any) / lease stale
+                → marker launcher_lost → abort stage → exit
       progress  active requests, no step for the stall timeout → marker failed → exit
       peers     rank 0: close the probe round, send the next (PING through the I/O
                 thread); followers: judge rank 0's silence
@@ -84,10 +85,13 @@ class Watchdogs:
     def __init__(self, hooks: RankHooks, settings: WatchdogSettings, *,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
-                 leave_wait_s: float = LEAVE_WAIT_S) -> None:
+                 leave_wait_s: float = LEAVE_WAIT_S,
+                 launcher: LauncherWatchdog | None = None) -> None:
         self.hooks, self.s, self.clock, self.sleep = hooks, settings, clock, sleep
         self.leave_wait_s = leave_wait_s
-        self.launcher = LauncherWatchdog(settings.lease_ttl)
+        # The rank's one launcher watchdog (RankRuntime.launcher: its main thread asks it
+        # why the rank is leaving, from the adoption state this thread moves on).
+        self.launcher = launcher or LauncherWatchdog(settings.lease_ttl, settings.adopt_window_s)
         self.progress = ProgressWatchdog(settings.progress_stall_timeout)
         self.peer = PeerWatchdog(settings.peer_fail_tolerance, settings.peer_abort_grace) \
             if hooks.leader and hooks.world_size > 1 else None
@@ -117,7 +121,11 @@ class Watchdogs:
         self.last_tick = now
         interval = self.interval()
         v = self.launcher.check(now, h.parent_gone(), h.last_lease_at())
-        if v is not None:
+        if v is not None and v.what is Seen.ORPHANED:
+            log.warning("launcher watchdog: %s", v.reason)
+        elif v is not None and v.what is Seen.ADOPTED:
+            log.warning("launcher watchdog: adopted: %s", v.reason)
+        elif v is not None:
             return self.end(EXIT_FAILED, Phase.LAUNCHER_LOST, v.reason, abort=True,
                             leave=Leave.ALWAYS)
         v = self.progress.check(now, *h.activity())

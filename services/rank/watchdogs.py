@@ -8,8 +8,10 @@
                       once).
     LeaderWatchdog    followers: rank 0 pings every interval; silence longer than
                       (tolerance + 1) intervals → suspect, that plus the grace → lost.
-    LauncherWatchdog  every rank: the parent is gone, or the supervisor's lease is older
-                      than `lease_ttl` (a lease never seen is never stale).
+    LauncherWatchdog  every rank: the parent is gone (with `adopt_window_s`: and no
+                      restarted supervisor adopted the rank within it), or the
+                      supervisor's lease is older than `lease_ttl` (a lease never seen
+                      is never stale).
     ProgressWatchdog  every rank: requests active but the step counter unchanged for
                       `progress_stall_timeout` (what catches a rank stuck in a collective).
 
@@ -44,6 +46,7 @@ class WatchdogSettings:
     peer_fail_tolerance: int = 2  # consecutive failed rounds before the abort stage
     peer_abort_grace: float = 5.0  # re-probing after the abort stage; 0: no abort stage
     lease_ttl: float = 45.0  # 0: lease not watched
+    adopt_window_s: float = 0.0  # parent gone: wait this long for an adoption; 0: lost
     progress_stall_timeout: float = 120.0  # 0: progress not watched
     signal_clear_timeout: float = 10.0  # the escape hatch after SIGTERM/SIGINT/SHUTDOWN
 
@@ -66,6 +69,8 @@ class Seen(str, enum.Enum):
     RECOVERED = "recovered"  # every peer answers again: serving on
     LOST = "lost"  # a peer (or rank 0) silent past the grace
     LAUNCHER_LOST = "launcher_lost"
+    ORPHANED = "orphaned"  # the parent is gone: waiting for a restarted supervisor
+    ADOPTED = "adopted"  # a restarted supervisor's lease came in time: serving on
     STALLED = "stalled"
 
 
@@ -200,15 +205,55 @@ class LeaderWatchdog:
 
 
 class LauncherWatchdog:
-    def __init__(self, lease_ttl: float) -> None:
+    """The parent (a local rank's supervisor) gone, or the lease stale.
+
+    `adopt_window` 0: the parent gone is lost at once. Above 0 (supervisor adoption,
+    docs/rank.md "Adoption"): from the first check that sees the parent gone (t0), a
+    restarted supervisor has `adopt_window` seconds to adopt this rank, which it shows by
+    a lease delivered after t0 (control from a new supervisor is delivered only after
+    its re-authentication: services/rank/control_intake.py). Adopted: the parent is not
+    watched any more (it is init now), only the lease, as on a remote rank. Not adopted
+    by t0 + adopt_window: lost. `check` moves that state on and judges; `judge` only
+    reads it (for another thread asking why the rank is leaving)."""
+
+    def __init__(self, lease_ttl: float, adopt_window: float = 0.0) -> None:
         self.lease_ttl = lease_ttl
+        self.adopt_window = adopt_window
         self.base = -math.inf
+        self.orphaned_at: float | None = None  # t0: when the parent was first seen gone
+        self.adopted = False
 
     def check(self, now: float, parent_gone: str | None,
               last_lease_at: float | None) -> Verdict | None:
-        """`parent_gone`: why the launcher process is gone, or None while it lives."""
-        if parent_gone:
-            return Verdict(Seen.LAUNCHER_LOST, parent_gone)
+        """`parent_gone`: why the launcher process is gone, or None while it lives. Besides
+        LAUNCHER_LOST, returns ORPHANED (once: waiting for an adoption) and ADOPTED (once)."""
+        if parent_gone and not self.adopted and self.adopt_window > 0:
+            if self.orphaned_at is None:
+                self.orphaned_at = now
+                lost = self.judge(now, parent_gone, last_lease_at)
+                return lost or Verdict(Seen.ORPHANED, f"{parent_gone}; waiting up to "
+                                                      f"{self.adopt_window:g}s for a restarted "
+                                                      f"supervisor to adopt this rank")
+            if last_lease_at is not None and last_lease_at > self.orphaned_at:
+                self.adopted = True
+                return Verdict(Seen.ADOPTED, f"a restarted supervisor's lease "
+                                             f"{now - self.orphaned_at:.1f}s after the parent "
+                                             f"was gone; the parent is not watched any more")
+        return self.judge(now, parent_gone, last_lease_at)
+
+    def judge(self, now: float, parent_gone: str | None,
+              last_lease_at: float | None) -> Verdict | None:
+        """LAUNCHER_LOST (why) or None, from the state as it is (no change to it)."""
+        if parent_gone and not self.adopted:
+            if self.adopt_window <= 0:
+                return Verdict(Seen.LAUNCHER_LOST, parent_gone)
+            since = now if self.orphaned_at is None else self.orphaned_at
+            gone = now - since
+            if gone >= self.adopt_window and not (
+                    last_lease_at is not None and last_lease_at > since):
+                return Verdict(Seen.LAUNCHER_LOST,
+                               f"supervisor (parent) gone for {gone:.1f}s and nobody adopted "
+                               f"this rank (adopt window {self.adopt_window:g}s): {parent_gone}")
         if last_lease_at is None or self.lease_ttl <= 0:
             return None  # a lease never seen is not stale
         age = now - max(last_lease_at, self.base)
@@ -219,6 +264,8 @@ class LauncherWatchdog:
 
     def rebase(self, now: float) -> None:
         self.base = now
+        if self.orphaned_at is not None and not self.adopted:
+            self.orphaned_at = now  # this process did not run: the window starts again
 
 
 class ProgressWatchdog:

@@ -44,6 +44,7 @@ from common.home import Paths, default_home
 from common.keys import KeyFileError, load_cluster_key
 from common.launcher_watch import watch_launcher
 from common.zmtp_watch import ZmtpWatch
+from services.reaper.adoption_window import AdoptionWindow
 from services.reaper.events import EventPublisher
 from services.reaper.reap import Publish, ReapReport, reap_orphans
 from services.reaper.remote import SshRemoteReaper
@@ -136,12 +137,14 @@ def _print_report(report: ReapReport, as_json: bool) -> None:
         print(f"  UNREADABLE {u['path']}: {u['error']}")
 
 
-def _run_pass(paths: Paths, s: ReaperSettings, publish: Publish | None) -> ReapReport:
+def _run_pass(paths: Paths, s: ReaperSettings, publish: Publish | None,
+              window: AdoptionWindow | None = None) -> ReapReport:
     remote = SshRemoteReaper(paths, ssh_config=s.ssh_config,
                              connect_timeout=s.ssh_connect_timeout,
                              command_timeout=s.ssh_command_timeout)
     report = reap_orphans(paths, term_timeout=s.reaper_term_timeout,
-                          kill_timeout=s.reaper_kill_timeout, remote=remote, publish=publish)
+                          kill_timeout=s.reaper_kill_timeout, remote=remote, publish=publish,
+                          window=window)
     level = logging.WARNING if report.blocking else logging.INFO
     log.log(level, "reap pass: %s", report.summary())
     if report.blocking:
@@ -169,9 +172,10 @@ def _serve(paths: Paths, s: ReaperSettings) -> int:
         print(f"lockstep reaper: {exc}", file=sys.stderr)
         return 2
     log.info("reaper started (home %s, every %.1fs)", paths.home, s.reaper_interval)
+    window = AdoptionWindow({})  # when each orphan was first seen, across passes
     try:
         while not flag.stop:
-            _run_pass(paths, s, publisher.publish if publisher else None)
+            _run_pass(paths, s, publisher.publish if publisher else None, window)
             if publisher is not None:
                 publisher.publish_rejections()
             flag.sleep(s.reaper_interval, publisher.watch if publisher else None)

@@ -43,6 +43,7 @@ from common.procs import (
     terminate_ladder,
 )
 from common.records import LaunchManifest, RankRecord
+from services.reaper.adoption_window import AdoptionWindow, live_record
 from services.reaper.markers import protected_deployments, sweep_markers
 
 log = logging.getLogger("lockstep.reaper")
@@ -78,6 +79,8 @@ class ReapLockTimeout(Exception):
 class ReapReport:
     reaped: list[str] = field(default_factory=list)  # job ids, every exit proven
     active: list[str] = field(default_factory=list)  # job ids of live supervisors
+    # job id -> why it waits for a restarted supervisor to adopt it (adoption_window.py)
+    awaiting_adoption: dict[str, str] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)  # {job_id, reason, survivors}
     unreadable: list[dict[str, str]] = field(default_factory=list)  # {path, error}
     steps: dict[str, list[str]] = field(default_factory=dict)  # job id -> ladder steps taken
@@ -104,7 +107,8 @@ class ReapReport:
         return "\n".join(lines)
 
     def summary(self) -> str:
-        return (f"reaped={self.reaped} active={self.active} failures={len(self.failures)} "
+        return (f"reaped={self.reaped} active={self.active} "
+                f"awaiting_adoption={sorted(self.awaiting_adoption)} failures={len(self.failures)} "
                 f"unreadable={len(self.unreadable)} retired_markers={self.retired_markers} "
                 f"({self.duration_s:.2f}s)")
 
@@ -265,9 +269,14 @@ def _emit(publish: Publish | None, event: Event) -> None:
 def reap_orphans(paths: Paths, *, term_timeout: float = 5.0, kill_timeout: float = 5.0,
                  kill: Kill | None = None, remote: RemoteReaper | None = None,
                  publish: Publish | None = None,
-                 lock_timeout: float | None = None) -> ReapReport:
+                 lock_timeout: float | None = None, honour_adoption: bool = True,
+                 window: AdoptionWindow | None = None) -> ReapReport:
     """One reap pass over `paths`; see the module docstring. Never raises for what it
-    finds on disk: everything lands in the report (`.blocking` gates launches)."""
+    finds on disk: everything lands in the report (`.blocking` gates launches).
+    `honour_adoption`: leave orphans alone while `up` may adopt them (adoption_window.py;
+    a supervisor's own passes do not: it tried to adopt them at its start); `window`
+    carries the periodic reaper's memory of when each was first seen orphaned."""
+    adopt = (window or AdoptionWindow()) if honour_adoption else None
     report = ReapReport(started_at=time.time())
     t0 = time.monotonic()
     if lock_timeout is None:
@@ -276,7 +285,7 @@ def reap_orphans(paths: Paths, *, term_timeout: float = 5.0, kill_timeout: float
         paths.ensure()
         with _pass_lock(paths, lock_timeout):
             _reap_all(paths, report, term_timeout=term_timeout, kill_timeout=kill_timeout,
-                      kill=kill, remote=remote, publish=publish)
+                      kill=kill, remote=remote, publish=publish, adopt=adopt)
     except (ReapLockTimeout, OSError) as exc:  # no pass: that blocks launches too
         report.failures.append({"job_id": "", "reason": f"reap pass failed: {exc}",
                                 "survivors": []})
@@ -290,8 +299,10 @@ def reap_orphans(paths: Paths, *, term_timeout: float = 5.0, kill_timeout: float
 
 
 def _reap_all(paths: Paths, report: ReapReport, *, term_timeout: float, kill_timeout: float,
-              kill: Kill | None, remote: RemoteReaper | None, publish: Publish | None) -> None:
+              kill: Kill | None, remote: RemoteReaper | None, publish: Publish | None,
+              adopt: AdoptionWindow | None = None) -> None:
     scan = read_manifests(paths)
+    record = live_record(paths) if adopt is not None else None
     for path, error in scan.unreadable:
         report.unreadable.append({"path": str(path), "error": error})
         log.error("unreadable launch manifest %s: %s", path, error)
@@ -300,6 +311,12 @@ def _reap_all(paths: Paths, report: ReapReport, *, term_timeout: float, kill_tim
                              at=time.time(), data={"path": str(path), "error": error},
                              outcome=ReapOutcome.BLOCKED))
     for path, manifest in scan.manifests:
+        if adopt is not None and not supervisor_state(manifest)[0]:
+            why = adopt.waits(record, manifest.job_id, time.monotonic(), time.time())
+            if why is not None:
+                report.awaiting_adoption[manifest.job_id] = why
+                log.info("job %s left for adoption: %s", manifest.job_id, why)
+                continue
         try:
             _reap_one(paths, path, manifest, report, term_timeout=term_timeout,
                       kill_timeout=kill_timeout, kill=kill, remote=remote, publish=publish)
@@ -307,6 +324,8 @@ def _reap_all(paths: Paths, report: ReapReport, *, term_timeout: float, kill_tim
             report.failures.append({"job_id": manifest.job_id, "survivors": [],
                                     "reason": f"{path}: {exc}"})
             log.error("job %s: %s: %s", manifest.job_id, path, exc)
+    if adopt is not None:
+        adopt.forget(set(report.awaiting_adoption))
     protected = protected_deployments(paths)
     if protected is None:
         return  # a manifest we cannot read may name any deployment: retire nothing

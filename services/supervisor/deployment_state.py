@@ -9,6 +9,7 @@ owner of the transitions and of the claim that a launch, stop or teardown holds 
     serving | failed | teardown_failed -> stopping       (a stop; teardown_failed: a retry)
     stopping -> stopped | teardown_failed                (the stop's verified teardown)
     failed -> stopped                                    (a stop during its launch)
+    adopting -> serving | failed | teardown_failed       (a restarted supervisor: adoption)
 
 `stopped` is terminal (the deployment has left the table); `teardown_failed` is left
 only by a stop. A launch, stop or post-failure teardown holds the deployment's one claim
@@ -28,14 +29,15 @@ ALLOWED: dict[DeploymentState, frozenset[DeploymentState]] = {
     S.LOADING: frozenset({S.CANARY, S.FAILED, S.TEARDOWN_FAILED}),
     S.CANARY: frozenset({S.SERVING, S.FAILED, S.TEARDOWN_FAILED}),
     S.SERVING: frozenset({S.FAILED, S.STOPPING}),
+    S.ADOPTING: frozenset({S.SERVING, S.FAILED, S.TEARDOWN_FAILED}),
     S.FAILED: frozenset({S.TEARDOWN_FAILED, S.STOPPING, S.STOPPED}),
     S.TEARDOWN_FAILED: frozenset({S.STOPPING}),
     S.STOPPING: frozenset({S.STOPPED, S.TEARDOWN_FAILED}),
     S.STOPPED: frozenset(),
 }
 # Ranks may be running: leases are renewed, abort-all reaches it, a stop tears it down.
-LIVE = frozenset({S.LAUNCHING, S.LOADING, S.CANARY, S.SERVING, S.STOPPING})
-STARTING = frozenset({S.LAUNCHING, S.LOADING})  # leases renewed fast: ranks wait for one
+LIVE = frozenset({S.LAUNCHING, S.LOADING, S.CANARY, S.SERVING, S.STOPPING, S.ADOPTING})
+STARTING = frozenset({S.LAUNCHING, S.LOADING, S.ADOPTING})  # leases renewed fast: ranks wait for one
 
 
 class Claim(str, Enum):
@@ -44,6 +46,7 @@ class Claim(str, Enum):
     LAUNCH = "launch"
     STOP = "stop"
     AFTER_FAILURE = "teardown after failure"
+    ADOPT = "adoption"
 
 
 class IllegalTransition(RuntimeError):

@@ -69,6 +69,16 @@ class SupervisorIdentity:
 
 
 KV_KEY_FILE = "kvcache.key"  # in the job dir, 0600: removed with it at teardown
+DEPLOY_RECORD = "deploy.json"  # in the job dir, 0600: the plan's arguments (adoption)
+
+
+def deploy_record(plan) -> dict[str, Any]:
+    """The arguments `plan.make_plan` re-makes `plan` from (hosts already placed)."""
+    given = plan.sampling_given
+    return {"schema_version": 1, "model_path": plan.model_path, "tp": plan.tp, "pp": plan.pp,
+            "hosts": plan.hosts, "backend": plan.requested_backend.value,
+            "envs": list(plan.envs), "sampling": None if given is None else given.given(),
+            "replica": plan.replica, "replicas": plan.replicas}
 
 
 def job_dir(paths: Paths, job_id: str) -> Path:
@@ -86,7 +96,7 @@ RANK_FIELDS = ("lease_ttl", "peer_abort_grace", "progress_stall_timeout",
                "signal_clear_timeout", "rank_telemetry_interval_s", "max_open_requests",
                "prompt_cache_entries", "prompt_cache_bytes", "prefill_stall_ratio",
                "prefill_step_decoding", "prefill_long_prompt", "rank_test_seams",
-               "prompt_cache_disk_bytes", "deterministic")
+               "prompt_cache_disk_bytes", "deterministic", "adopt_window_s")
 
 
 @functools.cache
@@ -166,6 +176,8 @@ def prepare(dep: Deployment, paths: Paths, me: SupervisorIdentity,
     try:
         keys = LaunchKeys(new_launch_secret(secret_path), dep.deployment_id, dep.job_id)
         _write_private(jd / KV_KEY_FILE, me.kv_key.hex() + "\n")
+        # What a restarted supervisor re-makes this plan from (adoption.py)
+        _write_private(jd / DEPLOY_RECORD, json.dumps(deploy_record(dep.plan)))
         coordinator = ""
         if dep.plan.backend == Backend.RING:
             hosts = [[f"{m.ip}:{ports[m.index][-1]}"] for m in members]

@@ -33,7 +33,7 @@ from common.messages import (
 from common.procs import START_TIME_TOLERANCE, identify
 from common.records import SupervisorRecord
 from common.schema import to_wire
-from services.supervisor import commands, lifecycle
+from services.supervisor import adoption, commands, lifecycle
 from services.supervisor.after_failure import teardown_after_failure
 from services.supervisor.broadcast import Broadcaster
 from services.supervisor.cache_clears import CacheClears
@@ -76,6 +76,8 @@ class Supervisor:
         self.reap_fn = reap_fn
         self.deployments: dict[str, Deployment] = {}
         self.last_reap: dict[str, Any] | None = None
+        self.last_adoption: dict[str, Any] | None = None  # the pass at start (adoption.py)
+        self.adoption_rejections: collections.Counter[str] = collections.Counter()
         # The last events published (state changes, incidents, reaps), as sent: the
         # incidents of `status` (the console, `lockstep admin status`) outlive their deployment.
         self.journal: collections.deque[dict[str, Any]] = collections.deque(maxlen=JOURNAL_LEN)
@@ -108,8 +110,12 @@ class Supervisor:
         self.cache_clears = CacheClears(self.publish_dep)
         self._write_runtime_file()
         self._loops = [asyncio.create_task(c) for c in (
-            self.sockets.admin_loop(self._on_admin), self.sockets.report_loop(self._on_report),
-            self.sockets.watch_loop(), self._lease_loop(), self._monitor_loop())]
+            self.sockets.report_loop(self._on_report), self.sockets.watch_loop(),
+            self._lease_loop(), self._monitor_loop())]
+        # Adoption first (the launches a dead predecessor left serving), and only then
+        # the admin socket: nobody sees a half-adopted deployment (adoption.py).
+        self.last_adoption = (await adoption.adopt_all(self)).to_wire()
+        self._loops.append(asyncio.create_task(self.sockets.admin_loop(self._on_admin)))
         try:
             await self.reap()
         except AdminError as exc:  # reported in status; launches stay blocked until fixed
@@ -211,10 +217,13 @@ class Supervisor:
                                  connect_timeout=self.settings.ssh_connect_timeout,
                                  command_timeout=self.settings.ssh_command_timeout)
         async with self._reap_lock:
+            # A live supervisor tried every orphan at its start (adoption.py): the
+            # adoption window `up` records is not for it to wait out.
             report = await asyncio.to_thread(
                 fn, self.paths, term_timeout=self.settings.stop_timeout,
                 kill_timeout=self.settings.kill_timeout, kill=self.seams.kill, publish=publish,
-                **({"remote": remote} if self.reap_fn is None else {}))
+                **({"remote": remote, "honour_adoption": False} if self.reap_fn is None
+                   else {}))
         self.last_reap = report.to_dict()
         if report.blocking:
             raise AdminError("reap_blocked", "launch refused: " + report.blockers(),

@@ -32,6 +32,8 @@ A field's name is the setting's one name: flag `--peer-abort-grace`, variable
 | prefill_step_decoding | 512 | the prompt chunk while streams decode and no long prompt prefills (or prefill_stall_ratio is 0) |
 | prefill_long_prompt | 2048 | a prompt with more tokens than this to compute is long: prefilled in steered chunks while streams decode; 0 = every prompt |
 | deterministic | true | every rank runs the batch-invariant forward pass (services/rank/determinism.py): a request's tokens and logprobs depend on the request alone, not on its batch, prefill chunk, prefix-cache hit or resume point; `--no-deterministic` runs mlx-lm's own (faster, see README "Determinism") |
+| adopt_window_s | 0 | a local rank whose supervisor (its parent) died keeps serving this long for a restarted supervisor to adopt it, then exits `launcher_lost`; 0 = at once (`lockstep up` sets it: its `--adopt-window`) |
+| adopt_timeout | 15 | a restarted supervisor's bound on proving a running launch's ranks before it tears the launch down (docs/supervisor.md "Adoption") |
 | rank_test_seams | false | lets ranks honour LOCKSTEP_TEST_* fault switches (tests only) |
 | hosts | (none) | hosts file (mlx.launch format) for deploys that name no hosts (`--hosts FILE`) |
 | ssh_config | (empty) | ssh client config (`ssh -F`) for remote hosts that set none of their own |
@@ -94,6 +96,8 @@ class SupervisorSettings:
     prefill_long_prompt: Count = 2048
     rank_test_seams: bool = False
     deterministic: bool = True  # the batch-invariant forward pass (rank/determinism.py)
+    adopt_window_s: Seconds = 0.0  # a parentless local rank waits this long to be adopted
+    adopt_timeout: PositiveSeconds = 15.0  # adoption.py: proof of a running launch's ranks
     canary_runs: AtLeastOne = 3
     canary_window_s: Seconds = 1.0
     canary_tokens: AtLeastOne = 4

@@ -148,6 +148,21 @@ class SupervisorSockets:
                      self.extra_rank_endpoints[local])
         return self.extra_rank_endpoints[local]
 
+    def bind_rank_endpoints(self, control: str, report: str) -> None:
+        """Bind `control` and `report` exactly (a restarted supervisor adopting ranks on
+        other hosts: they reconnect to the endpoints their spec names); a no-op for the
+        primary pair or a pair bound already. zmq.ZMQError if either cannot be bound."""
+        if (control, report) == (self.control_endpoint, self.report_endpoint):
+            return
+        host = control.rsplit(":", 1)[0].removeprefix("tcp://")
+        if self.extra_rank_endpoints.get(host) == (control, report):
+            return
+        self.control.bind(control)
+        self.report.bind(report)
+        self.extra_rank_endpoints[host] = (control, report)
+        log.info("control/report bound again on %s for adopted ranks: %s", host,
+                 (control, report))
+
     # --- publishing ------------------------------------------------------------------
 
     def publish_event(self, event: Event) -> None:

@@ -24,6 +24,12 @@ torn down with proof and redeployed, at most --restarts times (default 3) within
 2 s; services/up/restart_budget.py). Past that rate `up` keeps serving nothing but stays
 up (gateway, supervisor, reaper running; /ready 503) until a deployment of the model is
 deployed again (`lockstep admin deploy`), which it then watches as its own.
+A supervisor that dies (SIGKILL, a crash) is restarted on the same ports, at most
+--supervisor-restarts times (default 3) within --restart-window, and adopts the ranks it
+left serving: the gateway's streams go on (services/up/supervisor_keeper.py; each local
+rank waits --adopt-window seconds, default 30, for that; 0 = ranks end with their
+supervisor). With --supervisor-restarts 0 the gateway and reaper keep running, the ranks
+end on their own and `up` waits for Ctrl-C.
 --replicas N: N deployments of the model behind the one gateway, each on the next tp×pp
 rank slots of --hosts (services/up/replicas.py); a failed one is redeployed while the
 others serve, and the gateway resumes its requests on them at once.
@@ -68,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
                      ("--ready-timeout", float), ("--stop-timeout", float),
                      ("--restarts", int), ("--restart-window", float),
                      ("--restart-backoff", float), ("--replicas", int),
+                     ("--supervisor-restarts", int), ("--adopt-window", float),
                      ("--prompt-cache-entries", int),
                      ("--prompt-cache-bytes", int), ("--prompt-cache-disk-bytes", int),
                      ("--prefill-stall-ratio", float),

@@ -24,6 +24,7 @@ from common.messages.commands import deploy
 from common.model_ref import model_id
 from services.up.admin import UpError
 from services.up.restart_budget import Exhausted
+from services.up.supervisor_keeper import SupervisorGone
 
 if TYPE_CHECKING:
     from services.up.run import Up
@@ -84,11 +85,21 @@ class ReplicaSet:
         return 0
 
     def check(self, *, starting: bool) -> None:
-        """Every replica's state: note its ranks, redeploy the failed ones."""
-        self.up.check_children()
+        """Every replica's state: note its ranks, redeploy the failed ones (and, after a
+        supervisor restart, the ones it did not adopt)."""
+        restarted = False
+        try:
+            self.up.check_children()
+        except SupervisorGone as gone:
+            if not self.up.keeper.restart(gone):
+                return  # up is stopping
+            restarted = True
         for rep in self.replicas:
             dep = self.up.admin.deployment(rep.dep_id)
             if dep is None:
+                if restarted and not rep.given_up:  # not adopted, and reaped: gone
+                    self.redeploy(rep, DeploymentState.FAILED, "not adopted by the restarted "
+                                  "supervisor", torn_down=True)
                 continue
             self.up.note_ranks(dep)
             if dep.state == DeploymentState.SERVING and not rep.serving:
@@ -98,7 +109,8 @@ class ReplicaSet:
             elif dep.state in FAILED_STATES and not rep.given_up:
                 self.redeploy(rep, dep.state, dep.error)
 
-    def redeploy(self, rep: Replica, state: DeploymentState, error: str | None) -> None:
+    def redeploy(self, rep: Replica, state: DeploymentState, error: str | None, *,
+                 torn_down: bool = False) -> None:
         proven = state == DeploymentState.TEARDOWN_FAILED
         if proven and not self.up.teardown_until_proven(rep.dep_id, f"{state}: {error}"):
             return  # up is stopping
@@ -111,7 +123,8 @@ class ReplicaSet:
         self.up.log(f"replica {rep.index}: deployment {rep.dep_id} is {state}: {error}; the "
                     f"others serve on; redeploying it ({decision.used} of {self.up.s.restarts}"
                     f" within {self.up.s.restart_window:g}s)")
-        if not proven and not self.up.teardown_until_proven(rep.dep_id, f"{state}: {error}"):
+        if not proven and not torn_down and not self.up.teardown_until_proven(
+                rep.dep_id, f"{state}: {error}"):
             return
         if self.up.stop_flag.wait(decision.delay_s):
             return

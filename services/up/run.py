@@ -37,6 +37,7 @@ from services.up.preflight import busy_ports, supervisor_busy
 from services.up.progress import UpProgress
 from services.up.restart_budget import Exhausted, RestartBudget
 from services.up.settings import UpSettings, named_sampling
+from services.up.supervisor_keeper import SupervisorGone, SupervisorKeeper
 
 RESTART_BACKOFF_MAX_S = 60.0  # the redeploy backoff doubles up to this
 TEARDOWN_RETRY_S = 5.0  # an unproven teardown is retried after this, doubling ...
@@ -85,6 +86,7 @@ class Up:
         me = identify(os.getpid())
         self.launcher = launcher_value(me) if me is not None else None
         self.sampling = SamplingOverrides()  # what the deployment gets (model_path sets it)
+        self.keeper = SupervisorKeeper(self)
 
     def log(self, msg: str, *, err: bool = False) -> None:
         """Never raises: the terminal may be gone (see console.py)."""
@@ -106,11 +108,40 @@ class Up:
         self.log(f"started {name} (pid {p.pid}, log {self.paths.logs / (name + '.log')})")
         return p
 
-    def check_children(self) -> None:
+    def start_supervisor(self, ports: dict[str, int]) -> subprocess.Popen:
+        """The supervisor, on the settings' ports or (a restart) on `ports`, the ones the
+        first one bound (services/up/supervisor_keeper.py)."""
+        s = self.s
+        port = {"admin": s.admin_port, "events": s.events_port, "control": s.control_port,
+                "report": s.report_port, **ports}
+        return self.spawn("supervisor", [
+            "--admin-port", str(port["admin"]), "--events-port", str(port["events"]),
+            "--control-port", str(port["control"]), "--report-port", str(port["report"]),
+            "--prompt-cache-entries", str(s.prompt_cache_entries),
+            "--prompt-cache-bytes", str(s.prompt_cache_bytes),
+            "--prompt-cache-disk-bytes", str(s.prompt_cache_disk_bytes),
+            "--prefill-stall-ratio", str(s.prefill_stall_ratio),
+            "--prefill-long-prompt", str(s.prefill_long_prompt),
+            "--adopt-window-s", str(s.adopt_window),
+            "--deterministic" if s.deterministic else "--no-deterministic"])
+
+    def _tail(self, name: str) -> str:
+        return (self.paths.logs / f"{name}.log").read_text(errors="replace")[-1500:]
+
+    def check_services(self) -> None:
+        """The gateway and reaper still run (UpError if one exited)."""
         for name, p in self.procs.items():
-            if p.poll() is not None:
-                tail = (self.paths.logs / f"{name}.log").read_text(errors="replace")[-1500:]
-                raise UpError(f"{name} exited with status {p.returncode}; its log ends:\n{tail}")
+            if name != "supervisor" and p.poll() is not None:
+                raise UpError(f"{name} exited with status {p.returncode}; its log ends:\n"
+                              f"{self._tail(name)}")
+
+    def check_children(self) -> None:
+        """Every service still runs: SupervisorGone for the supervisor (restarted by the
+        keeper), UpError for the others."""
+        self.check_services()
+        sup = self.procs.get("supervisor")
+        if sup is not None and sup.poll() is not None:
+            raise SupervisorGone(sup.pid, sup.returncode, self._tail("supervisor"))
 
     def model_path(self) -> str:
         """Builds a preset if needed, settles tp, pp and the sampling defaults, and checks
@@ -161,20 +192,13 @@ class Up:
                 members_from_host_records(hosts, slots=self.s.tp * self.s.pp * self.s.replicas)
             except HostsError as exc:
                 raise UpError(f"--hosts {self.s.hosts}: {exc}") from None
-        sup = self.spawn("supervisor", ["--admin-port", str(s.admin_port), "--events-port",
-                                        str(s.events_port), "--control-port", str(s.control_port),
-                                        "--report-port", str(s.report_port),
-                                        "--prompt-cache-entries", str(s.prompt_cache_entries),
-                                        "--prompt-cache-bytes", str(s.prompt_cache_bytes),
-                                        "--prompt-cache-disk-bytes",
-                                        str(s.prompt_cache_disk_bytes),
-                                        "--prefill-stall-ratio", str(s.prefill_stall_ratio),
-                                        "--prefill-long-prompt", str(s.prefill_long_prompt),
-                                        "--deterministic" if s.deterministic
-                                        else "--no-deterministic"])
+        self.key = key
+        self.keeper.record()  # this `up` restarts its supervisor: the reaper waits for it
+        sup = self.start_supervisor({})
         self.admin = AdminLink(self.paths, key, sup.pid)
         self.admin.interrupted = self.stop_flag.is_set
         admin_ep, events_ep = self.admin.wait_endpoints(60.0, self.stop_flag, self.check_children)
+        self.keeper.remember_ports()
         self.spawn("reaper", ["--events-port", str(s.reaper_events_port)])
         gw_args = ["--host", s.host, "--port", str(s.port), "--admin-endpoint", admin_ep,
                    "--events-endpoint", events_ep]
@@ -198,6 +222,27 @@ class Up:
                 while not self.stop_flag.wait(1.0):
                     self.progress(dep_id)
                 return 0
+            except SupervisorGone as gone:
+                if not self.keeper.restart(gone):
+                    return 0
+                dep = self.admin.deployment(dep_id) if dep_id else None
+                if dep is not None and dep.state == DeploymentState.SERVING:
+                    self.log(f"{dep_id} adopted by the new supervisor: serving on")
+                    continue
+                self.log(f"{dep_id} was not adopted ({dep.state if dep else 'not found'}"
+                         f"{': ' + dep.error if dep and dep.error else ''}); redeploying")
+                if dep is not None and dep.state in FAILED_STATES:
+                    if not self.teardown_until_proven(dep_id, "not adopted"):
+                        return 0
+                decision = budget.decide(time.monotonic())
+                if isinstance(decision, Exhausted):
+                    dep_id = self.wait_for_a_deploy(model, DeploymentDown(
+                        dep_id, DeploymentState.FAILED, "not adopted"), decision)
+                    continue
+                if self.stop_flag.wait(decision.delay_s):
+                    return 0
+                budget.record(time.monotonic())
+                redeploy = True
             except DeploymentDown as down:
                 # A rank died or a peer was lost: the ranks are gone (the supervisor proves
                 # it). Redeploy at a bounded rate instead of leaving no service.
@@ -323,14 +368,31 @@ class Up:
         self.console.redraw(f"  cluster console: {url}/admin/#token={self.admin_token}\n\n")
         self.console.say("Press Ctrl-C to stop.\n")
 
+    def reap_orphans(self) -> bool:
+        """One `lockstep reaper --once` pass (the supervisor is gone and nobody restarts
+        it: keeper.forget() closed the adoption window): its launches' ranks proven gone."""
+        cmd = [sys.executable, "-m", "services", "reaper", "--home", str(self.paths.home), "--once"]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                                 timeout=120)
+        except subprocess.TimeoutExpired:
+            self.log("reap of the dead supervisor's launches: not done in 120 s")
+            return False
+        self.log(f"reap of the dead supervisor's launches (exit {out.returncode}): "
+                 f"{(out.stdout + out.stderr).strip()}")
+        return out.returncode == 0
+
     def shutdown(self) -> bool:
         """abort_all → verified teardown → stop services → prove every pid gone."""
         ok = True
         if self.admin is not None:
             self.admin.interrupted = None  # the stop's own calls are not to be cut short
-        if self.admin is not None and self.procs.get("supervisor") and \
-                self.procs["supervisor"].poll() is None:
+        sup = self.procs.get("supervisor")
+        self.keeper.forget()  # nobody restarts a supervisor any more: reap what is left
+        if self.admin is not None and sup is not None and sup.poll() is None:
             ok = self.admin.abort_and_teardown(self.log, self.rank_pids) and ok
+        elif sup is not None:  # it died and was not restarted: its launches are orphans
+            ok = self.reap_orphans() and ok
         idents = []
         for name in ("gateway", "reaper", "supervisor"):
             p = self.procs.get(name)

@@ -43,6 +43,11 @@ class UpSettings:
     restarts: Count = 3
     restart_window: PositiveSeconds = 600.0
     restart_backoff: Seconds = 2.0
+    # a supervisor that dies is restarted, at most `supervisor_restarts` times within any
+    # `restart_window` (0: never), and adopts the ranks it left serving; a local rank
+    # waits `adopt_window` seconds for that (services/up/supervisor_keeper.py)
+    supervisor_restarts: Count = 3
+    adopt_window: Seconds = 30.0
     replicas: AtLeastOne = 1  # deployments of the model behind the gateway (replicas.py)
     # The supervisor's settings of the same names, handed to it as its flags (every rank
     # gets them through its spec): 0 entries = prefix cache off; 0 bytes = auto; disk

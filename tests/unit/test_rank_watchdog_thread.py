@@ -4,6 +4,7 @@ wiring of the supervisor's settings into the ranks'."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -201,6 +202,27 @@ def test_thread_launcher_gone_marks_aborts_asks_main_then_exits():
         with pytest.raises(Exited):
             make(r).tick()
         assert r.kinds() == kinds
+
+
+def test_thread_orphaned_rank_serves_on_through_the_adopt_window():
+    adopting = dataclasses.replace(SHORT, adopt_window_s=4.0, lease_ttl=45.0)
+    rank = FakeRank(world_size=1)
+    rank.lease = 0.0
+    rank.gone = "parent 7 gone"  # the supervisor was killed at t=0
+    wd = make(rank, adopting)
+
+    def restarted(now):  # a restarted supervisor re-authenticates and leases from t=2
+        if now >= 2.0:
+            rank.lease = now
+    run_for(rank, wd, 30.0, restarted)  # never lost: adopted, and the leases go on
+    assert rank.kinds() == [] and wd.launcher.adopted
+    orphan = FakeRank(world_size=1)
+    orphan.lease, orphan.gone = 0.0, "parent 7 gone"
+    wd2 = make(orphan, adopting)
+    with pytest.raises(Exited):
+        run_for(orphan, wd2, 30.0)  # nobody adopts it
+    mark = orphan.calls[0]
+    assert mark[2] == "launcher_lost" and 4.0 <= mark[1] <= 4.0 + 0.6
 
 
 def test_thread_progress_stall_fails_without_asking_the_stuck_main_thread():

@@ -162,6 +162,62 @@ def test_launcher_watchdog_parent_and_lease():
     assert LauncherWatchdog(lease_ttl=0).check(1e9, None, 0.0) is None  # off
 
 
+GONE = "the launcher (parent pid 42) is gone; re-parented to pid 1"
+
+
+def test_launcher_watchdog_adopt_window_zero_is_lost_at_once():
+    wd = LauncherWatchdog(lease_ttl=45.0, adopt_window=0.0)
+    v = wd.check(10.0, GONE, 9.0)
+    assert v.what == "launcher_lost" and v.reason == GONE
+
+
+def test_launcher_watchdog_orphaned_without_adoption_is_lost_at_exactly_the_window():
+    wd = LauncherWatchdog(lease_ttl=45.0, adopt_window=20.0)
+    assert wd.check(99.0, None, 98.0) is None  # parent alive
+    v = wd.check(100.0, GONE, 98.0)  # t0: first seen gone
+    assert v.what == "orphaned" and "20s" in v.reason
+    assert wd.check(110.0, GONE, 98.0) is None  # serving on meanwhile
+    assert wd.judge(119.99, GONE, 98.0) is None
+    assert wd.check(119.99, GONE, 98.0) is None
+    v = wd.check(120.0, GONE, 98.0)
+    assert v.what == "launcher_lost"
+    assert v.reason.startswith("supervisor (parent) gone for 20.0s and nobody adopted this "
+                               "rank (adopt window 20s)")
+    assert wd.judge(120.0, GONE, 98.0) == v  # another thread asking gets the same answer
+
+
+def test_launcher_watchdog_adopted_inside_the_window_then_only_the_lease_counts():
+    wd = LauncherWatchdog(lease_ttl=45.0, adopt_window=20.0)
+    assert wd.check(100.0, GONE, 99.5).what == "orphaned"
+    assert wd.check(105.0, GONE, 99.5) is None
+    v = wd.check(106.0, GONE, 105.5)  # a restarted supervisor's lease, after t0
+    assert v.what == "adopted" and wd.adopted
+    assert wd.check(1000.0, GONE, 990.0) is None  # never lost by the parent again
+    v = wd.check(1035.1, GONE, 990.0)  # but a stale lease still ends it
+    assert v.what == "launcher_lost" and "no supervisor lease for 45.1s" in v.reason
+
+
+def test_launcher_watchdog_a_lease_before_t0_is_not_an_adoption():
+    wd = LauncherWatchdog(lease_ttl=45.0, adopt_window=5.0)
+    wd.check(100.0, GONE, 100.0)  # the old supervisor's last lease, at t0 itself
+    assert wd.check(105.0, GONE, 100.0).what == "launcher_lost"
+
+
+def test_launcher_watchdog_lease_staleness_still_applies_inside_the_window():
+    wd = LauncherWatchdog(lease_ttl=10.0, adopt_window=60.0)
+    assert wd.check(100.0, GONE, 95.0).what == "orphaned"
+    v = wd.check(105.5, GONE, 95.0)
+    assert v.what == "launcher_lost" and "lease" in v.reason
+
+
+def test_launcher_watchdog_rebase_restarts_the_adopt_window():
+    wd = LauncherWatchdog(lease_ttl=0.0, adopt_window=20.0)
+    wd.check(100.0, GONE, None)
+    wd.rebase(500.0)  # this process was stopped: nobody could adopt it meanwhile
+    assert wd.check(519.0, GONE, None) is None
+    assert wd.check(520.0, GONE, None).what == "launcher_lost"
+
+
 # -- progress watchdog ------------------------------------------------------------------
 
 

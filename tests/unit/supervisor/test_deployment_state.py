@@ -10,7 +10,7 @@ from services.supervisor.deployment_state import DeploymentState as S
 from services.supervisor.plan import DeployPlan
 
 WIRE = {"launching", "loading", "canary", "serving", "stopping", "stopped", "failed",
-        "teardown_failed"}
+        "teardown_failed", "adopting"}
 EDGES = {
     ("launching", "loading"), ("loading", "canary"), ("canary", "serving"),
     ("launching", "failed"), ("loading", "failed"), ("canary", "failed"),
@@ -18,12 +18,14 @@ EDGES = {
     ("canary", "teardown_failed"), ("serving", "failed"), ("failed", "teardown_failed"),
     ("serving", "stopping"), ("failed", "stopping"), ("teardown_failed", "stopping"),
     ("stopping", "stopped"), ("stopping", "teardown_failed"), ("failed", "stopped"),
+    ("adopting", "serving"), ("adopting", "failed"), ("adopting", "teardown_failed"),
 }
 
 
 def test_the_states_are_the_wire_strings() -> None:
     assert {s.value for s in S} == WIRE == {s.value for s in ALLOWED}
-    assert {s.value for s in LIVE} == {"launching", "loading", "canary", "serving", "stopping"}
+    assert {s.value for s in LIVE} == {"launching", "loading", "canary", "serving", "stopping",
+                                      "adopting"}
     assert S("serving") is S.SERVING and str(S.TEARDOWN_FAILED) == "teardown_failed"
 
 
