@@ -24,7 +24,7 @@ from common.atomic_json import StateFileError
 from common.bus import BusTimeout, Channel, GapTracker, configure, new_request_id
 from common.deployment_info import DeploymentInfo
 from common.envelope import Key
-from common.home import read_supervisor_record
+from common.home import live_adoption_record, read_supervisor_record
 from common.keys import KeyFileError, requests_key_of
 from common.messages import (
     ADMIN_OUT,
@@ -277,6 +277,15 @@ class Cluster:
         self.tokenizers.close()
         self._disconnect()
         self.ctx.destroy(linger=0)
+
+    def restarting(self, now: float | None = None) -> str | None:
+        """Why the supervisor is being restarted (`up` recorded it in runtime/adoption.json
+        beside supervisor.json: services/up/supervisor_keeper.py), or None."""
+        rec = live_adoption_record(self.settings.supervisor_file.parent / "adoption.json")
+        now = time.time() if now is None else now
+        if rec is None or rec.restarting_until is None or rec.restarting_until <= now:
+            return None
+        return rec.reason or "the supervisor died"
 
     # --- lookups ---------------------------------------------------------------------
 

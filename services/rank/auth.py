@@ -138,6 +138,11 @@ class ReportSession:
         self._accepted_once = False
         self._failed = False
         self._live = False
+        # The report connection dropped (the supervisor process may be gone): nothing is
+        # sent until its control shows it is the same one, or another proved itself.
+        # Else what the rank sends meanwhile waits in the DEALER's pipe and reaches a
+        # restarted supervisor, which refuses it (no session): noise in its counters.
+        self.muted = False
 
     def _new_link(self, *, quiet: bool) -> InitiatorLink:
         return InitiatorLink("report", self.spec, self.keys, self.chan, self.ident,
@@ -149,8 +154,26 @@ class ReportSession:
         return self.link.peer_verified
 
     def send(self, body) -> None:
-        if self.link.accepted:  # before that the supervisor would refuse it anyway
+        if self.link.accepted and not self.muted:  # else the supervisor would refuse it
             self.wire.send(self.sock, self.chan, body)
+
+    def disconnected(self) -> None:
+        """The report connection dropped (a socket monitor saw it): hold reports, and drop
+        what was sent between the drop and now (still queued in the DEALER's pipe: a
+        restarted supervisor would refuse it) by disconnecting and connecting again."""
+        if self.link.accepted and not self.muted:
+            self.muted = True
+            self.sock.disconnect(self.spec.report_endpoint)  # its pipe, queue and all
+            self.sock.connect(self.spec.report_endpoint)
+            log.info("report: connection to the supervisor dropped; reports held until it "
+                     "or a restarted one is heard from")
+
+    def heard(self, origin: Origin) -> None:
+        """Control from `origin` was delivered: if it is the proven supervisor, it is still
+        there (a dropped connection, not a restart): report again."""
+        if self.muted and origin == self.peer and self.link.accepted:
+            self.muted = False
+            log.info("report: the supervisor %s is still there; reporting again", origin)
 
     def reauthenticate(self) -> None:
         """Control from another supervisor process passed this launch's key: a restarted
@@ -175,6 +198,7 @@ class ReportSession:
                          self.peer, (time.monotonic() - self._renewing_at) * 1000)
             self._accepted_once = True
             self._renewing_at = None
+            self.muted = False  # a supervisor proved itself: it has a session for us
             return True
         return False
 

@@ -49,6 +49,8 @@ class Supervisor(Protocol):
 
     def reauthenticate(self) -> None: ...
 
+    def heard(self, origin: Origin) -> None: ...  # control from `origin` was delivered
+
 
 class ControlIntake:
     def __init__(self, chan: Channel, topic: bytes, deployment_id: str, job_id: str,
@@ -73,6 +75,7 @@ class ControlIntake:
         origin = Origin.of(msg.header)
         self.release()  # anything held goes first: it arrived first
         if self._peer is not None and origin == self._peer:
+            self.session.heard(origin)
             self._deliver(msg.body)
         elif origin in self._refused:
             self.drops["control.old_supervisor"] += 1

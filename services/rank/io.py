@@ -36,6 +36,7 @@ import threading
 import time
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from common import messages as m
 from common.bus import Channel, configure, configure_listener
@@ -96,6 +97,8 @@ class RankIO:
         # Control is believed only from the supervisor that gave that proof; what comes
         # earlier is held, not counted; another supervisor's (a restarted one) is held
         # until it proved itself too (services.rank.control_intake).
+        # Only drops: the report session holds reports until the supervisor is heard from.
+        self.report_monitor = self.report.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.control_in = ControlIntake(self.ctl, self.topic, spec.deployment_id, spec.job_id,
                                         self.drops, session=self.reporting,
                                         deliver=self._on_control)
@@ -198,6 +201,7 @@ class RankIO:
         intake.add(self.control, self.control_in.on_frames)
         intake.add(self.plan, self.session.on_frames, self.pln.budget)
         intake.add(self.report, self._on_report)
+        intake.add(self.report_monitor, self._on_report_monitor)
         if self.requests is not None:
             intake.add(self.requests, self._on_requests, self.req.budget)
         for watch in self.watches:
@@ -275,6 +279,8 @@ class RankIO:
             self.reporting.send(self.rt.telemetry())
         for watch in self.watches:
             watch.close()
+        self.report.disable_monitor()
+        self.report_monitor.close(linger=0)
         for s in (self.control, self.report, self.plan, self.requests):
             if s is not None:
                 s.close(linger=1000)
@@ -316,6 +322,10 @@ class RankIO:
         for signum in data:
             if self.rt.on_signal(signum):  # the first; a second one leaves at once
                 self.inbox.put(ev.SignalEv(signum))
+
+    def _on_report_monitor(self, frames: list[bytes]) -> None:
+        if parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED:
+            self.reporting.disconnected()
 
     def _on_report(self, frames: list[bytes]) -> None:
         proofs = self.reporting.proofs

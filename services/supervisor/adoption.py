@@ -53,7 +53,7 @@ from services.supervisor.plan import make_plan
 from services.supervisor.remote import hosts_of
 
 if TYPE_CHECKING:
-    from services.supervisor.service import Supervisor
+    from services.supervisor.interfaces import AdoptionHost as Supervisor
 
 log = logging.getLogger("lockstep.supervisor.adoption")
 
@@ -157,12 +157,13 @@ async def adopt_all(sup: Supervisor) -> AdoptionReport:
         try:
             dep = rebuild(sup, manifest)
             _markers_serving(sup, dep)
-            for r, (ctl, rep) in dep.rank_endpoints.items():
+            for ctl, rep in dep.rank_endpoints.values():
                 sup.sockets.bind_rank_endpoints(ctl, rep)
         except (NotAdoptable, OSError) as exc:
             why = str(exc)
             report.rejected[manifest.job_id] = why
-            sup.adoption_rejections[type(exc).__name__] += 1
+            sup.adoption_rejections["not_adoptable" if isinstance(exc, NotAdoptable)
+                                    else "unreadable"] += 1
             log.warning("launch %s (%s) not adopted: %s; it is reaped", manifest.job_id,
                         manifest.deployment_id, why)
             continue

@@ -20,6 +20,7 @@ the uses against the declarations):
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Coroutine, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -84,6 +85,8 @@ class CommandHost(Protocol):
     def deployments(self) -> Mapping[str, Deployment]: ...
     @property
     def last_reap(self) -> dict[str, Any] | None: ...
+    @property
+    def adoption_rejections(self) -> Mapping[str, int]: ...  # launches not adopted, by why
     @property
     def journal(self) -> Iterable[dict[str, Any]]: ...
 
@@ -162,3 +165,17 @@ class LifecycleHost(LaunchHost, Protocol):
     def broadcaster(self) -> Broadcaster: ...
 
     async def reap(self) -> dict[str, Any]: ...
+
+
+class AdoptionSockets(ReportRoutes, Protocol):
+    def bind_rank_endpoints(self, control: str, report: str) -> None: ...
+
+
+class AdoptionHost(LifecycleHost, Protocol):
+    """What services/supervisor/adoption.py needs: a launch's host, plus the endpoints a
+    dead predecessor gave remote ranks and the count of launches not adopted."""
+
+    @property
+    def sockets(self) -> AdoptionSockets: ...
+    @property
+    def adoption_rejections(self) -> collections.Counter[str]: ...

@@ -15,7 +15,7 @@ from typing import Any
 import zmq.asyncio
 
 from common.envelope import BOOT_ID, Message
-from common.home import Paths, write_supervisor_record
+from common.home import Paths, live_adoption_record, write_supervisor_record
 from common.keys import kv_cache_key, load_cluster_key
 from common.messages import (
     DEAD_PHASES,
@@ -112,6 +112,7 @@ class Supervisor:
         self._loops = [asyncio.create_task(c) for c in (
             self.sockets.report_loop(self._on_report), self.sockets.watch_loop(),
             self._lease_loop(), self._monitor_loop())]
+        self._note_restart()
         # Adoption first (the launches a dead predecessor left serving), and only then
         # the admin socket: nobody sees a half-adopted deployment (adoption.py).
         self.last_adoption = (await adoption.adopt_all(self)).to_wire()
@@ -123,6 +124,18 @@ class Supervisor:
         log.info("supervisor %s: admin %s events %s control %s report %s", os.getpid(),
                  self.sockets.admin_endpoint, self.sockets.events_endpoint,
                  self.sockets.control_endpoint, self.sockets.report_endpoint)
+
+    def _note_restart(self) -> None:
+        """An incident when `up` restarted us (its adoption record says it is restarting
+        a supervisor): the console and `admin status` show every restart."""
+        rec = live_adoption_record(self.paths.adoption_file)
+        if rec is None or rec.restarting_until is None:
+            return
+        why = f"supervisor restarted as pid {self.me.pid}: {rec.reason}"
+        log.warning("%s", why)
+        self.publish(Event(topic=EventTopic.INCIDENT, name=EventName.SUPERVISOR_RESTARTED,
+                           deployment_id="", state=None, reason=why, at=time.time(),
+                           data={"pid": self.me.pid, "window_s": rec.window_s}))
 
     @property
     def runtime_file(self):

@@ -102,7 +102,9 @@ class SupervisorKeeper:
             return False
         self.budget.record(time.monotonic())
         self.restarts += 1
-        self.record(time.time() + s.adopt_window, gone.short())
+        self.record(time.time() + s.adopt_window,
+                    f"{gone.short()} (restart {self.restarts}, {decision.used} within "
+                    f"{s.restart_window:g}s of --supervisor-restarts {s.supervisor_restarts})")
         p = up.start_supervisor(self.ports)
         up.admin = AdminLink(up.paths, up.key, p.pid)
         up.admin.interrupted = up.stop_flag.is_set

@@ -5,6 +5,8 @@ CLI's flags come from the Args."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from common.messages.commands import (
@@ -153,7 +155,8 @@ async def test_the_supervisors_commands_answer_what_their_replies_declare() -> N
                           paths=SimpleNamespace(home="/h"), sockets=eps,
                           deployments={"d-1": dep}, cluster_key=Key.from_secret(b"c" * 32),
                           epochs=SimpleNamespace(current=3), journal=[],
-                          last_reap=ReapReport(reaped=["j-0"]).to_dict())
+                          last_reap=ReapReport(reaped=["j-0"]).to_dict(),
+                          adoption_rejections=Counter(not_proven=1))
     for name in ("ping", "status", "deployments"):
         reply = await sup_commands.dispatch(sup, AdminRequest("r", name, {}))
         assert reply.ok, (name, reply.message)

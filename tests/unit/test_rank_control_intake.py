@@ -42,6 +42,9 @@ class FakeSession:
     def reauthenticate(self) -> None:
         self.reauth_asked += 1
 
+    def heard(self, origin: Origin) -> None:
+        self.heard_from = origin
+
 
 def supervisor_process(key: Key, pid: int) -> Channel:
     """A supervisor process's control channel: its own sender and process boot id."""

@@ -1,7 +1,8 @@
 """reap — one reap pass now (the same pass that runs at start and before every launch).
 
     request  {}
-    reply    ReapReport {reaped: [job_id], active: [job_id], failures: [{job_id, reason,
+    reply    ReapReport {reaped: [job_id], active: [job_id], awaiting_adoption: {job_id:
+              why}, failures: [{job_id, reason,
               survivors}], unreadable: [{path, error}], steps: {job_id: [step]},
               retired_markers: [deployment_id], unreadable_markers: [{path, error}],
               started_at, duration_s, blocking}   (`blocking` true means launches are
@@ -41,6 +42,9 @@ class ReapReport:
 
     reaped: list[str] = field(default_factory=list)  # job ids, every exit proven
     active: list[str] = field(default_factory=list)  # job ids of live supervisors
+    # job id -> why it is left alone: its `up` is restarting the supervisor, which may
+    # adopt it (services/reaper/adoption_window.py)
+    awaiting_adoption: dict[str, str] = field(default_factory=dict)
     failures: list[ReapFailure] = field(default_factory=list)
     unreadable: list[Unreadable] = field(default_factory=list)  # launch manifests
     steps: dict[str, list[str]] = field(default_factory=dict)  # job id -> ladder steps
@@ -52,6 +56,7 @@ class ReapReport:
 
     def render(self) -> str:
         lines = [f"reaped {self.reaped or 'none'}; active {self.active or 'none'}"]
+        lines += [f"  AWAITING ADOPTION {j}: {why}" for j, why in self.awaiting_adoption.items()]
         lines += [f"  FAILED {f.job_id}: {f.reason}" for f in self.failures]
         lines += [f"  UNREADABLE {u.path}: {u.error}" for u in self.unreadable]
         return "\n".join(lines)

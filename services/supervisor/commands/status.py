@@ -28,7 +28,9 @@ async def run(sup: CommandHost, args: Args) -> dict:
                                      "report": sk.report_endpoint}},
         "deployments": [d.to_wire(cluster_key=sup.cluster_key) for d in sup.deployments.values()],
         "cancel_epoch": sup.epochs.current,
-        "rejections": REGISTRY.snapshot() + rank_rejections(sup),
+        "rejections": REGISTRY.snapshot() + rank_rejections(sup) + [
+            {"service": "supervisor", "socket": "adoption", "reason": why, "count": n}
+            for why, n in sorted(sup.adoption_rejections.items())],
         "reaper": sup.last_reap,
         "events": list(sup.journal),
     }
