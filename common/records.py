@@ -219,10 +219,17 @@ class AdoptionRecord(_Record):
     window_s: float
     restarting_until: float | None = None
     reason: str = ""
+    # the restart policy (shown by `admin status`): at most `supervisor_restarts` within
+    # any `restart_window_s`; `restarts`: how many this `up` has made
+    supervisor_restarts: int = 0
+    restart_window_s: float = 0.0
+    restarts: int = 0
     schema_version: int = SCHEMA_VERSION
 
     _SPEC = {"schema_version": _VERSION, "up_pid": _PID, "up_start_time": _FLOAT,
-             "window_s": _FLOAT, "restarting_until": _OPT_FLOAT, "reason": _STR}
+             "window_s": _FLOAT, "restarting_until": _OPT_FLOAT, "reason": _STR,
+             "supervisor_restarts": _INT, "restart_window_s": _FLOAT, "restarts": _INT}
+    _OPTIONAL = ("supervisor_restarts", "restart_window_s", "restarts")
 
     @classmethod
     def from_dict(cls, d: Any, *, path: Path | str | None = None) -> AdoptionRecord:

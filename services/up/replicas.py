@@ -23,6 +23,7 @@ from common.messages import FAILED_STATES, DeploymentState
 from common.messages.commands import deploy
 from common.model_ref import model_id
 from services.up.admin import UpError
+from services.up.banner import print_banner
 from services.up.restart_budget import Exhausted
 from services.up.supervisor_keeper import SupervisorGone
 
@@ -77,9 +78,9 @@ class ReplicaSet:
         if up.stop_flag.is_set():
             return 0
         first = up.admin.deployment(self.replicas[0].dep_id)
-        up.print_banner(url, model_id(self.model),
-                        f"{self.n} replicas: " + ", ".join(r.dep_id for r in self.replicas),
-                        first)
+        print_banner(up, url, model_id(self.model),
+                     f"{self.n} replicas: " + ", ".join(r.dep_id for r in self.replicas),
+                     first)
         while not up.stop_flag.wait(1.0):
             self.check(starting=False)
         return 0

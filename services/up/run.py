@@ -6,7 +6,6 @@ once they are settled (see __main__.py's docstring for the whole story).
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import subprocess
@@ -24,7 +23,6 @@ from common.keys import KeyFileError, ensure_cluster_key
 from common.launcher_watch import LAUNCHER_ENV, launcher_value
 from common.messages import FAILED_STATES, DeploymentState
 from common.messages.commands import deploy, stop
-from common.messages.commands.status_text import determinism_text
 from common.model_ref import model_id
 from common.procs import ProcessIdentity, identify, is_alive, snapshot_children, terminate_ladder
 from common.sampling_defaults import SamplingOverrides
@@ -32,6 +30,7 @@ from services.supervisor.hosts import HostsError, members_from_host_records, rea
 from services.supervisor.topology import TopologyError
 from services.supervisor.topology import check as check_topology
 from services.up.admin import AdminLink, DeploymentDown, UpError
+from services.up.banner import print_banner
 from services.up.console import UpConsole
 from services.up.preflight import busy_ports, supervisor_busy
 from services.up.progress import UpProgress
@@ -345,28 +344,8 @@ class Up:
             self.shown.end()
         if self.stop_flag.is_set():
             return None
-        self.print_banner(url, model_id(model), dep_id, dep)
+        print_banner(self, url, model_id(model), dep_id, dep)
         return dep_id
-
-    def print_banner(self, url: str, model: str, dep_id: str, dep) -> None:
-        body = json.dumps({"model": model, "max_tokens": 32,
-                           "messages": [{"role": "user", "content":
-                                         "What is the capital of France?"}]})
-        auth = " -H 'Authorization: Bearer $KEY'" if os.environ.get("LOCKSTEP_API_KEYS") else ""
-        self.console.say(
-            f"\nlockstep is serving {model} ({dep_id}, tp={self.s.tp}, pp={self.s.pp}) at {url}\n"
-            f"  OpenAI base URL: {url}/v1    ready: {url}/ready    metrics: {url}/metrics\n"
-            f"  admin token:     {self.paths.admin_token}\n"
-            f"  sampling defaults (a request's own values win): "
-            f"{dep.sampling.describe() if dep is not None else '?'}\n"
-            f"  deterministic:   "
-            f"{determinism_text(dep.determinism) if dep is not None else '?'}\n\n"
-            f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
-            f"       -d '{body}'\n")
-        # The console's login link carries the token in its fragment (never sent to a
-        # server): to the terminal only, not to up.log.
-        self.console.redraw(f"  cluster console: {url}/admin/#token={self.admin_token}\n\n")
-        self.console.say("Press Ctrl-C to stop.\n")
 
     def reap_orphans(self) -> bool:
         """One `lockstep reaper --once` pass (the supervisor is gone and nobody restarts
@@ -413,3 +392,4 @@ class Up:
         for sv in survivors:
             self.log(f"NOT proven gone: pid {sv.pid}")
         return ok and not survivors
+

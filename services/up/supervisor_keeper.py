@@ -61,7 +61,9 @@ class SupervisorKeeper:
             return
         write_adoption_record(self.up.paths.adoption_file, AdoptionRecord(
             up_pid=me[0], up_start_time=me[1], window_s=self.up.s.adopt_window,
-            restarting_until=restarting_until, reason=reason))
+            restarting_until=restarting_until, reason=reason,
+            supervisor_restarts=self.up.s.supervisor_restarts,
+            restart_window_s=self.up.s.restart_window, restarts=self.restarts))
 
     def forget(self) -> None:
         self.up.paths.adoption_file.unlink(missing_ok=True)

@@ -5,6 +5,8 @@ CLI's flags come from the Args."""
 
 from __future__ import annotations
 
+import os
+
 from collections import Counter
 
 import pytest
@@ -132,14 +134,17 @@ async def test_the_gateway_keeps_the_status_it_decoded_once(tmp_path) -> None:
         c.ctx.destroy(linger=0)
 
 
-async def test_the_supervisors_commands_answer_what_their_replies_declare() -> None:
+async def test_the_supervisors_commands_answer_what_their_replies_declare(tmp_path) -> None:
     """The real command modules through the real dispatcher, on a fake CommandHost: each
     reply passes the dispatcher's own check and decodes on the client's side."""
     import time
     from types import SimpleNamespace
 
     from common.envelope import Key
+    from common.home import Paths, write_adoption_record
     from common.messages import AdminCode, AdminRequest, Phase
+    from common.procs import identify
+    from common.records import AdoptionRecord
     from services.reaper.reap import ReapReport
     from services.supervisor import commands as sup_commands
     from services.supervisor.deployment import Deployment, RankState
@@ -149,10 +154,16 @@ async def test_the_supervisors_commands_answer_what_their_replies_declare() -> N
                       requested_backend="auto", hosts=None, members=[])
     dep = Deployment(deployment_id="d-1", job_id="j-1", plan=plan, initial="serving",
                      ranks={r: RankState(rank=r, host="h", phase=Phase.SERVING) for r in (0, 1)})
+    paths = Paths(tmp_path)
+    paths.runtime.mkdir(parents=True)
+    me = identify(os.getpid())  # a live `up` restarts this supervisor: status says how
+    write_adoption_record(paths.adoption_file, AdoptionRecord(
+        up_pid=me.pid, up_start_time=me.start_time, window_s=30.0, supervisor_restarts=3,
+        restart_window_s=600.0, restarts=1))
     eps = SimpleNamespace(admin_endpoint="tcp://a", events_endpoint="tcp://e",
                           control_endpoint="tcp://c", report_endpoint="tcp://r")
     sup = SimpleNamespace(me=SimpleNamespace(pid=7), version="0.1", started_at=time.time(),
-                          paths=SimpleNamespace(home="/h"), sockets=eps,
+                          paths=paths, sockets=eps,
                           deployments={"d-1": dep}, cluster_key=Key.from_secret(b"c" * 32),
                           epochs=SimpleNamespace(current=3), journal=[],
                           last_reap=ReapReport(reaped=["j-0"]).to_dict(),
@@ -164,6 +175,8 @@ async def test_the_supervisors_commands_answer_what_their_replies_declare() -> N
     status = COMMANDS["status"].decode(
         (await sup_commands.dispatch(sup, AdminRequest("r", "status", {}))).data)
     assert status.reaper.reaped == ["j-0"] and status.deployments[0].ranks[1].rank == 1
+    assert status.supervisor.restarts.supervisor_restarts == 3
+    assert "at most 3 within 600s (1 so far), ranks wait 30s" in status.render()
     bad = await sup_commands.dispatch(sup, AdminRequest("r", "stop", {"force": True}))
     assert not bad.ok and bad.code is AdminCode.BAD_REQUEST
     assert bad.data["field"] == "args.deployment_id"

@@ -52,3 +52,15 @@ def test_backoff_doubles_counts_from_the_last_redeploy_and_is_capped():
     b.record(14.0)
     assert b.decide(14.0).delay_s == 10.0  # capped
     assert b.decide(30.0).delay_s == 0.0  # long since the last one
+
+
+def test_the_banner_states_both_budgets_and_the_adopt_window():
+    from services.up.banner import recovery_text
+    from services.up.settings import UpSettings
+
+    text = recovery_text(UpSettings(restarts=2, restart_window=300.0, restart_backoff=1.5,
+                                    supervisor_restarts=4, adopt_window=20.0))
+    assert text == ("redeploys at most 2 within 300s (backoff from 1.5s); supervisor restarted "
+                    "at most 4 within the window, ranks wait 20s to be adopted")
+    off = recovery_text(UpSettings(supervisor_restarts=0))
+    assert off.endswith("supervisor not restarted (--supervisor-restarts 0)")

@@ -37,12 +37,32 @@ class Endpoints:
 
 
 @dataclass(frozen=True)
+class Restarts:
+    """Who restarts this supervisor if it dies (`lockstep up`'s runtime/adoption.json)."""
+
+    up_pid: int
+    supervisor_restarts: int  # at most this many within any restart_window_s (0: never)
+    restart_window_s: float
+    restarts: int  # made so far by this `up`
+    adopt_window_s: float  # a local rank waits this long to be adopted
+
+    def describe(self) -> str:
+        if not self.supervisor_restarts:
+            return (f"not restarted if it dies (lockstep up pid {self.up_pid}, "
+                    "--supervisor-restarts 0)")
+        return (f"if it dies, lockstep up pid {self.up_pid} restarts it: at most "
+                f"{self.supervisor_restarts} within {self.restart_window_s:g}s "
+                f"({self.restarts} so far), ranks wait {self.adopt_window_s:g}s to be adopted")
+
+
+@dataclass(frozen=True)
 class SupervisorInfo:
     pid: int
     boot_id: str
     uptime_s: float
     home: str
     endpoints: Endpoints
+    restarts: Restarts | None = None  # None: no `lockstep up` restarts it
 
 
 @dataclass(frozen=True)

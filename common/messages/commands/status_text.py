@@ -139,6 +139,8 @@ def render(reply: StatusReply, *, now: float | None = None,
     s = reply.supervisor
     lines = [f"supervisor pid {s.pid} up {age(s.uptime_s)} home {s.home} "
              f"cancel epoch {reply.cancel_epoch}"]
+    if s.restarts is not None:
+        lines.append(f"  {s.restarts.describe()}")
     events = reply.events
     for d in reply.deployments:
         serving = [e.at for e in events if e.deployment_id == d.deployment_id

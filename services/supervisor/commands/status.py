@@ -11,6 +11,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from common.envelope import BOOT_ID, REGISTRY
+from common.home import live_adoption_record
 from common.messages.commands.status import Args
 
 if TYPE_CHECKING:
@@ -25,7 +26,8 @@ async def run(sup: CommandHost, args: Args) -> dict:
                        "home": str(sup.paths.home),
                        "endpoints": {"admin": sk.admin_endpoint, "events": sk.events_endpoint,
                                      "control": sk.control_endpoint,
-                                     "report": sk.report_endpoint}},
+                                     "report": sk.report_endpoint},
+                       "restarts": restarts(sup)},
         "deployments": [d.to_wire(cluster_key=sup.cluster_key) for d in sup.deployments.values()],
         "cancel_epoch": sup.epochs.current,
         "rejections": REGISTRY.snapshot() + rank_rejections(sup) + [
@@ -34,6 +36,16 @@ async def run(sup: CommandHost, args: Args) -> dict:
         "reaper": sup.last_reap,
         "events": list(sup.journal),
     }
+
+
+def restarts(sup: CommandHost) -> dict | None:
+    """The restart policy of the `lockstep up` that restarts this supervisor, if one runs."""
+    rec = live_adoption_record(sup.paths.adoption_file)
+    if rec is None:
+        return None
+    return {"up_pid": rec.up_pid, "supervisor_restarts": rec.supervisor_restarts,
+            "restart_window_s": rec.restart_window_s, "restarts": rec.restarts,
+            "adopt_window_s": rec.window_s}
 
 
 def rank_rejections(sup: CommandHost) -> list[dict]:
