@@ -209,26 +209,32 @@ class Up:
 
             return ReplicaSet(self, model, hosts, envs, backend).run()
         budget = self.restart_budget()
-        # The first deployment failing before it served is the user's to see: `up` exits.
-        dep_id: str | None = self.deploy_and_wait(model, hosts, envs, backend)
-        redeploy = False  # a redeploy is due (one that fails before serving counts too)
+        dep_id: str | None = None  # the deployment `up` watches
+        redeploy = True  # a (re)deploy is due (one that fails before serving counts too)
+        awaiting = False  # dep_id not yet seen serving (its banner not shown)
+        served = False  # some deployment of ours has served
         while True:
             try:
                 if redeploy:
-                    redeploy, dep_id = False, self.deploy_and_wait(model, hosts, envs, backend)
-                if dep_id is None:  # stopped while waiting
-                    return 0
+                    redeploy, dep_id = False, self.deploy(model, hosts, envs, backend)
+                    awaiting = True
+                if awaiting:
+                    if not self.await_serving(model, dep_id):
+                        return 0  # stopped while waiting
+                    awaiting, served = False, True
                 while not self.stop_flag.wait(1.0):
                     self.progress(dep_id)
                 return 0
             except SupervisorGone as gone:
+                # at any point, the first deploy included: a restarted supervisor adopts
+                # what was serving, and what was not is deployed again
                 if not self.keeper.restart(gone):
                     return 0
                 dep = self.admin.deployment(dep_id) if dep_id else None
                 if dep is not None and dep.state == DeploymentState.SERVING:
                     self.log(f"{dep_id} adopted by the new supervisor: serving on")
                     continue
-                self.log(f"{dep_id} was not adopted ({dep.state if dep else 'not found'}"
+                self.log(f"{dep_id or 'the deployment being made'} was not adopted ({dep.state if dep else 'not found'}"
                          f"{': ' + dep.error if dep and dep.error else ''}); redeploying")
                 if dep is not None and dep.state in FAILED_STATES:
                     if not self.teardown_until_proven(dep_id, "not adopted"):
@@ -243,6 +249,8 @@ class Up:
                 budget.record(time.monotonic())
                 redeploy = True
             except DeploymentDown as down:
+                if not served:  # the first deployment failing is the user's to see: exit
+                    raise
                 # A rank died or a peer was lost: the ranks are gone (the supervisor proves
                 # it). Redeploy at a bounded rate instead of leaving no service.
                 dep_id = down.dep_id
@@ -320,12 +328,17 @@ class Up:
         s = self.s
         return f"http://{'127.0.0.1' if s.host in ('0.0.0.0', '::') else s.host}:{s.port}"
 
-    def deploy_and_wait(self, model: str, hosts, envs, backend: str) -> str | None:
+    def deploy(self, model: str, hosts, envs, backend: str) -> str:
         s = self.s
         dep_id = self.admin.ask(deploy.Args(model_path=model, tp=s.tp, pp=s.pp, hosts=hosts,
                                             backend=backend, wait=False, envs=envs,
                                             sampling=self.sampling), timeout=120.0).deployment_id
         self.log(f"deploying {model_id(model)} as {dep_id} (tp={s.tp}, pp={s.pp}, backend={backend})")
+        return dep_id
+
+    def await_serving(self, model: str, dep_id: str) -> bool:
+        """`dep_id` serving and the gateway ready, then the banner. False: stopped first."""
+        s = self.s
         url = self.local_url()
         deadline = time.monotonic() + s.ready_timeout
         while not self.stop_flag.is_set():  # this deployment serving, not a stale /ready
@@ -343,9 +356,9 @@ class Up:
         finally:
             self.shown.end()
         if self.stop_flag.is_set():
-            return None
+            return False
         print_banner(self, url, model_id(model), dep_id, dep)
-        return dep_id
+        return True
 
     def reap_orphans(self) -> bool:
         """One `lockstep reaper --once` pass (the supervisor is gone and nobody restarts

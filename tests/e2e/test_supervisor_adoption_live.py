@@ -8,6 +8,7 @@ outside: psutil, the HTTP API, `admin status`, `up`'s output."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,7 +24,14 @@ import pytest
 from common.home import Paths
 from common.procs import identify
 from tests.gwutil import free_port, poll_until
-from tests.support.processes import REPO, interrupt, kill_group, process_gone, up_argv
+from tests.support.processes import (
+    REPO,
+    interrupt,
+    kill_group,
+    lockstep_env,
+    process_gone,
+    up_argv,
+)
 
 READY_S, STREAM_S = 240.0, 180.0
 BODY = {"model": "tiny", "prompt": "hello there my friend", "max_tokens": 200,
@@ -65,21 +73,33 @@ def status(home: Path) -> dict:
     return json.loads(out.stdout)["data"]
 
 
-@pytest.fixture
-def up(tmp_path):
+@contextlib.contextmanager
+def running_up(home: Path, *args: str, **env: str):
+    """`lockstep up` (TP=2 tiny) with `args` and LOCKSTEP_* `env`, ready; stopped after."""
     port = free_port()
-    out = tmp_path / "up.out"
+    out = home / "up.out"
     with open(out, "wb") as log:
-        proc = subprocess.Popen(up_argv(tmp_path, port, "--tp", "2"), cwd=REPO, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(up_argv(home, port, "--tp", "2", *args), cwd=REPO, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=lockstep_env(**env))
     url = f"http://127.0.0.1:{port}"
     try:
         poll_until(lambda: proc.poll() is None and httpx.get(url + "/ready", timeout=5)
                    .status_code == 200, READY_S, "lockstep up to be ready", interval=0.1)
-        yield proc, url, tmp_path, out
+        yield proc, url, home, out
     finally:
         interrupt(proc, 120)
         kill_group(proc)
+
+
+@pytest.fixture
+def up(tmp_path):
+    with running_up(tmp_path) as u:
+        yield u
+
+
+def manifests(home: Path) -> list[Path]:
+    return list(Paths(home).manifests.glob("*.json"))
 
 
 def test_a_killed_supervisor_is_restarted_and_adopts_the_running_ranks(up):
@@ -132,3 +152,60 @@ def test_a_killed_supervisor_is_restarted_and_adopts_the_running_ranks(up):
                    headers={"authorization": "Bearer " + Paths(home).admin_token.read_text().strip()})
     assert r.status_code == 200, r.text
     assert status(home)["cancel_epoch"] > epoch_before
+
+
+def test_with_restarts_disabled_the_ranks_end_by_their_watchdog_and_are_reaped(tmp_path):
+    """--supervisor-restarts 0: nobody adopts. The ranks notice their supervisor (their
+    parent) is gone and, with no lease after the adopt window, exit on their own; the
+    reaper then removes the launch; `up`, the gateway and the reaper keep running until
+    Ctrl-C, which still ends everything with proof."""
+    with running_up(tmp_path, "--supervisor-restarts", "0", "--adopt-window", "3") as u:
+        proc, url, home, out = u
+        rank_pids = ranks(home)
+        assert len(rank_pids) == 2 and len(manifests(home)) == 1
+        sup = supervisor_pid(home)
+        os.kill(sup, signal.SIGKILL)
+        poll_until(lambda: all(process_gone(p) for p in rank_pids), 90,
+                   "the ranks to end by their own watchdog")
+        poll_until(lambda: not manifests(home), 90, "the reaper to remove the launch")
+        assert "supervisor restarts disabled (--supervisor-restarts 0)" in out.read_text()
+        assert proc.poll() is None, out.read_text()[-3000:]  # up keeps running
+        assert process_gone(sup) and not (set(ranks(home)) - rank_pids)  # nothing new started
+        r = httpx.get(url + "/ready", timeout=10)
+        assert r.status_code == 503, r.text
+        logs = Paths(home).logs
+        for rank in (0, 1):  # each rank's own record: it left because nobody adopted it
+            log = next(logs.glob(f"*-rank{rank}.log")).read_text(errors="replace")
+            assert "launcher_lost" in log, log[-2000:]
+        reaper = (logs / "reaper.log").read_text(errors="replace")
+        assert "reaped" in reaper, reaper[-2000:]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 0, out.read_text()[-3000:]
+
+
+def test_a_launch_whose_proof_fails_is_not_adopted_but_torn_down_and_redeployed(tmp_path):
+    """The launch's secret file replaced before the supervisor is killed (a forged secret
+    on disk): the ranks' proofs, made with the real secret, do not verify under it, so the
+    restarted supervisor does not adopt them: it counts the rejection, tears the launch
+    down with proof and `up` redeploys; the next request is served by new ranks."""
+    with running_up(tmp_path, "--adopt-window", "30", LOCKSTEP_ADOPT_TIMEOUT="5") as u:
+        proc, url, home, out = u
+        unfaulted = stream(url, "a forged proof")
+        old_ranks = ranks(home)
+        [manifest] = manifests(home)
+        secret_path = Path(json.loads(manifest.read_text())["secret_path"])
+        secret_path.write_text(secret_path.read_text()[::-1])  # same shape, another secret
+        os.kill(supervisor_pid(home), signal.SIGKILL)
+
+        poll_until(lambda: all(process_gone(p) for p in old_ranks), 120,
+                   "the unproven ranks to be torn down")
+        poll_until(lambda: httpx.get(url + "/ready", timeout=5).status_code == 200 and
+                   len(ranks(home) - old_ranks) == 2, READY_S, "the redeploy to serve")
+        assert stream(url, "a forged proof") == unfaulted  # new ranks, the same answer
+        st = status(home)
+        rows = {(r["socket"], r["reason"]): r["count"] for r in st["rejections"]
+                if r["service"] == "supervisor"}
+        assert rows.get(("adoption", "not_proven")) == 1, rows
+        names = [e["name"] for e in st["events"]]
+        assert "adoption_failed" in names and "adopted" not in names, names
+        assert proc.poll() is None, out.read_text()[-3000:]  # up kept running throughout

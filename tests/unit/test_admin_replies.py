@@ -6,7 +6,6 @@ CLI's flags come from the Args."""
 from __future__ import annotations
 
 import os
-
 from collections import Counter
 
 import pytest
