@@ -54,20 +54,23 @@ class Clients:
                 key = i * 1_000_000 + n
                 with self.lock:
                     self.in_flight[key] = time.monotonic()
+                began = time.monotonic()
                 try:
                     outcome = self.stream_once(http, rng.randint(8, 160),
                                                disconnect=rng.random() < 0.15)
                 finally:
                     with self.lock:
                         self.in_flight.pop(key, None)
-                self.record(outcome)
+                self.record(outcome, began)
                 if outcome.startswith("error"):
                     time.sleep(0.5)  # no service: don't spin on 503s
 
-    def record(self, outcome: str) -> None:
+    def record(self, outcome: str, began: float | None = None) -> None:
         kind = outcome.split(":", 1)[0]
         with self.lock:
             self.stats.outcomes[kind] += 1
+            if began is not None:
+                self.stats.requests.append((began, time.monotonic(), outcome))
             if kind == "error":
                 self.stats.errors[outcome] += 1
             if kind not in SERVING_OUTCOMES:

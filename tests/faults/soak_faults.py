@@ -20,6 +20,7 @@ from common.envelope import Key, Signer
 from common.rankspec import RankSpec
 
 GRACE_S = 3.0  # LOCKSTEP_PEER_ABORT_GRACE
+ADOPT_WINDOW_S = 30.0  # LOCKSTEP_ADOPT_WINDOW_S: `up`'s --adopt-window default
 FAULTS = ("client_disconnect", "sigkill_rank", "sigstop_short", "sigstop_long",
           "kill_supervisor", "forge")
 WEIGHTS = (3, 2, 2, 1, 1, 3)
@@ -66,14 +67,29 @@ class Faults:
         self._expect_down()
 
     def _f_kill_supervisor(self) -> None:
+        """SIGKILL of the supervisor, restarted as `lockstep up` restarts it: the adoption
+        record says so (the reaper waits), and the new supervisor adopts the running
+        deployment — its streams go on; a launch it did not adopt is stopped and redeployed
+        by `restore`. Without adoption (`adopts` False) the deployment counts as dead."""
         p = self.procs["supervisor"]
-        os.killpg(p.pid, signal.SIGKILL)
+        if self.adopts:
+            self.write_adoption_record(restarting_until=time.time() + ADOPT_WINDOW_S)
+        os.kill(p.pid, signal.SIGKILL)
         p.wait(10)
+        self.stats.supervisor_restarts += 1
+        self.start_supervisor()  # its admin socket answers once its adoption pass is over
+        if self.adopts:
+            self.write_adoption_record(restarting_until=None)
+        dep_id = self.dep and self.dep["deployment_id"]
+        info = self._dep_info(dep_id) if dep_id and self.adopts else None
+        if info is not None and info["state"] == "serving":
+            self.stats.adopted += 1
+            self.log.append(f"  {dep_id} adopted")
+            return
         if self.dep:
+            self.log.append(f"  {dep_id} not adopted: {info and info['state']}")
             self.dead_jobs.add(self.dep["job_id"])
         self.dep = None
-        self.stats.supervisor_restarts += 1
-        self.start_supervisor()  # its own start reaps too; the reaper service may be first
 
     def _rejected(self) -> dict[str, int]:
         """Rejected bus frames by service ("supervisor", "rank"), from admin status."""

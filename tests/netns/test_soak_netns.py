@@ -37,6 +37,7 @@ A, B = 0, 1
 class NetnsSoak(Soak):
     faults = (*FAULTS, "partition_short", "partition_long")
     weights = (*WEIGHTS, 2, 1)
+    adopts = False  # a killed supervisor's remote launch is stopped and redeployed
 
     def __init__(self, c: NetnsCluster, tmp: Path, model: Path, seed: int,
                  budget: Budget) -> None:
