@@ -126,6 +126,7 @@ class Soak(Faults):
 
     def write_adoption_record(self, restarting_until: float | None) -> None:
         me = identify(os.getpid())
+        self.paths.runtime.mkdir(parents=True, exist_ok=True)
         write_adoption_record(self.paths.adoption_file, AdoptionRecord(
             up_pid=me.pid, up_start_time=me.start_time, window_s=ADOPT_WINDOW_S,
             restarting_until=restarting_until, reason="the soak killed it"))
