@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.atomic_json import StateFileError, fsync_dir, read_json, write_json_atomic
-from common.records import ID_RE, AdoptionRecord, LaunchManifest, RankMarker, SupervisorRecord
+from common.records import (
+    ID_RE,
+    AdoptionRecord,
+    LaunchManifest,
+    RankMarker,
+    RedeployRecord,
+    SupervisorRecord,
+)
 
 # Exactly what write_marker writes; [0-9] not \d, which also matches non-ASCII digits.
 _MARKER_RE = re.compile(r"rank-(0|[1-9][0-9]{0,5})\.json")
@@ -47,6 +54,7 @@ class Paths:
     models: Path = field(init=False)
     supervisor_file: Path = field(init=False)
     adoption_file: Path = field(init=False)
+    redeploy_file: Path = field(init=False)
 
     def __post_init__(self) -> None:
         home = Path(self.home).expanduser().absolute()  # a later chdir cannot move it
@@ -58,7 +66,8 @@ class Paths:
                   "secrets": runtime / "secrets", "logs": runtime / "logs",
                   "state": runtime / "state", "models": home / "models",
                   "supervisor_file": runtime / "supervisor.json",
-                  "adoption_file": runtime / "adoption.json"}
+                  "adoption_file": runtime / "adoption.json",
+                  "redeploy_file": runtime / "redeploy.json"}
         for name, value in layout.items():
             object.__setattr__(self, name, value)
 
@@ -111,18 +120,38 @@ def read_adoption_record(path: Path) -> AdoptionRecord | None:
 def live_adoption_record(path: Path) -> AdoptionRecord | None:
     """The adoption record while the `up` that wrote it runs (pid + start time); None
     otherwise, an unreadable record included (it cannot hold anything back)."""
-    from common.procs import START_TIME_TOLERANCE, identify
-
     try:
         rec = read_adoption_record(path)
     except (StateFileError, OSError):
         return None
-    if rec is None:
+    return rec if rec is not None and _up_lives(rec.up_pid, rec.up_start_time) else None
+
+
+def _up_lives(pid: int, start_time: float) -> bool:
+    from common.procs import START_TIME_TOLERANCE, identify
+
+    who = identify(pid)
+    return who is not None and abs(who.start_time - start_time) <= START_TIME_TOLERANCE
+
+
+# --- the redeploy record (`lockstep up` is deploying a failed model again) ----------
+
+
+def write_redeploy_record(path: Path, record: RedeployRecord) -> None:
+    write_json_atomic(path, record.to_dict())
+
+
+def live_redeploy_record(path: Path) -> RedeployRecord | None:
+    """The redeploy record while the `up` that wrote it runs; None otherwise (none, an
+    unreadable one, or its `up` gone: nothing is coming back)."""
+    path = Path(path)
+    try:
+        if not path.exists():
+            return None
+        rec = RedeployRecord.from_dict(read_json(path), path=path)
+    except (StateFileError, OSError):
         return None
-    who = identify(rec.up_pid)
-    if who is None or abs(who.start_time - rec.up_start_time) > START_TIME_TOLERANCE:
-        return None
-    return rec
+    return rec if _up_lives(rec.up_pid, rec.up_start_time) else None
 
 
 # --- manifests and markers on disk ---------------------------------------------------

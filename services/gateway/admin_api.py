@@ -210,7 +210,9 @@ async def status(request: Request) -> dict:
                        # requests resumed elsewhere, by the deployment that failed them
                        "resumed": dict(gw.cluster.resumed_from),
                        "recent_resumes": list(gw.cluster.resume_log),  # where each went
-                       "resuming": len(gw.cluster.resuming)}
+                       "resuming": len(gw.cluster.resuming),
+                       # waiting for a redeploy of their model (admit_wait.py)
+                       "admit_waiting": gw.cluster.admit_waiting}
     # The reaper has no admin socket: its counters arrive on its events (cluster_view.py).
     data["rejections"] = [*(data.get("rejections") or []), *gw.cluster.reaper_rejections]
     return data
@@ -251,6 +253,7 @@ async def abort_all(request: Request, deployment_id: str | None, timeout_s: floa
     if deployment_id is None:  # requests waiting to resume belong to no deployment yet
         for s in list(gw.cluster.resuming):
             s.abort_reason = s.abort_reason or "abort_all"
+        gw.cluster.admit_aborts += 1  # ... nor do those waiting for a redeploy
     reply = await ask(request, commands.abort_all.Args(deployment_id, timeout), timeout=timeout + 10.0)
     left = max(0.5, timeout - (time.monotonic() - t0))
     gw_active = 0

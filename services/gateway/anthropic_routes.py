@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from services.gateway import anthropic_render as render
 from services.gateway import anthropic_schemas as schemas
 from services.gateway import anthropic_translate as translate
+from services.gateway.admit_wait import pick_or_wait
 from services.gateway.errors import SHAPES
 from services.gateway.generation import Final, Finish
 from services.gateway.openai_routes import check_api_key
@@ -45,12 +46,12 @@ async def _parse(request: Request, endpoint: str) -> schemas.CountTokensRequest:
                                        max_messages=s.max_messages, max_tools=s.max_tools)
 
 
-def _backend(request: Request, model: str) -> Backend:
+async def _backend(request: Request, model: str) -> Backend:
     """The deployment serving `model`, for what needs only its tokenizer (a full one
     still answers count_tokens)."""
     gw = request.app.state.gw
     try:
-        return gw.pick(model)[0]
+        return (await pick_or_wait(gw, request, model, 1))[0]  # through a redeploy too
     except Overloaded:
         from services.gateway.app import names  # app imports this module
 
@@ -62,7 +63,7 @@ async def _checked(request: Request, req: schemas.CountTokensRequest):
     gw = request.app.state.gw
     chat = await gw.prepare_pool.run(translate.to_chat, req)
     if req.thinking is not None or (req.output_config and req.output_config.effort):
-        tok = await gw.tokenizer(_backend(request, req.model))
+        tok = await gw.tokenizer(await _backend(request, req.model))
         schemas.check_model(req, tok)
         if "reasoning_effort" not in tok.fmt.template_vars:  # the default, honoured as is
             chat.reasoning_effort = None
@@ -76,7 +77,7 @@ async def count_tokens(request: Request) -> JSONResponse:
     gw = request.app.state.gw
     req = await _parse(request, schemas.COUNT)
     chat = await _checked(request, req)
-    tok = await gw.tokenizer(_backend(request, req.model))
+    tok = await gw.tokenizer(await _backend(request, req.model))
     prompt = await gw.prepare_pool.run(prompt_ids, chat, tok, gw.settings.input_bytes_per_token)
     return JSONResponse({"input_tokens": len(prompt.ids)})
 

@@ -24,7 +24,7 @@ from common.atomic_json import StateFileError
 from common.bus import BusTimeout, Channel, GapTracker, configure, new_request_id
 from common.deployment_info import DeploymentInfo
 from common.envelope import Key
-from common.home import live_adoption_record, read_supervisor_record
+from common.home import live_adoption_record, live_redeploy_record, read_supervisor_record
 from common.keys import KeyFileError, requests_key_of
 from common.messages import (
     ADMIN_OUT,
@@ -72,6 +72,9 @@ class Cluster:
         # the last resumes, each {request_id, as, from, to, tokens, cause, at}: where each went
         self.resume_log: collections.deque[dict] = collections.deque(maxlen=256)
         self.shutting_down = False  # set by the server (server.py): nothing resumes any more
+        # requests waiting for a redeploy (admit_wait.py); abort-all bumps admit_aborts
+        self.admit_waiting = 0
+        self.admit_aborts = 0
         self.status: StatusReply | None = None  # the last status reply, decoded once
         self.supervisor_error: str | None = "supervisor not contacted yet"
         self.refreshed_at: float | None = None  # wall clock of the last good refresh
@@ -286,6 +289,15 @@ class Cluster:
         if rec is None or rec.restarting_until is None or rec.restarting_until <= now:
             return None
         return rec.reason or "the supervisor died"
+
+    def coming_back(self, model: str, now: float | None = None) -> str | None:
+        """Why `model` is expected to serve again soon (`lockstep up` recorded that it is
+        redeploying it: runtime/redeploy.json, services/up/redeploy_notice.py), or None."""
+        rec = live_redeploy_record(self.settings.supervisor_file.parent / "redeploy.json")
+        now = time.time() if now is None else now
+        if rec is None or rec.model != model or rec.until <= now:
+            return None
+        return rec.reason or "lockstep up is redeploying it"
 
     # --- lookups ---------------------------------------------------------------------
 

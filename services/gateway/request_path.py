@@ -23,6 +23,7 @@ from fastapi import Request
 
 from common.messages import FinishReason, Generate
 from services.gateway import choices
+from services.gateway.admit_wait import pick_or_wait
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Generation
 from services.gateway.openai_schemas import ChatRequest
@@ -150,7 +151,7 @@ async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endp
     s = gw.settings
     param = prompt_param or ("messages" if chat else "prompt")
     n = req.n or 1
-    cands = gw.pick(req.model, n)
+    cands = await pick_or_wait(gw, request, req.model, n)
     tok = await gw.tokenizer(cands[0])
     prompt = await gw.prepare_pool.run(prompt_ids, req, tok, s.input_bytes_per_token)
     ids = prompt.ids

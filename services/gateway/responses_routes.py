@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 
 from services.gateway import responses_schemas as schemas
 from services.gateway import responses_translate as translate
+from services.gateway.admit_wait import pick_or_wait
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Finish
 from services.gateway.openai_routes import check_api_key
@@ -116,7 +117,8 @@ async def create_response(request: Request) -> Response:
     try:
         chat = await gw.prepare_pool.run(translate.to_chat, req, history)
         if req.reasoning is not None and req.reasoning.effort is not None:
-            translate.apply_reasoning(chat, req, await gw.tokenizer(gw.pick(req.model)[0]))
+            translate.apply_reasoning(chat, req, await gw.tokenizer(
+                (await pick_or_wait(gw, request, req.model, 1))[0]))
         run = await admit(request, chat, chat=True, rid_prefix="resp_", endpoint=ENDPOINT,
                           started=started, prompt_param="messages")
     except ApiError as e:

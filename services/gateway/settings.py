@@ -26,6 +26,8 @@
 | abort_all_timeout_s | 15 | bound on abort-all's wait for zero active everywhere |
 | resume_timeout | 120 | a request whose deployment failed waits this long for a serving deployment of its model to go on (token for token); 0 = off: it ends with rank_lost at once |
 | resume_max | 2 | resumes per request; past it, rank_lost |
+| admit_wait | 60 | a request for a model `lockstep up` is redeploying (runtime/redeploy.json) waits this long for the new deployment instead of a 503; 0 = 503 at once |
+| admit_queue | 0 | requests waiting so at once; past it 429 with retry-after; 0 = max_inflight's value |
 | route_imbalance | 1024 | replicas: a request goes to the replica caching most of its prompt unless that replica's load (prefill-token equivalents) exceeds the least loaded one's by more than this (services/gateway/router.py) |
 | route_policy | cache | replicas: `cache` (the rule in services/gateway/router.py) or `round_robin` (in turn, the baseline the bench compares with) |
 | route_index | approx | replicas: which prefix index routing reads: `approx` (what the gateway routed where) or `precise` (rank 0's cache events) |
@@ -82,6 +84,8 @@ class GatewaySettings:
     abort_all_timeout_s: Seconds = 15.0
     resume_timeout: Seconds = 120.0  # 0 = off (services/gateway/resume.py)
     resume_max: Count = 2
+    admit_wait: Seconds = 60.0  # 0 = off (services/gateway/admit_wait.py)
+    admit_queue: Count = 0  # 0 = inflight_limit
     route_imbalance: Count = 1024  # services/gateway/router.py
     route_policy: str = "cache"  # cache | round_robin
     route_index: str = "approx"  # approx | precise

@@ -34,6 +34,7 @@ from services.up.banner import print_banner
 from services.up.console import UpConsole
 from services.up.preflight import busy_ports, supervisor_busy
 from services.up.progress import UpProgress
+from services.up.redeploy_notice import RedeployNotice
 from services.up.restart_budget import Exhausted, RestartBudget
 from services.up.settings import UpSettings, named_sampling
 from services.up.supervisor_keeper import SupervisorGone, SupervisorKeeper
@@ -86,6 +87,7 @@ class Up:
         self.launcher = launcher_value(me) if me is not None else None
         self.sampling = SamplingOverrides()  # what the deployment gets (model_path sets it)
         self.keeper = SupervisorKeeper(self)
+        self.notice = RedeployNotice(self.paths)
 
     def log(self, msg: str, *, err: bool = False) -> None:
         """Never raises: the terminal may be gone (see console.py)."""
@@ -234,6 +236,7 @@ class Up:
                 if dep is not None and dep.state == DeploymentState.SERVING:
                     self.log(f"{dep_id} adopted by the new supervisor: serving on")
                     continue
+                self.announce_redeploy(model, budget, "its deployment was not adopted")
                 self.log(f"{dep_id or 'the deployment being made'} was not adopted ({dep.state if dep else 'not found'}"
                          f"{': ' + dep.error if dep and dep.error else ''}); redeploying")
                 if dep is not None and dep.state in FAILED_STATES:
@@ -251,6 +254,7 @@ class Up:
             except DeploymentDown as down:
                 if not served:  # the first deployment failing is the user's to see: exit
                     raise
+                self.announce_redeploy(model, budget, str(down))
                 # A rank died or a peer was lost: the ranks are gone (the supervisor proves
                 # it). Redeploy at a bounded rate instead of leaving no service.
                 dep_id = down.dep_id
@@ -293,10 +297,21 @@ class Up:
         s = self.s
         return RestartBudget(s.restarts, s.restart_window, s.restart_backoff, RESTART_BACKOFF_MAX_S)
 
+    def announce_redeploy(self, model: str, budget: RestartBudget, why: str) -> None:
+        """The gateway holds requests for `model` while a redeploy the rate allows is on
+        its way (services/up/redeploy_notice.py); past the rate it refuses them at once."""
+        decision = budget.decide(time.monotonic())
+        if isinstance(decision, Exhausted):
+            self.notice.clear()
+            return
+        self.notice.announce(model_id(model), decision.delay_s + TEARDOWN_RETRY_MAX_S
+                             + self.s.ready_timeout, why)
+
     def wait_for_a_deploy(self, model: str, down: DeploymentDown, why: Exhausted) -> str | None:
         """Past the redeploy rate: everything but the model keeps running (/ready 503,
         requests 503 naming the failed deployment) until an operator deploys the model
         again; that deployment is then ours to watch. None: stopped meanwhile."""
+        self.notice.clear()
         self.log(f"{down}; {why.reason()}: not redeploying. The gateway, supervisor and "
                  f"reaper keep running; deploy {model_id(model)} again to serve it "
                  "(lockstep admin deploy, or POST /admin/api/cluster/deployments)", err=True)
@@ -357,6 +372,7 @@ class Up:
             self.shown.end()
         if self.stop_flag.is_set():
             return False
+        self.notice.clear()
         print_banner(self, url, model_id(model), dep_id, dep)
         return True
 
@@ -381,6 +397,7 @@ class Up:
             self.admin.interrupted = None  # the stop's own calls are not to be cut short
         sup = self.procs.get("supervisor")
         self.keeper.forget()  # nobody restarts a supervisor any more: reap what is left
+        self.notice.clear()  # nothing is coming back
         if self.admin is not None and sup is not None and sup.poll() is None:
             ok = self.admin.abort_and_teardown(self.log, self.rank_pids) and ok
         elif sup is not None:  # it died and was not restarted: its launches are orphans

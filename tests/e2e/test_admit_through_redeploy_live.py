@@ -1,0 +1,97 @@
+"""Admission through a redeploy (issue 43 item 6), live: `lockstep up` (TP=2 tiny,
+`--restarts 1`), a rank SIGKILLed, and 8 requests (6 completions, 2 streamed chats) sent
+while the only deployment is being redeployed — `up` has recorded the redeploy
+(runtime/redeploy.json). With the gateway's default `admit_wait` they all wait and
+complete with 200; with `LOCKSTEP_ADMIT_WAIT=0` they all get 503 at once, as before.
+Then a second kill spends the redeploy rate: nothing is coming back, the record is gone,
+and a new request gets 503 at once (not after a wait). Evidence from outside: HTTP
+answers, the home's record, `up`'s output, psutil."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+
+import httpx
+import psutil
+import pytest
+
+from common.home import Paths
+from tests.gwutil import free_port, poll_until
+from tests.support.processes import REPO, interrupt, kill_group, lockstep_env, up_argv
+
+READY_S = 240.0
+
+
+def rank_pids(home) -> list[int]:
+    return sorted(p.pid for p in psutil.process_iter(["cmdline"])
+                  if "services.rank" in " ".join(p.info["cmdline"] or [])
+                  and str(home) in " ".join(p.info["cmdline"] or []))
+
+
+def ask(url: str, i: int) -> tuple[int, str]:
+    """(status, text or error code) of one request: completions, or a streamed chat."""
+    if i % 4 == 3:
+        body = {"model": "tiny", "stream": True, "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": f"hello {i}"}]}
+        text = []
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=180) as r:
+            if r.status_code != 200:
+                return r.status_code, json.loads(r.read())["error"]["code"]
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    d = json.loads(line[6:])
+                    assert "error" not in d, d
+                    text += [c["delta"].get("content") or "" for c in d["choices"]]
+        return 200, "".join(text)
+    r = httpx.post(url + "/v1/completions", timeout=180, json={
+        "model": "tiny", "prompt": f"hello {i}", "max_tokens": 8, "temperature": 0})
+    if r.status_code != 200:
+        return r.status_code, r.json()["error"]["code"]
+    return 200, r.json()["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("admit_wait", ["default", "0"])
+def test_requests_sent_during_a_redeploy_wait_for_it(tmp_path, admit_wait):
+    env = {} if admit_wait == "default" else {"LOCKSTEP_ADMIT_WAIT": admit_wait}
+    port, out = free_port(), tmp_path / "up.out"
+    with open(out, "wb") as log:
+        proc = subprocess.Popen(up_argv(tmp_path, port, "--tp", "2", "--restarts", "1"),
+                                cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=lockstep_env(**env))
+    url, record = f"http://127.0.0.1:{port}", Paths(tmp_path).redeploy_file
+    try:
+        poll_until(lambda: proc.poll() is None and "Press Ctrl-C" in out.read_text(),
+                   READY_S, "lockstep up to serve", interval=0.1)
+        first = rank_pids(tmp_path)
+        os.kill(first[-1], signal.SIGKILL)
+        poll_until(record.exists, 60, "up to record the redeploy", interval=0.02)
+        assert httpx.get(url + "/ready", timeout=10).status_code == 503  # nothing serves
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda i: ask(url, i), range(8)))
+        if admit_wait == "0":  # today's behaviour: refused at once
+            assert [s for s, _ in got] == [503] * 8, got
+            assert {c for _, c in got} == {"model_not_ready"}, got
+            return
+        assert [s for s, _ in got] == [200] * 8, got
+        assert all(text for _, text in got), got
+        second = rank_pids(tmp_path)
+        assert len(second) == 2 and not set(second) & set(first)  # served by the redeploy
+        poll_until(lambda: not record.exists(), 60, "the record removed once serving")
+
+        # the rate spent: nothing comes back, a request is refused at once
+        os.kill(second[-1], signal.SIGKILL)
+        poll_until(lambda: "restarts exhausted" in out.read_text(), 120, "up to give up")
+        assert not record.exists()
+        status, code = ask(url, 0)
+        assert (status, code) == (503, "model_not_ready")
+        r = httpx.post(url + "/v1/completions", timeout=30,
+                       json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+        assert "admit_wait" not in r.json()["error"]["message"]  # not the end of a wait
+        assert proc.poll() is None
+    finally:
+        interrupt(proc, 120)
+        kill_group(proc)
