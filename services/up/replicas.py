@@ -25,6 +25,7 @@ from common.model_ref import model_id
 from services.up.admin import UpError
 from services.up.banner import print_banner
 from services.up.restart_budget import Exhausted
+from services.up.single import wait_http_ready
 from services.up.supervisor_keeper import SupervisorGone
 
 if TYPE_CHECKING:
@@ -71,8 +72,6 @@ class ReplicaSet:
                 raise UpError(f"replica(s) {', '.join(slow)} not serving after "
                               f"{s.ready_timeout:.0f}s")
         url = up.local_url()
-        from services.up.run import wait_http_ready
-
         wait_http_ready(url + "/ready", max(1.0, deadline - time.monotonic()), up.stop_flag,
                         lambda: self.check(starting=True))
         if up.stop_flag.is_set():

@@ -11,18 +11,15 @@ import secrets
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
-
-import httpx
 
 from common.bus import BusTimeout
 from common.home import Paths
 from common.keys import KeyFileError, ensure_cluster_key
 from common.launcher_watch import LAUNCHER_ENV, launcher_value
-from common.messages import FAILED_STATES, DeploymentState
-from common.messages.commands import deploy, stop
+from common.messages import FAILED_STATES
+from common.messages.commands import stop
 from common.model_ref import model_id
 from common.procs import ProcessIdentity, identify, is_alive, snapshot_children, terminate_ladder
 from common.sampling_defaults import SamplingOverrides
@@ -30,32 +27,17 @@ from services.supervisor.hosts import HostsError, members_from_host_records, rea
 from services.supervisor.topology import TopologyError
 from services.supervisor.topology import check as check_topology
 from services.up.admin import AdminLink, DeploymentDown, UpError
-from services.up.banner import print_banner
 from services.up.console import UpConsole
 from services.up.preflight import busy_ports, supervisor_busy
 from services.up.progress import UpProgress
 from services.up.redeploy_notice import RedeployNotice
-from services.up.restart_budget import Exhausted, RestartBudget
+from services.up.restart_budget import RestartBudget
 from services.up.settings import UpSettings, named_sampling
+from services.up.single import TEARDOWN_RETRY_MAX_S, SingleDeployment
 from services.up.supervisor_keeper import SupervisorGone, SupervisorKeeper
 
 RESTART_BACKOFF_MAX_S = 60.0  # the redeploy backoff doubles up to this
-TEARDOWN_RETRY_S = 5.0  # an unproven teardown is retried after this, doubling ...
-TEARDOWN_RETRY_MAX_S = 60.0  # ... up to this
-
-
-def wait_http_ready(url: str, timeout: float, stop: threading.Event, progress) -> None:
-    deadline = time.monotonic() + timeout
-    while not stop.is_set():
-        progress()
-        try:
-            if httpx.get(url, timeout=5.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise UpError(f"not ready after {timeout:.0f}s ({url})")
-        stop.wait(0.5)
+TEARDOWN_RETRY_S = 5.0  # an unproven teardown is retried after this, doubling
 
 
 def ensure_admin_token(path: Path) -> str:
@@ -210,69 +192,7 @@ class Up:
             from services.up.replicas import ReplicaSet
 
             return ReplicaSet(self, model, hosts, envs, backend).run()
-        budget = self.restart_budget()
-        dep_id: str | None = None  # the deployment `up` watches
-        redeploy = True  # a (re)deploy is due (one that fails before serving counts too)
-        awaiting = False  # dep_id not yet seen serving (its banner not shown)
-        served = False  # some deployment of ours has served
-        while True:
-            try:
-                if redeploy:
-                    redeploy, dep_id = False, self.deploy(model, hosts, envs, backend)
-                    awaiting = True
-                if awaiting:
-                    if not self.await_serving(model, dep_id):
-                        return 0  # stopped while waiting
-                    awaiting, served = False, True
-                while not self.stop_flag.wait(1.0):
-                    self.progress(dep_id)
-                return 0
-            except SupervisorGone as gone:
-                # at any point, the first deploy included: a restarted supervisor adopts
-                # what was serving, and what was not is deployed again
-                if not self.keeper.restart(gone):
-                    return 0
-                dep = self.admin.deployment(dep_id) if dep_id else None
-                if dep is not None and dep.state == DeploymentState.SERVING:
-                    self.log(f"{dep_id} adopted by the new supervisor: serving on")
-                    continue
-                self.announce_redeploy(model, budget, "its deployment was not adopted")
-                self.log(f"{dep_id or 'the deployment being made'} was not adopted ({dep.state if dep else 'not found'}"
-                         f"{': ' + dep.error if dep and dep.error else ''}); redeploying")
-                if dep is not None and dep.state in FAILED_STATES:
-                    if not self.teardown_until_proven(dep_id, "not adopted"):
-                        return 0
-                decision = budget.decide(time.monotonic())
-                if isinstance(decision, Exhausted):
-                    dep_id = self.wait_for_a_deploy(model, DeploymentDown(
-                        dep_id, DeploymentState.FAILED, "not adopted"), decision)
-                    continue
-                if self.stop_flag.wait(decision.delay_s):
-                    return 0
-                budget.record(time.monotonic())
-                redeploy = True
-            except DeploymentDown as down:
-                if not served:  # the first deployment failing is the user's to see: exit
-                    raise
-                self.announce_redeploy(model, budget, str(down))
-                # A rank died or a peer was lost: the ranks are gone (the supervisor proves
-                # it). Redeploy at a bounded rate instead of leaving no service.
-                dep_id = down.dep_id
-                proven = down.state == DeploymentState.TEARDOWN_FAILED
-                if proven and not self.teardown_until_proven(dep_id, str(down)):
-                    return 0  # stopped meanwhile
-                decision = budget.decide(time.monotonic())
-                if isinstance(decision, Exhausted):
-                    dep_id = self.wait_for_a_deploy(model, down, decision)
-                    continue
-                self.log(f"{down}; redeploying ({decision.used} of {s.restarts} within "
-                         f"{s.restart_window:g}s{f', in {decision.delay_s:.1f}s' if decision.delay_s else ''})")
-                if not proven and not self.teardown_until_proven(dep_id, str(down)):
-                    return 0
-                if self.stop_flag.wait(decision.delay_s):
-                    return 0
-                budget.record(time.monotonic())
-                redeploy = True
+        return SingleDeployment(self, model, hosts, envs, backend).run()
 
     def teardown_until_proven(self, dep_id: str, why: str) -> bool:
         """The failed deployment torn down with proof. One that cannot be proven yet (a
@@ -297,33 +217,6 @@ class Up:
         s = self.s
         return RestartBudget(s.restarts, s.restart_window, s.restart_backoff, RESTART_BACKOFF_MAX_S)
 
-    def announce_redeploy(self, model: str, budget: RestartBudget, why: str) -> None:
-        """The gateway holds requests for `model` while a redeploy the rate allows is on
-        its way (services/up/redeploy_notice.py); past the rate it refuses them at once."""
-        decision = budget.decide(time.monotonic())
-        if isinstance(decision, Exhausted):
-            self.notice.clear()
-            return
-        self.notice.announce(model_id(model), decision.delay_s + TEARDOWN_RETRY_MAX_S
-                             + self.s.ready_timeout, why)
-
-    def wait_for_a_deploy(self, model: str, down: DeploymentDown, why: Exhausted) -> str | None:
-        """Past the redeploy rate: everything but the model keeps running (/ready 503,
-        requests 503 naming the failed deployment) until an operator deploys the model
-        again; that deployment is then ours to watch. None: stopped meanwhile."""
-        self.notice.clear()
-        self.log(f"{down}; {why.reason()}: not redeploying. The gateway, supervisor and "
-                 f"reaper keep running; deploy {model_id(model)} again to serve it "
-                 "(lockstep admin deploy, or POST /admin/api/cluster/deployments)", err=True)
-        while not self.stop_flag.wait(1.0):
-            self.check_children()
-            for d in self.admin.deployments(10.0):
-                if d.state == DeploymentState.SERVING and d.model == model_id(model):
-                    self.log(f"{model_id(model)} serving again as {d.deployment_id} (deployed "
-                             "by the operator); watching it")
-                    return d.deployment_id
-        return None
-
     def progress(self, dep_id: str) -> None:
         self.check_children()
         dep = self.admin.deployment(dep_id)
@@ -342,39 +235,6 @@ class Up:
     def local_url(self) -> str:
         s = self.s
         return f"http://{'127.0.0.1' if s.host in ('0.0.0.0', '::') else s.host}:{s.port}"
-
-    def deploy(self, model: str, hosts, envs, backend: str) -> str:
-        s = self.s
-        dep_id = self.admin.ask(deploy.Args(model_path=model, tp=s.tp, pp=s.pp, hosts=hosts,
-                                            backend=backend, wait=False, envs=envs,
-                                            sampling=self.sampling), timeout=120.0).deployment_id
-        self.log(f"deploying {model_id(model)} as {dep_id} (tp={s.tp}, pp={s.pp}, backend={backend})")
-        return dep_id
-
-    def await_serving(self, model: str, dep_id: str) -> bool:
-        """`dep_id` serving and the gateway ready, then the banner. False: stopped first."""
-        s = self.s
-        url = self.local_url()
-        deadline = time.monotonic() + s.ready_timeout
-        while not self.stop_flag.is_set():  # this deployment serving, not a stale /ready
-            self.progress(dep_id)
-            dep = self.admin.deployment(dep_id)
-            self.shown.update(dep)
-            if dep is not None and dep.state == DeploymentState.SERVING:
-                break
-            if time.monotonic() > deadline:
-                raise UpError(f"deployment {dep_id} not serving after {s.ready_timeout:.0f}s")
-            self.stop_flag.wait(0.25)
-        try:
-            wait_http_ready(url + "/ready", max(1.0, deadline - time.monotonic()), self.stop_flag,
-                            lambda: self.progress(dep_id))
-        finally:
-            self.shown.end()
-        if self.stop_flag.is_set():
-            return False
-        self.notice.clear()
-        print_banner(self, url, model_id(model), dep_id, dep)
-        return True
 
     def reap_orphans(self) -> bool:
         """One `lockstep reaper --once` pass (the supervisor is gone and nobody restarts
