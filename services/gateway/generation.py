@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -24,9 +25,11 @@ from services.gateway.metrics import Metrics
 from services.gateway.output_parser import OutputParser, State
 from services.gateway.reasoning_count import for_format
 from services.gateway.request_channel import RequestStream
-from services.gateway.resume import Outcome, Resumer
+from services.gateway.resume import RESUMABLE, Outcome, Result, Resumer
 from services.gateway.stops import StopMatcher
 from services.gateway.toolcalls import ToolCall
+
+log = logging.getLogger("lockstep.gateway.generation")
 
 
 class Finish(str, enum.Enum):
@@ -296,7 +299,13 @@ class Generation:
                 finally:
                     if not task.done():
                         task.cancel()
-                result = task.result()
+                try:
+                    result = task.result()
+                except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - any
+                    # failure of the resume itself still ends the stream typed, with [DONE]
+                    log.error("request %s: its resume failed: %s: %s", s.request_id,
+                              type(exc).__name__, exc, exc_info=exc)
+                    result = Result(Outcome.GAVE_UP, f"the resume failed ({type(exc).__name__})")
                 if result.outcome is Outcome.RESUMED:
                     continue
                 if result.outcome is Outcome.CANCELLED:
@@ -309,7 +318,13 @@ class Generation:
                 break
             if body.finish_reason:
                 finish = Finish.of(body.finish_reason)
-                if finish is Finish.ERROR:
+                if finish is Finish.ABORT and body.error_code in RESUMABLE:
+                    # a failure (a watchdog abort, a lost rank), not a cancel: with resume
+                    # off (or none) it is the rank_lost error, never a bare `abort`
+                    finish = Finish.ERROR
+                    error = rank_error(body.error_code, f"{body.error}; not resumed: resume "
+                                       "is off (LOCKSTEP_RESUME_TIMEOUT=0)")
+                elif finish is Finish.ERROR:
                     error = s.refusal or rank_error(body.error_code, body.error)
                 for ev in self._text_events(self.detok.flush(), final=True):
                     yield ev

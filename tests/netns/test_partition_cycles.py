@@ -2,7 +2,7 @@
 recover, again and again: TP=2 with rank 0 on host A and rank 1 on host B (two netns
 hosts reached over ssh), a stream running, host B's link cut for CUT_S and restored.
 
-Each cycle: the stream ends with `abort`; rank 0 gives up on rank 1 within the cut
+Each cycle: the stream ends with the rank_lost error (resume is off); rank 0 gives up on rank 1 within the cut
 (peer_lost: the grace is set short, so every cycle takes the same path), the supervisor
 marks the deployment `failed` and tears it down by itself, retrying while host B cannot
 be reached, until the link is back and the old ranks are proven gone; `up` stops it and
@@ -57,8 +57,12 @@ def _stream_cut_heal(c: NetnsCluster, u: Up, model: str) -> tuple[str, float]:
         t0 = time.monotonic()
         c.link_down(B)
         try:
-            finish = next(ch["choices"][0]["finish_reason"] for ch in chunks
-                          if ch["choices"] and ch["choices"][0].get("finish_reason"))
+            # resume off: the failure ends the stream with the rank_lost error event
+            # (502 backend_error, then [DONE]); a finish_reason would be anything else
+            finish = next(f"error:{ch['error']['code']}" if "error" in ch
+                          else ch["choices"][0]["finish_reason"] for ch in chunks
+                          if "error" in ch or (ch["choices"]
+                                               and ch["choices"][0].get("finish_reason")))
             ended_s = time.monotonic() - t0
             time.sleep(max(0.0, CUT_S - (time.monotonic() - t0)))  # the fault's length
         finally:
@@ -73,7 +77,7 @@ def _cycle(c: NetnsCluster, u: Up, model: str, reference: str, i: int) -> str:
     u.ranks += old
     banners = u.banners()
     finish, ended_s = _stream_cut_heal(c, u, model)
-    assert finish == "abort", f"cycle {i}: the stream ended {finish!r}"
+    assert finish == "error:backend_error", f"cycle {i}: the stream ended {finish!r}"
     t0 = time.monotonic()
     try:
         poll_for(lambda: u.banners() > banners or u.proc.poll() is not None, RECOVER_S,
@@ -87,7 +91,7 @@ def _cycle(c: NetnsCluster, u: Up, model: str, reference: str, i: int) -> str:
     assert new["deployment_id"] != dep["deployment_id"]
     got = poll_for(lambda: u.completion(model), 30, f"cycle {i}: a served completion")
     assert got == reference, f"cycle {i}: {got!r} != first {reference!r}"
-    return (f"cycle {i}: stream aborted {ended_s:.1f}s after the cut, "
+    return (f"cycle {i}: stream failed {ended_s:.1f}s after the cut, "
             f"{dep['deployment_id']} -> {new['deployment_id']} serving {redeploy_s:.1f}s "
             "after the heal")
 
