@@ -250,10 +250,13 @@ async def abort_all(request: Request, deployment_id: str | None, timeout_s: floa
     backends = [b for k, b in gw.cluster.backends.items() if deployment_id in (None, k)]
     for b in backends:
         b.abort_local("abort_all")
-    if deployment_id is None:  # requests waiting to resume belong to no deployment yet
-        for s in list(gw.cluster.resuming):
+    # Requests waiting to resume: those the aborted deployment failed (still bound to it
+    # until a continuation moves them) or, for a global abort-all, every one.
+    for s in list(gw.cluster.resuming):
+        if deployment_id in (None, s.backend.deployment_id):
             s.abort_reason = s.abort_reason or "abort_all"
-        gw.cluster.admit_aborts += 1  # ... nor do those waiting for a redeploy
+    if deployment_id is None:  # requests waiting for a redeploy belong to no deployment
+        gw.cluster.admit_aborts += 1
     reply = await ask(request, commands.abort_all.Args(deployment_id, timeout), timeout=timeout + 10.0)
     left = max(0.5, timeout - (time.monotonic() - t0))
     gw_active = 0

@@ -44,6 +44,12 @@ class Overloaded(ApiError):
                                   "x-lockstep-deployment": backend.deployment_id}, data=data)
 
 
+class Cancelled(Exception):
+    """A continuation not sent: its stream was cancelled (client gone, abort, abort-all)
+    before it could move. Never undone by a resume (docs/gateway.md "who may end or
+    resume a stream")."""
+
+
 class Unavailable(ApiError):
     """Rank 0 cannot take the request now (its link was lost, the deployment is gone,
     or it does not take the GENERATE within SEND_TIMEOUT_S): 503 `model_not_ready` with

@@ -45,7 +45,7 @@ from common.messages import (
 from common.rpc_client import AsyncRpcClient
 from services.gateway.cache_index import follow
 from services.gateway.rank_link import DEALER_OPTIONS, LinkWatch
-from services.gateway.refusals import SEND_TIMEOUT_S, Bound, Overloaded, Unavailable
+from services.gateway.refusals import SEND_TIMEOUT_S, Bound, Cancelled, Overloaded, Unavailable
 from services.gateway.request_stream import RequestStream
 
 # Overloaded, Unavailable (refusals.py) and RequestStream (request_stream.py) are named
@@ -131,7 +131,11 @@ class Backend:
         return s
 
     async def adopt(self, s: RequestStream, gen: Generate) -> None:
-        """Send `gen` (a continuation) and move the stream `s` here, under gen's id."""
+        """Send `gen` (a continuation) and move the stream `s` here, under gen's id.
+        Cancelled if `s` was released or aborted meanwhile: checked with no await before
+        the move, so a cancel is either seen here or reaches the stream on its new rank."""
+        if s.released or s.abort_reason is not None:
+            raise Cancelled(s.abort_reason or "client gone")
         if self.closed:
             raise Unavailable(self, "the deployment is gone")
         if self.lost:

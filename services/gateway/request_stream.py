@@ -160,9 +160,10 @@ class RequestStream:
 
     def rebind(self, backend: Backend, request_id: str) -> None:
         """Go on as `request_id` on `backend` (a resumed request, services/gateway/resume.py):
-        a fresh queue; what was received, the prompt length and the consumer stay."""
+        a fresh queue; what was received, the prompt length and the consumer stay — and
+        so does a cancel (`abort_reason`): a resume never undoes one."""
         self.backend, self.request_id = backend, request_id
         self.queue = StreamQueue()
         self.finished, self.finish_reason = False, None
-        self.abort_reason, self.refusal = None, None
+        self.refusal = None
         self.last_token_at = time.monotonic()

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from common.messages import ErrorCode, Generate, Phase
+from services.gateway.refusals import Cancelled
 from services.gateway.request_channel import Backend, RequestStream, Unavailable
 
 log = logging.getLogger("lockstep.gateway.resume")
@@ -105,7 +106,9 @@ class Resumer:
                         max_tokens=self.remaining(len(produced)),
                         resumed=self.msg.resumed + len(produced))
                     try:
-                        await b.adopt(s, gen)
+                        await b.adopt(s, gen)  # refuses a stream cancelled meanwhile
+                    except Cancelled as exc:
+                        return Result(Outcome.CANCELLED, str(exc))
                     except Unavailable as exc:
                         log.info("resume of %s on %s refused: %s", old_id, b.deployment_id, exc)
                     else:

@@ -44,3 +44,37 @@ async def test_lost_rank_0_and_a_gone_deployment_answer_503_model_not_ready_with
     finally:
         b.close()
         ctx.destroy(linger=0)
+
+
+async def test_a_cancelled_stream_is_never_moved_by_a_resume():
+    """issue 43 item 1: a continuation for a stream released (client gone) or aborted
+    (abort-all) before it could move is refused (`Cancelled`), nothing is registered or
+    sent on the new deployment; a move keeps any cancel that was set (rebind never
+    clears abort_reason)."""
+    from services.gateway.refusals import Cancelled
+    from services.gateway.request_stream import RequestStream
+
+    ctx = zmq.asyncio.Context()
+    old = Backend(ctx, deployment_info(requests_endpoint=f"tcp://127.0.0.1:{free_port()}"),
+                  key=KEY)
+    new = Backend(ctx, deployment_info(deployment_id="d-2",
+                                       requests_endpoint=f"tcp://127.0.0.1:{free_port()}"),
+                  key=KEY)
+    try:
+        for cancel in ("released", "aborted"):
+            s = RequestStream(old, "r-1", 3)
+            if cancel == "released":
+                s.released = True
+            else:
+                s.abort_reason = "abort_all"
+            with pytest.raises(Cancelled):
+                await new.adopt(s, _generate())
+            assert new.streams == {} and s.backend is old
+        s = RequestStream(old, "r-2", 3)
+        s.abort_reason = "abort_all"
+        s.rebind(new, "r-2-r1")
+        assert s.abort_reason == "abort_all"
+    finally:
+        old.close()
+        new.close()
+        ctx.destroy(linger=0)
