@@ -36,7 +36,12 @@ log = logging.getLogger("lockstep.gateway.resume")
 # watchdog's abort stage (a peer lost). A cancellation carries none of these.
 RESUMABLE = frozenset({ErrorCode.RANK_LOST, ErrorCode.DEPLOYMENT_FAILED,
                        ErrorCode.RANK_STOPPED, ErrorCode.WATCHDOG_ABORT})
+# A continuation refused in-band by the rank 0 it was sent to (at its bound, not serving
+# yet): not an answer for the client. It waits on (the same deadline) and is sent again,
+# to a deployment with room if there is one; a refusal is not a resume (resume_max).
+REFUSED = frozenset({ErrorCode.OVERLOADED, ErrorCode.NOT_SERVING})
 POLL_S = 0.1  # how often a waiting request looks for a serving deployment
+REFUSED_BACKOFF_S = 0.25  # before a refused continuation is sent again
 STATS_TIMEOUT_S = 1.0
 
 
@@ -62,46 +67,63 @@ class Resumer:
         self.timeout, self.max_resumes = timeout, max_resumes
         self.metrics = metrics
         self.resumes = 0
+        self.attempts = 0  # continuations sent (their ids), refused ones included
         self.failed_at: float | None = None  # monotonic: the failure not yet recovered
+        self.deadline: float | None = None  # of the wait for that failure's continuation
 
     def wants(self, code: ErrorCode | None) -> bool:
-        return code in RESUMABLE and self.timeout > 0
+        if self.timeout <= 0:
+            return False
+        # a refusal only of a continuation that has not produced a token yet
+        return code in RESUMABLE or (code in REFUSED and self.failed_at is not None
+                                     and self.resumes > 0)
 
     def remaining(self, produced: int) -> int:
         return self.msg.max_tokens - produced
 
-    def _backend(self, exclude: Backend) -> Backend | None:
+    def _backend(self, exclude: Backend | None) -> Backend | None:
         live = [b for b in self.cluster.backends.values()
                 if b is not exclude and not b.lost and not b.closed and not b.draining
                 and b.model == self.model
                 and b.model_path == self.model_path]
-        # least loaded; ties by id, so equal loads do not pile onto one deployment
-        return min(live, key=lambda b: (b.active, b.deployment_id)) if live else None
+        # one with room first, then the least loaded; ties by id, so equal loads do not
+        # pile onto one deployment
+        return min(live, key=lambda b: (b.full(), b.active, b.deployment_id)) if live else None
 
     async def resume(self, s: RequestStream, produced: list[int], code: ErrorCode) -> Result:
         """Wait for a serving deployment and send the continuation on it (s rebound)."""
         cause = code.value
+        refused = code in REFUSED
+        if refused:  # the last continuation was refused: it did not resume
+            self.resumes -= 1
         if self.resumes >= self.max_resumes:
             return self._gave_up(cause, f"resumed {self.resumes} time(s) already "
                                  f"(resume_max {self.max_resumes})")
-        self.failed_at = time.monotonic()
+        if not refused or self.deadline is None:
+            self.failed_at = time.monotonic()
+            self.deadline = self.failed_at + self.timeout
+        deadline = self.deadline
         old, old_id = s.backend, s.request_id
         old.forget(s)  # the old rank 0 may have survived (a link blip): end it there
         self.cluster.resuming.add(s)
-        deadline = time.monotonic() + self.timeout
         try:
+            if refused:  # not straight back at a rank 0 that is at its bound
+                await asyncio.sleep(REFUSED_BACKOFF_S)
             while True:
                 if s.released or s.abort_reason is not None:
                     return Result(Outcome.CANCELLED, s.abort_reason or "client gone")
                 if self.cluster.shutting_down:
                     return self._gave_up(cause, "the gateway is shutting down")
-                b = self._backend(old)
+                b = self._backend(None if refused else old)  # a refuser may take it later
                 if b is None and code is ErrorCode.WATCHDOG_ABORT and await self._recovered(old):
                     b = old  # the peer answered again within its grace: serving on there
+                if s.released or s.abort_reason is not None:  # the probe above awaited
+                    return Result(Outcome.CANCELLED, s.abort_reason or "client gone")
                 if b is not None:
                     n = self.resumes + 1
+                    self.attempts += 1
                     gen = dataclasses.replace(
-                        self.msg, request_id=f"{self.msg.request_id}-r{n}",
+                        self.msg, request_id=f"{self.msg.request_id}-r{self.attempts}",
                         prompt=[*self.msg.prompt, *produced],
                         max_tokens=self.remaining(len(produced)),
                         resumed=self.msg.resumed + len(produced))
@@ -113,13 +135,14 @@ class Resumer:
                         log.info("resume of %s on %s refused: %s", old_id, b.deployment_id, exc)
                     else:
                         self.resumes = n
-                        self.cluster.resumed_from[old.deployment_id] += 1
+                        if not refused:  # a retry after a refusal is the same resume
+                            self.cluster.resumed_from[old.deployment_id] += 1
+                            if self.metrics is not None:
+                                self.metrics.resumes.labels(cause=cause).inc()
                         self.cluster.resume_log.append({
                             "request_id": old_id, "as": gen.request_id,
                             "from": old.deployment_id, "to": b.deployment_id,
                             "tokens": len(produced), "cause": cause, "at": time.time()})
-                        if self.metrics is not None:
-                            self.metrics.resumes.labels(cause=cause).inc()
                         log.info("request %s resumed as %s on %s after %d token(s) (%s)",
                                  old_id, gen.request_id, b.deployment_id, len(produced), cause)
                         return Result(Outcome.RESUMED)
