@@ -106,6 +106,7 @@ async def messages(request: Request) -> Response:
     except ClientGone:
         return Response(status_code=499)
     run.count(final)
+    headers = {**run.final_headers(), "request-id": rid}
     error = final.error or (render.aborted(final) if final.finish_reason == Finish.ABORT
                             else None)
     if error is not None:

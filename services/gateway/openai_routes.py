@@ -128,6 +128,7 @@ async def _handle(request: Request, *, chat: bool) -> Response:
         return Response(status_code=499)
     final = choices.merged_final([f for _, _, f in results])
     run.count(final)
+    headers = run.final_headers()
     if final.error is not None:
         final.error.headers = {**headers, **(final.error.headers or {})}  # keeps retry-after
         raise final.error

@@ -58,6 +58,13 @@ class Admitted:
     router: Any = None  # services/gateway/router.py: told what the model finished
     counted: bool = False
 
+    def final_headers(self) -> dict[str, str]:
+        """A non-streamed answer's headers: the deployment that finished it (a resumed
+        request's last one) and how often it resumed."""
+        resumed = sum(g.resumer.resumes for g in self.gens if g.resumer is not None)
+        return {**self.headers, "x-lockstep-deployment": self.gens[0].stream.backend.deployment_id,
+                "x-lockstep-resumed": str(resumed)}
+
     def release_all(self, reason: str) -> None:
         for st in self.streams:
             st.release(reason)  # no-op for a stream already released

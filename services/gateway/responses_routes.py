@@ -157,4 +157,4 @@ async def create_response(request: Request) -> Response:
         raise ApiError(503, error_of(final)["message"], code="aborted", headers=run.headers)
     body = env.body(status_of(final), out.items, final)
     keep(body)
-    return JSONResponse(body, headers=run.headers)
+    return JSONResponse(body, headers=run.final_headers())

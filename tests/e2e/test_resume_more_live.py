@@ -70,7 +70,8 @@ def _chat(c: dict, seen: dict) -> dict:
     ch = body["choices"][0]
     return {"text": ch["message"]["content"], "finish": ch["finish_reason"],
             "usage": {k: body["usage"][k] for k in
-                      ("prompt_tokens", "completion_tokens", "total_tokens")}}
+                      ("prompt_tokens", "completion_tokens", "total_tokens")},
+            "where": (r.headers["x-lockstep-deployment"], r.headers["x-lockstep-resumed"])}
 
 
 def _logprobs(c: dict, seen: dict) -> dict:
@@ -176,8 +177,12 @@ def four(cluster):
 @pytest.mark.timeout(300)
 def test_a_non_streamed_chat_returns_as_if_unfaulted(four):
     reference, got = four
-    assert got["chat"] == reference["chat"]  # content, finish_reason, usage
+    (ref_dep, ref_n), (dep, n) = reference["chat"]["where"], got["chat"]["where"]
+    body = lambda d: {k: v for k, v in d.items() if k != "where"}  # noqa: E731
+    assert body(got["chat"]) == body(reference["chat"])  # content, finish_reason, usage
     assert got["chat"]["usage"]["completion_tokens"] == MAX
+    # the headers name the deployment that finished it, and that it resumed once
+    assert (ref_n, n) == ("0", "1") and dep != ref_dep
 
 
 @pytest.mark.timeout(300)
