@@ -241,19 +241,20 @@ class AdoptionRecord(_Record):
 
 @dataclass(frozen=True, kw_only=True)
 class RedeployRecord(_Record):
-    """`runtime/redeploy.json`: the `lockstep up` that is redeploying `model` after its
-    deployment failed (a rank died, a peer was lost, not adopted), until `until` (wall
-    clock) at the latest. Read by the gateway: while this `up` lives (pid + start time)
-    and before `until`, a request for `model` waits for the new deployment (at most its
-    `admit_wait`) instead of a 503 (docs/gateway.md "Admission through a redeploy")."""
+    """`runtime/redeploy.json`: the `lockstep up` that redeploys `model` when its
+    deployment fails (a rank died, a peer was lost, not adopted) — written once it serves,
+    kept through a redeploy, removed when the redeploy rate is spent, when an operator
+    stops the deployment, and when `up` stops. Read by the gateway: while this `up`
+    lives (pid + start time), a request for `model` that finds nothing serving waits for
+    the new deployment (at most its `admit_wait`) instead of a 503 (docs/gateway.md
+    "Admission through a redeploy"). `reason`: the last failure, if one is being redeployed."""
 
     up_pid: int
     up_start_time: float
     model: str
-    until: float
     reason: str = ""
     schema_version: int = SCHEMA_VERSION
 
     _SPEC = {"schema_version": _VERSION, "up_pid": _PID, "up_start_time": _FLOAT,
-             "model": _STR, "until": _FLOAT, "reason": _STR}
+             "model": _STR, "reason": _STR}
 

@@ -290,14 +290,14 @@ class Cluster:
             return None
         return rec.reason or "the supervisor died"
 
-    def coming_back(self, model: str, now: float | None = None) -> str | None:
-        """Why `model` is expected to serve again soon (`lockstep up` recorded that it is
-        redeploying it: runtime/redeploy.json, services/up/redeploy_notice.py), or None."""
+    def coming_back(self, model: str) -> str | None:
+        """Why `model` is expected to serve again soon (a live `lockstep up` redeploys it
+        when it fails: runtime/redeploy.json, services/up/redeploy_notice.py), or None."""
         rec = live_redeploy_record(self.settings.supervisor_file.parent / "redeploy.json")
-        now = time.time() if now is None else now
-        if rec is None or rec.model != model or rec.until <= now:
+        if rec is None or rec.model != model:
             return None
-        return rec.reason or "lockstep up is redeploying it"
+        return f"lockstep up (pid {rec.up_pid}) redeploys it" + (
+            f" after: {rec.reason}" if rec.reason else "")
 
     # --- lookups ---------------------------------------------------------------------
 

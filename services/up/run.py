@@ -33,11 +33,12 @@ from services.up.progress import UpProgress
 from services.up.redeploy_notice import RedeployNotice
 from services.up.restart_budget import RestartBudget
 from services.up.settings import UpSettings, named_sampling
-from services.up.single import TEARDOWN_RETRY_MAX_S, SingleDeployment
+from services.up.single import SingleDeployment
 from services.up.supervisor_keeper import SupervisorGone, SupervisorKeeper
 
 RESTART_BACKOFF_MAX_S = 60.0  # the redeploy backoff doubles up to this
-TEARDOWN_RETRY_S = 5.0  # an unproven teardown is retried after this, doubling
+TEARDOWN_RETRY_S = 5.0  # an unproven teardown is retried after this, doubling ...
+TEARDOWN_RETRY_MAX_S = 60.0  # ... up to this
 
 
 def ensure_admin_token(path: Path) -> str:
@@ -217,7 +218,8 @@ class Up:
         s = self.s
         return RestartBudget(s.restarts, s.restart_window, s.restart_backoff, RESTART_BACKOFF_MAX_S)
 
-    def progress(self, dep_id: str) -> None:
+    def progress(self, dep_id: str):
+        """The deployment as the supervisor has it now (DeploymentDown if it failed)."""
         self.check_children()
         dep = self.admin.deployment(dep_id)
         if dep is not None:
@@ -225,6 +227,7 @@ class Up:
             # "stopped" is an operator's unload through the admin API: not ours to undo
             if dep.state in FAILED_STATES:
                 raise DeploymentDown(dep_id, dep.state, dep.error)
+        return dep
 
     def note_ranks(self, dep) -> None:
         for r in dep.ranks:

@@ -24,9 +24,6 @@ from services.up.supervisor_keeper import SupervisorGone
 if TYPE_CHECKING:
     from services.up.run import Up
 
-TEARDOWN_RETRY_MAX_S = 60.0  # an unproven teardown's retries back off up to this
-
-
 def wait_http_ready(url: str, timeout: float, stop: threading.Event, progress) -> None:
     deadline = time.monotonic() + timeout
     while not stop.is_set():
@@ -63,7 +60,9 @@ class SingleDeployment:
                         return 0  # stopped while waiting
                     awaiting, served = False, True
                 while not up.stop_flag.wait(1.0):
-                    up.progress(dep_id)
+                    dep = up.progress(dep_id)
+                    if dep is not None and dep.state == DeploymentState.STOPPED:
+                        up.notice.clear()  # an operator's unload: not ours to undo
                 return 0
             except SupervisorGone as gone:
                 # at any point, the first deploy included: a restarted supervisor adopts
@@ -115,13 +114,12 @@ class SingleDeployment:
 
     def announce_redeploy(self, model: str, budget: RestartBudget, why: str) -> None:
         """The gateway holds requests for `model` while a redeploy the rate allows is on
-        its way (services/up/redeploy_notice.py); past the rate it refuses them at once."""
-        decision = budget.decide(time.monotonic())
-        if isinstance(decision, Exhausted):
+        its way (services/up/redeploy_notice.py); past the rate it refuses them at once.
+        (The promise stands from the first serving on: this only updates or ends it.)"""
+        if isinstance(budget.decide(time.monotonic()), Exhausted):
             self.up.notice.clear()
-            return
-        self.up.notice.announce(model_id(model), decision.delay_s + TEARDOWN_RETRY_MAX_S
-                                + self.up.s.ready_timeout, why)
+        else:
+            self.up.notice.promise(model_id(model), why)
 
     def wait_for_a_deploy(self, model: str, down: DeploymentDown, why: Exhausted) -> str | None:
         """Past the redeploy rate: everything but the model keeps running (/ready 503,
@@ -137,6 +135,7 @@ class SingleDeployment:
                 if d.state == DeploymentState.SERVING and d.model == model_id(model):
                     self.up.log(f"{model_id(model)} serving again as {d.deployment_id} "
                                 "(deployed by the operator); watching it")
+                    self.up.notice.promise(model_id(model))
                     return d.deployment_id
         return None
 
@@ -170,6 +169,6 @@ class SingleDeployment:
             self.up.shown.end()
         if self.up.stop_flag.is_set():
             return False
-        self.up.notice.clear()
+        self.up.notice.promise(model_id(model))  # from now on, a failure is redeployed
         print_banner(self.up, url, model_id(model), dep_id, dep)
         return True

@@ -1,8 +1,9 @@
 """Admission through a redeploy (issue 43 item 6), live: `lockstep up` (TP=2 tiny,
 `--restarts 1`), a rank SIGKILLed, and 8 requests (6 completions, 2 streamed chats) sent
-while the only deployment is being redeployed — `up` has recorded the redeploy
-(runtime/redeploy.json). With the gateway's default `admit_wait` they all wait and
-complete with 200; with `LOCKSTEP_ADMIT_WAIT=0` they all get 503 at once, as before.
+as soon as the gateway says nothing serves, while the only deployment is being redeployed
+(`up` promised to redeploy it: runtime/redeploy.json). With the gateway's default
+`admit_wait` they all wait and complete with 200; with `LOCKSTEP_ADMIT_WAIT=0` they all
+get 503 at once, as before.
 Then a second kill spends the redeploy rate: nothing is coming back, the record is gone,
 and a new request gets 503 at once (not after a wait). Evidence from outside: HTTP
 answers, the home's record, `up`'s output, psutil."""
@@ -67,9 +68,10 @@ def test_requests_sent_during_a_redeploy_wait_for_it(tmp_path, admit_wait):
         poll_until(lambda: proc.poll() is None and "Press Ctrl-C" in out.read_text(),
                    READY_S, "lockstep up to serve", interval=0.1)
         first = rank_pids(tmp_path)
+        assert record.exists()  # from the first serving on: a failure is redeployed
         os.kill(first[-1], signal.SIGKILL)
-        poll_until(record.exists, 60, "up to record the redeploy", interval=0.02)
-        assert httpx.get(url + "/ready", timeout=10).status_code == 503  # nothing serves
+        poll_until(lambda: httpx.get(url + "/ready", timeout=10).status_code == 503, 60,
+                   "the gateway to see the failure", interval=0.02)
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             got = list(pool.map(lambda i: ask(url, i), range(8)))
         if admit_wait == "0":  # today's behaviour: refused at once
@@ -80,7 +82,7 @@ def test_requests_sent_during_a_redeploy_wait_for_it(tmp_path, admit_wait):
         assert all(text for _, text in got), got
         second = rank_pids(tmp_path)
         assert len(second) == 2 and not set(second) & set(first)  # served by the redeploy
-        poll_until(lambda: not record.exists(), 60, "the record removed once serving")
+        assert record.exists()  # the promise stands
 
         # the rate spent: nothing comes back, a request is refused at once
         os.kill(second[-1], signal.SIGKILL)
