@@ -9,7 +9,12 @@ fault the driver restores service if the fault took it down, then checks the inv
 - no manifest without a live supervisor (pid + start time);
 - once quiescent, the gateway's active count equals every rank's reported active count;
 - every client stream ended with content, `abort` or an OpenAI-shaped error, within a
-  deadline — never a hang, never a broken transfer.
+  deadline — never a hang, never a broken transfer;
+- and at the end, per fault kind, the outcomes of the requests that overlapped its
+  windows (in the summary): none refused and none ended in error for a supervisor kill
+  (adopted), a rank SIGKILL or a follower SIGSTOP (streams resume, new requests wait for
+  the redeploy: the harness plays `lockstep up`'s part, its adoption record and its
+  redeploy promise).
 
 The seed is printed and settable with LOCKSTEP_SOAK_SEED; every failure names it. The
 short soaks of `make test` use FIXED_SEED (the same schedule every run); only the full
@@ -40,12 +45,12 @@ import zmq
 
 from common.atomic_json import read_json
 from common.envelope import Key
-from common.home import Paths, manifest_path, write_adoption_record
+from common.home import Paths, manifest_path, write_adoption_record, write_redeploy_record
 from common.keys import generate_key_file, load_cluster_key
 from common.procs import identify
-from common.records import AdoptionRecord, LaunchManifest
+from common.records import AdoptionRecord, LaunchManifest, RedeployRecord
 from services.admin.cli import AdminClient
-from tests.faults.soak_clients import READ_TIMEOUT_S, STREAM_DEADLINE_S, Clients
+from tests.faults.soak_clients import ADMIT_WAIT_S, READ_TIMEOUT_S, STREAM_DEADLINE_S, Clients
 from tests.faults.soak_faults import ADOPT_WINDOW_S, FAULTS, GRACE_S, WEIGHTS, Faults
 from tests.support.polling import poll_for
 from tests.support.ports import free_port
@@ -190,7 +195,7 @@ class Soak(Faults):
                     LOCKSTEP_ORPHAN_GRACE_S="2", LOCKSTEP_KEEPALIVE_S="2",
                     # within the clients' 60 s stream deadline: a stream whose deployment
                     # failed resumes on the next one the soak deploys, or ends rank_lost
-                    LOCKSTEP_RESUME_TIMEOUT="20")
+                    LOCKSTEP_RESUME_TIMEOUT="20", LOCKSTEP_ADMIT_WAIT=str(ADMIT_WAIT_S))
         self._poll("the gateway", lambda: self._http_ok("/health"), 60)
         self.deploy()
         self.clients.start()
@@ -214,6 +219,10 @@ class Soak(Faults):
         self.jobs[job] = LaunchManifest.from_dict(read_json(manifest_path(self.paths, job)))
         self.dep = self._dep_info(dep_id)
         self._poll("/ready", lambda: self._http_ok("/ready"), 60)
+        if self.adopts:  # as `up` promises once serving: a failure is redeployed
+            me = identify(os.getpid())
+            write_redeploy_record(self.paths.redeploy_file, RedeployRecord(
+                up_pid=me.pid, up_start_time=me.start_time, model=self.dep["model"]))
 
     def _dep_info(self, dep_id: str) -> dict | None:
         reply = self.admin("deployments", 20)
@@ -325,10 +334,14 @@ class Soak(Faults):
             self.check_invariants()
         # A supervisor restart is invisible to clients: its deployment is adopted, so no
         # request overlapping one is refused or ends in error (issue 44).
-        during = self.stats.outcomes_during("kill_supervisor")
-        failed = {o: n for o, n in during.items() if o not in ("content", "disconnect")}
-        if self.adopts and failed:
-            raise SoakFailure(self._why(f"requests overlapping a supervisor kill: {failed}"))
+        # Nor is a rank's death: requests in flight resume, new ones wait for the redeploy
+        # (issue 43): none refused, none ended in error.
+        for kind in ("kill_supervisor", "sigkill_rank", "sigstop_long", "sigstop_short"):
+            during = self.stats.outcomes_during(kind)
+            failed = {o: n for o, n in during.items() if o not in ("content", "disconnect")}
+            if self.adopts and failed:
+                raise SoakFailure(self._why(f"requests overlapping {kind}: {failed}"))
+        self.paths.redeploy_file.unlink(missing_ok=True)  # the end: nothing comes back
         # the end: a verified stop of the last deployment, then the invariants again
         if self.dep:
             self.dead_jobs.add(self.dep["job_id"])
@@ -420,6 +433,6 @@ def summary(s: Soak) -> str:
                        "redeploys": s.stats.redeploys,
                        "supervisor_restarts": s.stats.supervisor_restarts,
                        "adopted": s.stats.adopted,
-                       "during_supervisor_kills": dict(
-                           s.stats.outcomes_during("kill_supervisor")),
+                       "outcomes_by_fault": {k: dict(s.stats.outcomes_during(k))
+                                             for k in sorted(set(s.stats.faults))},
                        "invariant_checks": s.stats.invariant_checks})

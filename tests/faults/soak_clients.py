@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from tests.faults.soak import Stats
 
 READ_TIMEOUT_S = 20.0  # gateway request_read_timeout: a stalled stream ends with 504
+ADMIT_WAIT_S = 20.0  # gateway admit_wait: a request waits this long for a redeploy
 STREAM_DEADLINE_S = 60.0  # a client stream still open after this is a hang
 CLIENTS = 3
 SERVING_OUTCOMES = ("content", "abort", "error", "disconnect")
@@ -44,7 +45,9 @@ class Clients:
 
     def _loop(self, i: int) -> None:
         rng = random.Random(self.seed * 1000 + i)
-        with httpx.Client(timeout=httpx.Timeout(READ_TIMEOUT_S + 10, connect=5)) as http:
+        # longer than a wait for a redeploy (no byte before admission) and a stalled read
+        with httpx.Client(timeout=httpx.Timeout(ADMIT_WAIT_S + READ_TIMEOUT_S + 10,
+                                                connect=5)) as http:
             n = 0
             while not self.stop.is_set():
                 if self.paused.is_set():
