@@ -110,10 +110,12 @@ def test_rank0_killed_with_the_supervisor_frozen_fails_streams_at_once(tmp_path)
     port = free_port()
     out = tmp_path / "up.out"
     with open(out, "wb") as log:
-        # the fail path under test: no resume (LOCKSTEP_RESUME_TIMEOUT=0, today's behaviour)
+        # the fail path under test: no resume (LOCKSTEP_RESUME_TIMEOUT=0) and no wait for
+        # the redeploy (LOCKSTEP_ADMIT_WAIT=0): the in-band failure and the 503 at once
         up = subprocess.Popen(up_argv(tmp_path / "home", port, "--restarts", "1"), cwd=ROOT,
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, "LOCKSTEP_RESUME_TIMEOUT": "0"})
+                              env={**os.environ, "LOCKSTEP_RESUME_TIMEOUT": "0",
+                                   "LOCKSTEP_ADMIT_WAIT": "0"})
     url = f"http://127.0.0.1:{port}"
     text = lambda: out.read_text(errors="replace")  # noqa: E731
     sup: int | None = None
