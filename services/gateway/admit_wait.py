@@ -39,7 +39,9 @@ async def pick_or_wait(gw: Gateway, request: Request, model: str, n: int) -> lis
     try:
         return gw.pick(model, n)
     except ApiError as exc:
-        if exc.status != 503 or s.admit_wait <= 0:
+        # 503: known, not serving; 404: its failed deployment already forgotten while
+        # another model serves — either way, waited for only if `up` promised it back
+        if exc.status not in (503, 404) or s.admit_wait <= 0:
             raise
         why = gw.cluster.coming_back(model)
         if why is None:
@@ -59,7 +61,7 @@ async def pick_or_wait(gw: Gateway, request: Request, model: str, n: int) -> lis
             try:
                 return gw.pick(model, n)
             except ApiError as exc:
-                if exc.status != 503:
+                if exc.status not in (503, 404):
                     raise
             now = time.monotonic()
             if c.admit_aborts != aborts or c.shutting_down:

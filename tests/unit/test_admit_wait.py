@@ -106,3 +106,17 @@ def test_a_wait_ends_on_abort_all_shutdown_client_gone_and_its_deadline(end):
             "client_gone": (499, "closed"), "deadline": (503, "admit_wait")}[end]
     assert (e.value.status, want[1] in e.value.message) == (want[0], True), e.value.message
     assert gw.cluster.admit_waiting == 0
+
+
+def test_a_model_forgotten_while_another_serves_is_waited_for_only_if_promised():
+    class Forgotten(Gw):
+        def pick(self, model: str, n: int = 1) -> list:
+            self.calls += 1
+            if self.serving_after is not None and self.calls > self.serving_after:
+                return ["backend"]
+            raise ApiError(404, "model 'tiny' not found", code="model_not_found")
+
+    assert run(pick_or_wait(Forgotten(serving_after=3), Client(), "tiny", 1)) == ["backend"]
+    with pytest.raises(ApiError) as e:
+        run(pick_or_wait(Forgotten(serving_after=3, coming_back=None), Client(), "tiny", 1))
+    assert e.value.status == 404
