@@ -98,6 +98,7 @@ class Watchdogs:
         self.rank0 = LeaderWatchdog(settings.peer_fail_tolerance, settings.peer_abort_grace) \
             if not hooks.leader else None
         self.last_tick: float | None = None
+        self.last_interval: float | None = None  # the probe rate expected at the last tick
         self.ended: tuple[int, Phase, str] | None = None
         self._thread: threading.Thread | None = None
 
@@ -120,6 +121,13 @@ class Watchdogs:
             self._rebase(now, now - self.last_tick)
         self.last_tick = now
         interval = self.interval()
+        if self.rank0 is not None and self.last_interval is not None \
+                and interval < self.last_interval:
+            # A follower starts serving: rank 0's probes are expected at the fast rate
+            # from now on. The silence before (rank 0 warming up, probing at the loading
+            # rate) is not measured against the fast limit.
+            self.rank0.rebase(now)
+        self.last_interval = interval
         v = self.launcher.check(now, h.parent_gone(), h.last_lease_at())
         if v is not None and v.what is Seen.ORPHANED:
             log.warning("launcher watchdog: %s", v.reason)

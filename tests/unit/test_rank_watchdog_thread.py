@@ -290,3 +290,22 @@ def test_parent_gone_and_the_supervisor_settings_for_ranks():
     d = rank_settings(load(env={}))
     assert (d.peer_abort_grace, d.progress_stall_timeout, d.signal_clear_timeout) == \
         (5.0, 120.0, 10.0)
+
+
+def test_a_follower_starting_to_serve_measures_silence_at_the_fast_rate_from_then_on():
+    """Seen in CI: rank 0 probes at the loading rate while it warms up (1.15 s under load);
+    the follower, serving a moment later, expects the fast rate. The silence before the
+    switch must not count against the fast limit (0.6 s): it used to, and with no abort
+    grace the follower left `peer_lost` 0.3 s after it began serving."""
+    rank = FakeRank(leader=False, fast=False)
+    settings = dataclasses.replace(SHORT, peer_abort_grace=0.0)
+    wd = make(rank, settings)
+    rank.ping_at = 0.0  # rank 0's last loading-rate probe
+    run_for(rank, wd, 1.2)  # it warms up: no probe, within the loading limit (6 s)
+    rank._fast = True  # SERVE: fast probes expected from now on
+    run_for(rank, wd, 0.3, lambda now: None)  # the first fast probe is on its way
+    assert rank.kinds() == [] and wd.ended is None
+    run_for(rank, wd, 2.0, lambda now: setattr(rank, "ping_at", now))  # probes flow
+    assert rank.kinds() == [] and wd.ended is None
+    with pytest.raises(Exited):  # and a real silence is still caught at the fast limit
+        run_for(rank, wd, 5.0)
