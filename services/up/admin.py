@@ -51,6 +51,14 @@ class AdminLink:
         # at once; the shutdown clears it, since its own calls are the orderly stop.
         self.interrupted: Callable[[], bool] | None = None
 
+    def close(self) -> None:
+        """Drop the connection (a dead supervisor's: its DEALER would otherwise reconnect
+        to the restarted one on the same port, and be dropped there mid-handshake)."""
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        self.ctx.destroy(linger=0)
+
     def wait_endpoints(self, timeout: float, stop: threading.Event, check) -> tuple[str, str]:
         """Wait until our supervisor wrote supervisor.json and answers ping."""
         deadline = time.monotonic() + timeout
@@ -62,14 +70,17 @@ class AdminLink:
                 info = None
             if info is not None and info.pid == self.sup_pid:
                 eps = (info.admin, info.events)
-                ch = Channel("up", "admin", sender="up", send_key=self.key, accept=ADMIN_OUT)
-                self.client = SyncRpcClient(self.ctx, eps[0], ch)
+                if self.client is None:  # one connection, kept across unanswered pings:
+                    # a restarted supervisor answers only after adopting (seconds), and
+                    # a connection dropped mid-handshake is a rejection on its side
+                    ch = Channel("up", "admin", sender="up", send_key=self.key,
+                                 accept=ADMIN_OUT)
+                    self.client = SyncRpcClient(self.ctx, eps[0], ch)
                 try:
                     self.ask(ping.Args(), timeout=2.0)
                     return eps
                 except (UpError, BusTimeout):
-                    self.client.close()
-                    self.client = None
+                    pass  # a late answer to this ping is dropped (request ids)
             stop.wait(0.2)
         raise UpError("the supervisor did not come up (see its log)" if not stop.is_set()
                       else "interrupted while starting")

@@ -107,6 +107,7 @@ class SupervisorKeeper:
         self.record(time.time() + s.adopt_window,
                     f"{gone.short()} (restart {self.restarts}, {decision.used} within "
                     f"{s.restart_window:g}s of --supervisor-restarts {s.supervisor_restarts})")
+        up.admin.close()  # before the new one binds the same port
         p = up.start_supervisor(self.ports)
         up.admin = AdminLink(up.paths, up.key, p.pid)
         up.admin.interrupted = up.stop_flag.is_set
