@@ -20,6 +20,7 @@ from common.keys import LaunchKeys
 from common.rankspec import SCHEMA_VERSION, RankSettings, RankSpec
 from services.rank.auth import Origin, ReportSession
 from services.rank.plan_channel import Wire
+from tests.support.ports import free_ports
 
 DEP, JOB = "dep", "job"
 KEYS = LaunchKeys(secrets.token_bytes(32), DEP, JOB)
@@ -112,10 +113,7 @@ def ctx():
 
 
 def test_the_rank_re_authenticates_with_a_restarted_supervisor(ctx):
-    probe = ctx.socket(zmq.ROUTER)
-    probe.bind("tcp://127.0.0.1:*")
-    endpoint = probe.getsockopt_string(zmq.LAST_ENDPOINT)
-    probe.close(linger=0)
+    [endpoint] = free_endpoints(1)  # both supervisors bind it in turn
     first = Supervisor(ctx, endpoint, pid=1)
     rank = Rank(ctx, endpoint)
     until_accepted(rank, first)
@@ -185,12 +183,11 @@ def bind_again(sock: zmq.Socket, endpoint: str) -> None:
             time.sleep(0.01)
 
 
-def free_endpoint(ctx: zmq.Context) -> str:
-    s = ctx.socket(zmq.ROUTER)
-    s.bind("tcp://127.0.0.1:*")
-    endpoint = s.getsockopt_string(zmq.LAST_ENDPOINT)
-    s.close(linger=0)
-    return endpoint
+def free_endpoints(n: int) -> list[str]:
+    """Ports from below the ephemeral range (common/ports.py): one bound to port 0 and
+    closed could be taken by any outgoing connection before RankIO binds it (seen in CI:
+    "Address already in use")."""
+    return [f"tcp://127.0.0.1:{p}" for p in free_ports(n)]
 
 
 def lease(seq: int) -> m.Lease:
@@ -203,12 +200,12 @@ def test_the_io_thread_is_adopted_by_a_restarted_supervisor(ctx, tmp_path):
     from services.rank.io import RankIO
     from services.rank.runtime import RankRuntime
 
-    report, control = free_endpoint(ctx), free_endpoint(ctx)
+    report, control, plan, requests = free_endpoints(4)
     spec = RankSpec(schema_version=SCHEMA_VERSION, deployment_id=DEP, job_id=JOB, rank=0,
                     world_size=1, tp=1, pp=1, host="h", model_path="/m", backend="none",
                     home=str(tmp_path), secret_path="/s", control_endpoint=control,
-                    report_endpoint=report, plan_endpoint=free_endpoint(ctx),
-                    requests_endpoint=free_endpoint(ctx), supervisor_pid=1,
+                    report_endpoint=report, plan_endpoint=plan,
+                    requests_endpoint=requests, supervisor_pid=1,
                     watch_parent=False, settings=RankSettings(auth_timeout_s=DEADLINE_S,
                                                               rank_telemetry_interval_s=0.05))
     rt = RankRuntime(spec)
