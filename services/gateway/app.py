@@ -65,9 +65,12 @@ class Gateway:
         if live:
             # one model path: replicas of one model share its tokenizer
             live = [b for b in live if b.model_path == live[0].model_path]
-            roomy = [b for b in live if not b.full(n)]
+            # Continuations of this model's failed requests that wait for a deployment go
+            # ahead of new requests (they were admitted once): room is kept for them.
+            held = sum(1 for s in c.resuming if names(s.backend, model))
+            roomy = [b for b in live if not b.full(n + held)]
             if not roomy:  # 429 before any tokenizing: the cheapest refusal under overload
-                min(live, key=lambda b: b.active).check_room(n)
+                min(live, key=lambda b: b.active).check_room(n, held)
             return roomy
         if cands:  # rank 0 lost, seen by the gateway itself (rank_link.py)
             b = cands[0]

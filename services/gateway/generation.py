@@ -179,6 +179,7 @@ class Generation:
         self.metrics = metrics
         self.completion_tokens = 0
         self.cached_tokens = 0  # rank 0 says so on the request's first chunk
+        self.cached_attempt = 0  # the continuation they come from (0: the first attempt)
         self.model_ttft_ms: float | None = None
         self.visible_at: float | None = None
         self._last_token_time: float | None = None
@@ -196,6 +197,25 @@ class Generation:
         out = self.stops.feed(text)
         if final:
             out += self.stops.flush()
+        return self._parsed(out, final)
+
+    def _stop_cut(self, tokens: list[int], lps: list[TokenLogprob]
+                  ) -> tuple[str, list[int], list[TokenLogprob]]:
+        """The text `tokens` add once stop strings are applied, and the tokens (and their
+        logprobs) that are output: with stop strings, up to the one whose text completed
+        a stop — never the ones rank 0 happened to send in the same chunk after it, so
+        what a client gets does not depend on the chunking (a resumed request's
+        differs from an unfaulted run's)."""
+        if not self.stops.stops:
+            return self.detok.add(tokens), tokens, lps
+        out = []
+        for i, t in enumerate(tokens):
+            out.append(self.stops.feed(self.detok.add([t])))
+            if self.stops.stopped:
+                return "".join(out), tokens[:i + 1], lps[:i + 1]
+        return "".join(out), tokens, lps
+
+    def _parsed(self, out: str, final: bool = False) -> list[Event]:
         if self.tools is None:
             return [TextEvent(out)] if out else []
         parsed = self.tools.feed(out) if out else []
@@ -248,17 +268,24 @@ class Generation:
             tokens: list[int] = []
             lps: list[TokenLogprob] = []
             first_attempt = self.resumer is None or not self.resumer.resumes
+            # usage's cached tokens are those of the attempt that prefilled the client's
+            # prompt: the one its first token came from (a continuation after output
+            # prefilled prompt + output, not the prompt)
+            serves_prompt = not self.token_ids
+            if serves_prompt and not first_attempt and self.cached_attempt != self.resumer.attempts:
+                self.cached_attempt, self.cached_tokens = self.resumer.attempts, 0
             for b in bodies:
                 if self.model_ttft_ms is None and b.model_ttft_ms is not None:
                     self.model_ttft_ms = b.model_ttft_ms
                     if self.metrics is not None:
                         self.metrics.ttft_model.labels(model=self.model).observe(b.model_ttft_ms / 1000)
-                if first_attempt:  # usage keeps the original prompt's cached tokens
+                if serves_prompt:
                     self.cached_tokens = max(self.cached_tokens, b.cached_tokens)
                 tokens += b.tokens
                 if b.logprobs:
                     lps += from_body(self.tok, b)
                 self._observe_tokens(b.token_times)
+            text, tokens, lps = self._stop_cut(tokens, lps) if tokens else ("", tokens, lps)
             if lps:  # before the text of the same tokens
                 self.logprobs += lps
                 yield LogprobsEvent(lps)
@@ -269,7 +296,7 @@ class Generation:
                     self.thinking.feed(tokens)
                 if not first_attempt:
                     self.resumer.first_token()
-                for ev in self._text_events(self.detok.add(tokens)):
+                for ev in self._parsed(text):
                     yield ev
                 if self.stops.stopped:
                     if not body.finish_reason:

@@ -10,8 +10,9 @@ that may be the start of a marker is held until the next text decides it.
 A tool-call envelope is emitted only once it is complete and its calls validate
 (toolcalls.py), so `tool_calls` deltas stream in order and are never retracted; an
 envelope that does not parse, names an unknown tool, runs past MAX_ENVELOPE or is still
-open at the end is content, as the model wrote it. Whitespace-only content next to
-envelopes, and at the start of the answer after reasoning, is formatting: dropped.
+open at the end is content, as the model wrote it. Whitespace right before an
+envelope, after the last one, and at the start of the answer after reasoning is
+formatting: dropped — decided on the text, never on how it was split into chunks.
 """
 
 from __future__ import annotations
@@ -151,10 +152,11 @@ class OutputParser:
             if not text:
                 return
             self._after_reasoning = False
-        if not text:
-            return
-        if not text.strip():
-            self._ws = "" if before_call else self._ws + text
-            return
-        out.append(("content", self._ws + text))
-        self._ws = ""
+        # Trailing whitespace is held until text follows it (then it is content) or an
+        # envelope does (then it is formatting, dropped): the same whichever way the
+        # text was split into chunks.
+        body = text.rstrip()
+        if body:
+            out.append(("content", self._ws + body))
+            self._ws = ""
+        self._ws = "" if before_call else self._ws + text[len(body):]

@@ -30,9 +30,12 @@ class Bound(str, enum.Enum):
 class Overloaded(ApiError):
     """A deployment's bound on requests in flight is reached: 429, retry later."""
 
-    def __init__(self, backend: Backend, bound: Bound, in_flight: int | None) -> None:
+    def __init__(self, backend: Backend, bound: Bound, in_flight: int | None,
+                 held: int = 0) -> None:
+        ahead = (f" and {held} resumed requests of its model wait for room: they go first"
+                 if held else "")
         who = (f"deployment {backend.deployment_id} has {in_flight} requests in flight "
-               f"(its bound, max_inflight)" if bound is Bound.GATEWAY
+               f"(its bound, max_inflight){ahead}" if bound is Bound.GATEWAY
                else f"rank 0 of deployment {backend.deployment_id} is at its bound on open "
                "requests (max_open_requests)")
         retry = backend.retry_after_s

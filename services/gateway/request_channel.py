@@ -102,12 +102,13 @@ class Backend:
     def full(self, more: int = 1) -> bool:
         return bool(self.max_inflight) and len(self.streams) + more > self.max_inflight
 
-    def check_room(self, more: int = 1) -> None:
-        """Raise Overloaded if `more` requests would exceed the bound on in flight."""
+    def check_room(self, more: int = 1, held: int = 0) -> None:
+        """Raise Overloaded if `more` requests would exceed the bound on in flight, with
+        room `held` for that many continuations first (app.pick)."""
         n = len(self.streams)
-        if self.max_inflight and n + more > self.max_inflight:
+        if self.max_inflight and n + more + held > self.max_inflight:
             self.overloads[Bound.GATEWAY] += 1
-            raise Overloaded(self, Bound.GATEWAY, n)
+            raise Overloaded(self, Bound.GATEWAY, n, held)
 
     async def generate(self, gen: Generate, cached: int = 0) -> RequestStream:
         """Send `gen`; `cached`: the prompt tokens the router expects rank 0's cache to
@@ -130,8 +131,10 @@ class Backend:
             raise
         return s
 
-    async def adopt(self, s: RequestStream, gen: Generate) -> None:
-        """Send `gen` (a continuation) and move the stream `s` here, under gen's id.
+    async def adopt(self, s: RequestStream, gen: Generate, cached: int = 0) -> None:
+        """Send `gen` (a continuation) and move the stream `s` here, under gen's id;
+        until its first token it weighs as a prefill of gen's prompt less `cached`
+        (router.py's load), as a new request does.
         Cancelled if `s` was released or aborted meanwhile: checked with no await before
         the move, so a cancel is either seen here or reaches the stream on its new rank."""
         if s.released or s.abort_reason is not None:
@@ -140,7 +143,7 @@ class Backend:
             raise Unavailable(self, "the deployment is gone")
         if self.lost:
             raise Unavailable(self, self.lost)
-        s.rebind(self, gen.request_id)
+        s.rebind(self, gen.request_id, len(gen.prompt), cached)
         self._register(s)
         try:
             await asyncio.wait_for(self.client.send(gen), SEND_TIMEOUT_S)

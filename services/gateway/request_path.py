@@ -192,7 +192,7 @@ async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endp
                        and req.parallel_tool_calls is False,
                        resumer=Resumer(gw.cluster, m, backend.model, backend.model_path,
                                        timeout=s.resume_timeout, max_resumes=s.resume_max,
-                                       metrics=gw.metrics))
+                                       metrics=gw.metrics, router=gw.router))
             for st, m in zip(streams, choices.choice_messages(msg, n), strict=True)]
     headers = {"x-lockstep-request-id": rid, "x-lockstep-deployment": backend.deployment_id}
     return Admitted(rid, backend, prompt, msg, streams, gens, started, endpoint, gw.metrics,

@@ -98,7 +98,9 @@ class RequestStream:
         self.cached_tokens = 0
         self.model_ttft_ms: float | None = None
         self.first_token_at: float | None = None  # monotonic, as the gateway took it
-        self.route_cached = 0  # prompt tokens the router expected cached (router.py load)
+        # what rank 0 prefills before its first token, and how much of it the router
+        # expected cached (router.py load): the prompt; a continuation's prompt + output
+        self.route_len, self.route_cached = prompt_len, 0
 
     async def next(self, timeout: float) -> Tokens | None:
         """The next chunk from rank 0, or None if none arrived within `timeout`."""
@@ -158,11 +160,14 @@ class RequestStream:
         """The consumer is done; abort rank-side if the request is still running."""
         self.backend.release(self, abort_reason)
 
-    def rebind(self, backend: Backend, request_id: str) -> None:
+    def rebind(self, backend: Backend, request_id: str, route_len: int, route_cached: int) -> None:
         """Go on as `request_id` on `backend` (a resumed request, services/gateway/resume.py):
         a fresh queue; what was received, the prompt length and the consumer stay — and
-        so does a cancel (`abort_reason`): a resume never undoes one."""
+        so does a cancel (`abort_reason`): a resume never undoes one. Until its first
+        token there it is a prefill of `route_len` tokens, `route_cached` of them cached."""
         self.backend, self.request_id = backend, request_id
+        self.route_len, self.route_cached = route_len, route_cached
+        self.first_token_at = None
         self.queue = StreamQueue()
         self.finished, self.finish_reason = False, None
         self.refusal = None

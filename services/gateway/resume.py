@@ -61,8 +61,10 @@ class Resumer:
     """One choice's resume state: its GENERATE, and how often it resumed."""
 
     def __init__(self, cluster: Any, msg: Generate, model: str, model_path: str | None, *,
-                 timeout: float, max_resumes: int, metrics: Any = None) -> None:
+                 timeout: float, max_resumes: int, metrics: Any = None,
+                 router: Any = None) -> None:
         self.cluster, self.msg = cluster, msg
+        self.router = router  # services/gateway/router.py; None: the least loaded
         self.model, self.model_path = model, model_path
         self.timeout, self.max_resumes = timeout, max_resumes
         self.metrics = metrics
@@ -81,14 +83,25 @@ class Resumer:
     def remaining(self, produced: int) -> int:
         return self.msg.max_tokens - produced
 
-    def _backend(self, exclude: Backend | None) -> Backend | None:
+    def _route(self, exclude: Backend | None, ids: list[int]) -> tuple[Backend, int] | None:
+        """Where the continuation goes, and how much of prompt + produced tokens its
+        cache is expected to hold: among the serving deployments of the model, those
+        with room first (a continuation may exceed the gateway's bound, never by
+        choice), then the router's cache-aware rule on the continuation's own tokens,
+        as a new request is routed (router.py)."""
         live = [b for b in self.cluster.backends.values()
                 if b is not exclude and not b.lost and not b.closed and not b.draining
                 and b.model == self.model
                 and b.model_path == self.model_path]
-        # one with room first, then the least loaded; ties by id, so equal loads do not
-        # pile onto one deployment
-        return min(live, key=lambda b: (b.full(), b.active, b.deployment_id)) if live else None
+        if not live:
+            return None
+        roomy = [b for b in live if not b.full()] or live
+        if self.router is not None:
+            route = self.router.choose(roomy, ids)
+            return route.backend, route.cached
+        # no router (tests): the least loaded; ties by id, so equal loads do not pile
+        # onto one deployment
+        return min(roomy, key=lambda b: (b.active, b.deployment_id)), 0
 
     async def resume(self, s: RequestStream, produced: list[int], code: ErrorCode) -> Result:
         """Wait for a serving deployment and send the continuation on it (s rebound)."""
@@ -114,21 +127,24 @@ class Resumer:
                     return Result(Outcome.CANCELLED, s.abort_reason or "client gone")
                 if self.cluster.shutting_down:
                     return self._gave_up(cause, "the gateway is shutting down")
-                b = self._backend(None if refused else old)  # a refuser may take it later
-                if b is None and code is ErrorCode.WATCHDOG_ABORT and await self._recovered(old):
-                    b = old  # the peer answered again within its grace: serving on there
+                ids = [*self.msg.prompt, *produced]
+                route = self._route(None if refused else old, ids)  # a refuser may take it later
+                if route is None and code is ErrorCode.WATCHDOG_ABORT \
+                        and await self._recovered(old):
+                    route = (old, 0)  # the peer answered again within its grace: serving on there
                 if s.released or s.abort_reason is not None:  # the probe above awaited
                     return Result(Outcome.CANCELLED, s.abort_reason or "client gone")
-                if b is not None:
+                if route is not None:
+                    b, cached = route
                     n = self.resumes + 1
                     self.attempts += 1
                     gen = dataclasses.replace(
                         self.msg, request_id=f"{self.msg.request_id}-r{self.attempts}",
-                        prompt=[*self.msg.prompt, *produced],
+                        prompt=ids,
                         max_tokens=self.remaining(len(produced)),
                         resumed=self.msg.resumed + len(produced))
                     try:
-                        await b.adopt(s, gen)  # refuses a stream cancelled meanwhile
+                        await b.adopt(s, gen, cached)  # refuses a stream cancelled meanwhile
                     except Cancelled as exc:
                         return Result(Outcome.CANCELLED, str(exc))
                     except Unavailable as exc:

@@ -59,7 +59,7 @@ def load(b: Backend) -> int:
     pending = decoding = 0
     for s in b.streams.values():
         if s.first_token_at is None:
-            pending += max(0, s.prompt_len - s.route_cached)
+            pending += max(0, s.route_len - s.route_cached)
         else:
             decoding += 1
     return pending + DECODE_COST * decoding

@@ -72,7 +72,7 @@ async def test_a_cancelled_stream_is_never_moved_by_a_resume():
             assert new.streams == {} and s.backend is old
         s = RequestStream(old, "r-2", 3)
         s.abort_reason = "abort_all"
-        s.rebind(new, "r-2-r1")
+        s.rebind(new, "r-2-r1", 5, 0)
         assert s.abort_reason == "abort_all"
     finally:
         old.close()

@@ -57,7 +57,13 @@ def test_the_embedded_model_gets_mlx_lms_json_parser(tiny):
     calls = [v for k, v in events if k == "tool_call"]
     assert [c.name for c in calls] == ["get_weather", "add"]
     assert json.loads(calls[1].arguments) == {"a": 1}
-    assert text_of(events, "content") == "Sure.  done"  # whitespace between envelopes dropped
+    # whitespace before and between envelopes is formatting: dropped
+    assert text_of(events, "content") == "Sure. done"
+    for step in (1, 2, 5, 7, len(src)):  # however the text was split into chunks
+        again = run(OutputParser(tok.fmt, tools=TOOLS, tool_names=NAMES), src, step)
+        assert text_of(again, "content") == "Sure. done", step
+        assert [(v.name, v.arguments) for k, v in again if k == "tool_call"] == \
+            [(c.name, c.arguments) for c in calls], step
 
 
 @pytest.mark.parametrize("src", [
@@ -91,7 +97,7 @@ def test_other_families_through_mlx_lms_parsers(parser, src):
     events = run(OutputParser(fmt_of(parser), tools=TOOLS, tool_names=NAMES), "ok " + src)
     calls = [v for k, v in events if k == "tool_call"]
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 7})], events
-    assert text_of(events, "content") == "ok "
+    assert text_of(events, "content") == "ok"  # the space before the envelope: formatting
 
 
 def test_the_parser_follows_the_chat_template(tiny, tmp_path):

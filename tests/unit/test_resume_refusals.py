@@ -24,7 +24,7 @@ class FakeBackend:
     def full(self, more: int = 1) -> bool:
         return self._full
 
-    async def adopt(self, s, gen: Generate) -> None:
+    async def adopt(self, s, gen: Generate, cached: int = 0) -> None:
         self.sent.append(gen.request_id)
         s.backend = self
 

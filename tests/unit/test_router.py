@@ -15,7 +15,7 @@ from services.gateway.router import DECODE_COST, Reason, Router, load
 
 @dataclass
 class Stream:
-    prompt_len: int
+    route_len: int  # the prompt (a continuation's: prompt + its output so far)
     first_token_at: float | None = None
     route_cached: int = 0
 
