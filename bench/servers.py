@@ -36,7 +36,7 @@ from bench.cpu_breakdown import tree_roles
 from common import ports
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV_KEYS = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MLX_MAX_OPS_PER_BUFFER",
+ENV_KEYS = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS", "MLX_MAX_OPS_PER_BUFFER",
             "MLX_MAX_MB_PER_BUFFER", "LOCKSTEP_OPENBLAS", "LOCKSTEP_OPENBLAS_LIB")
 BLAS_KEYS = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
 MLX_LM_DEFAULT_CACHE_SIZE = 10  # mlx_lm 0.32 server --prompt-cache-size default

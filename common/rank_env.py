@@ -17,6 +17,15 @@ harnesses) — launcher-side rules, kept here so no launcher imports the rank se
   OPENBLAS_NUM_THREADS=1 unless set: OpenBLAS's own threads fight MLX's for the cores
   (measured on 2 cores, bench preset: batch-8 decode 56 tok/s with 2 BLAS threads vs 96
   with 1; TP=2 collapses to 10 tok/s with 2 threads per rank vs 100 with 1).
+  And on x86-64 with AVX, OPENBLAS_CORETYPE=SandyBridge unless set: OpenBLAS otherwise
+  picks its kernels by CPU (SkylakeX, Haswell/Zen, ...), and each reduces a row in an
+  order that depends on how many rows the call has, differently per kernel — the
+  deterministic mode (services/rank/determinism.py) would hold on one CPU and not on the
+  next, and two hosts of one cluster would disagree in the last bits. The SandyBridge
+  sgemm kernel gives every row the same bits at any row count, on every x86-64 CPU with
+  AVX (measured on an AMD EPYC, Zen 3: Haswell's kernel differs for every row count
+  under 64, SandyBridge's for none), at 0-28% more time on large prefill products and
+  none on decode's (bench preset shapes, 1 thread).
 - Never `TEMP`: MLX's compiler uses it as its temp directory.
 """
 
@@ -89,4 +98,18 @@ def rank_environment(settings: RankSettings, base_env: Mapping[str, str]) -> dic
             if lib not in preload:
                 env["LD_PRELOAD"] = " ".join([lib, *preload])
             env.setdefault("OPENBLAS_NUM_THREADS", "1")
+            if has_avx():
+                env.setdefault("OPENBLAS_CORETYPE", "SandyBridge")
     return env
+
+
+def has_avx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """An x86-64 CPU with AVX (what OpenBLAS's SandyBridge kernels need)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx" in line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    return False
