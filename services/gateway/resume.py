@@ -72,6 +72,7 @@ class Resumer:
         self.attempts = 0  # continuations sent (their ids), refused ones included
         self.failed_at: float | None = None  # monotonic: the failure not yet recovered
         self.deadline: float | None = None  # of the wait for that failure's continuation
+        self._entry: dict | None = None  # the last resume's row in the cluster's resume log
 
     def wants(self, code: ErrorCode | None) -> bool:
         if self.timeout <= 0:
@@ -155,10 +156,16 @@ class Resumer:
                             self.cluster.resumed_from[old.deployment_id] += 1
                             if self.metrics is not None:
                                 self.metrics.resumes.labels(cause=cause).inc()
-                        self.cluster.resume_log.append({
-                            "request_id": old_id, "as": gen.request_id,
-                            "from": old.deployment_id, "to": b.deployment_id,
-                            "tokens": len(produced), "cause": cause, "at": time.time()})
+                        if refused and self._entry is not None:  # the same resume, re-sent
+                            self._entry.update({"as": gen.request_id, "to": b.deployment_id})
+                            self._entry["refusals"] += 1
+                        else:
+                            self._entry = {
+                                "request_id": old_id, "as": gen.request_id,
+                                "from": old.deployment_id, "to": b.deployment_id,
+                                "tokens": len(produced), "cause": cause, "at": time.time(),
+                                "refusals": 0}  # in-band refusals it met on the way
+                            self.cluster.resume_log.append(self._entry)
                         log.info("request %s resumed as %s on %s after %d token(s) (%s)",
                                  old_id, gen.request_id, b.deployment_id, len(produced), cause)
                         return Result(Outcome.RESUMED)

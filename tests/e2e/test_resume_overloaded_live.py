@@ -8,7 +8,8 @@ resume on the survivor, whose rank 0 already holds two and refuses them in-band
 are sent again until the survivor (or the redeployed replica) has room, and all four
 streams end exactly as an unfaulted run of the same four: text and finish reason, and
 no error event. The gateway's own counts prove the path: rank-bound refusals on the
-survivor, and exactly two resumes from the killed replica.
+survivor, and exactly two resumes from the killed replica, their re-sends counted on
+their own rows of the gateway's resume log (`status.gateway.recent_resumes[].refusals`).
 
 Before the retry (resume.py REFUSED), the two resumed streams ended with an SSE error
 `overloaded` ("rank 0 is at its bound") after their partial output.
@@ -174,5 +175,7 @@ def test_a_continuation_refused_by_a_full_survivor_waits_and_completes(cluster):
         assert got[i] == reference[i], (i, got[i], reference[i], got["where"])
     resumes = _gateway(c)["recent_resumes"][seen:]
     assert [r["from"] for r in resumes] == [killed["id"]] * 2, resumes
-    # the path under test was taken: the survivor's rank 0 refused a continuation
+    # the path under test was taken: the survivor's rank 0 refused a continuation, which
+    # was sent again (the same resume: its row counts the refusals)
     assert _rank_refusals(c, killed["other"]) > killed["refusals"], resumes
+    assert sum(r["refusals"] for r in resumes) > 0, resumes
