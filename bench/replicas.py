@@ -55,7 +55,8 @@ def _words(seed: int, n: int) -> str:
 
 class Up:
     def __init__(self, tmp: Path, name: str, model: Path, replicas: int, *,
-                 restarts: int = FAILOVER_TRIALS + 2, **env: str) -> None:
+                 restarts: int = FAILOVER_TRIALS + 2, args: tuple[str, ...] = (),
+                 **env: str) -> None:
         self.home, self.out = tmp / f"home-{name}", tmp / f"up-{name}.out"
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
@@ -64,7 +65,7 @@ class Up:
                 "--port", str(port), "--admin-port", "0", "--events-port", "0",
                 "--control-port", "0", "--report-port", "0", "--reaper-events-port", "0",
                 "--model", str(model), "--tp", "1", "--replicas", str(replicas),
-                "--restarts", str(restarts)]
+                "--restarts", str(restarts), *args]
         self._log = open(self.out, "wb")  # noqa: SIM115 - closed by stop()
         self.proc = subprocess.Popen(argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True, env={**os.environ, **env})

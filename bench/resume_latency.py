@@ -37,6 +37,10 @@ STREAMS = 2
 TOKENS = 1500  # a stream alone makes ~250 tokens/s here: still running at the kill
 NEW_TOKENS = 16
 CONFIGS = {"single": 1, "replicas": 2}
+# `up` spaces its redeploys by a doubling backoff from 2 s (its default): ten kills in a
+# row would measure the backoff from the sixth on (19-47 s, seen in
+# bench/results/resume_latency_default_backoff.json). 0: every kill measures the path.
+UP_ARGS = ("--restart-backoff", "0")
 
 
 def _prompt(i: int) -> list[dict]:
@@ -103,7 +107,7 @@ def _summary(xs: list[float]) -> dict:
 
 
 def _config(tmp: Path, model: Path, name: str, replicas: int) -> dict:
-    up = Up(tmp, name, model, replicas, restarts=KILLS + 2)
+    up = Up(tmp, name, model, replicas, restarts=KILLS + 2, args=UP_ARGS)
     try:
         _wait_serving(up, replicas)
         reference = {i: up.stream(_prompt(i), TOKENS)["text"] for i in range(STREAMS)}
@@ -114,7 +118,7 @@ def _config(tmp: Path, model: Path, name: str, replicas: int) -> dict:
     new = [k["kill_to_new_request_token_s"] for k in kills
            if k["kill_to_new_request_token_s"] is not None]
     return {"command": f"lockstep up --model tiny --tp 1 --replicas {replicas} "
-                       f"--restarts {KILLS + 2}",
+                       f"--restarts {KILLS + 2} {' '.join(UP_ARGS)}",
             "kill_to_resumed_token": _summary(resumed),
             "kill_to_new_request_token": _summary(new),
             "all_text_equal_unfaulted": all(k["text_equals_unfaulted"] for k in kills),

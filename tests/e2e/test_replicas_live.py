@@ -16,16 +16,16 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import subprocess
 import threading
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
-from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
-from tests.support.processes import interrupt, process_gone, up_argv
+from tests.gwutil import poll_until
+from tests.support.processes import process_gone
+from tests.support.stream_fault import chat_stream, streams_with_fault
+from tests.support.up_cluster import UpCluster, up_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_EOS = {"0": -100, "2": -100}  # the tiny preset's EOS ids: streams run to max_tokens
@@ -35,51 +35,29 @@ WORDS = ["amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "heath",
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("replicas")
-    home, port, out = tmp / "home", free_port(), tmp / "up.out"
     # rank 0 sleeps 10 ms a step (test seam): a 300-token stream is surely mid-stream
     # when the fault comes
-    env = {**os.environ, "LOCKSTEP_PEER_ABORT_GRACE": "1", "LOCKSTEP_RANK_TEST_SEAMS": "true",
+    env = {"LOCKSTEP_PEER_ABORT_GRACE": "1", "LOCKSTEP_RANK_TEST_SEAMS": "true",
            "LOCKSTEP_TEST_STEP_DELAY_S": "0.01"}
-    log = open(out, "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(up_argv(home, port, "--tp", "1", "--replicas", "2", "--restarts", "4"),
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, env=env)
-
-    def banner():
-        if proc.poll() is not None:
-            raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
-        return "Press Ctrl-C" in out.read_text()
-    poll_until(banner, 240, "lockstep up's banner", interval=0.2)
-    token = (home / "admin.token").read_text().strip()
-    c = {"proc": proc, "out": out, "url": f"http://127.0.0.1:{port}",
-         "hdr": {"Authorization": f"Bearer {token}"}, "pids": set()}
-    try:
+    with up_cluster(tmp_path_factory.mktemp("replicas"), "--tp", "1", "--replicas", "2",
+                    "--restarts", "4", env=env) as c:
         yield c
-        # Ctrl-C: exit 0 and every process of up and of every replica (old and new) gone
-        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-        c["pids"] |= {r["pid"] for d in _deployments(c) for r in d["ranks"]}
-        interrupt(proc, 120)
-        assert proc.returncode == 0, out.read_text()[-3000:]
-        poll_until(lambda: all(process_gone(p) for p in [*tree, *c["pids"]]), 20,
-                   "every process of up and of every replica gone")
-    finally:
-        interrupt(proc, 30)
-        log.close()
+        # every replica's ranks, old and new, must be gone once up stopped
+        c.pids |= {r["pid"] for d in _deployments(c) for r in d["ranks"]}
 
 
-def _deployments(c: dict) -> list[dict]:
-    return httpx.get(c["url"] + "/admin/api/cluster/deployments", headers=c["hdr"],
+def _deployments(c: UpCluster) -> list[dict]:
+    return httpx.get(c.url + "/admin/api/cluster/deployments", headers=c.hdr,
                      timeout=10).json()["deployments"]
 
 
-def _serving(c: dict) -> list[dict]:
+def _serving(c: UpCluster) -> list[dict]:
     return sorted((d for d in _deployments(c) if d["state"] == "serving"),
                   key=lambda d: d["replica"])
 
 
-def _status(c: dict) -> dict:
-    return httpx.get(c["url"] + "/admin/api/cluster/status", headers=c["hdr"],
+def _status(c: UpCluster) -> dict:
+    return httpx.get(c.url + "/admin/api/cluster/status", headers=c.hdr,
                      timeout=10).json()["gateway"]
 
 
@@ -87,13 +65,13 @@ def test_one_model_name_and_two_serving_replicas(cluster):
     deps = _serving(cluster)
     assert [d["replica"] for d in deps] == [0, 1] and {d["replicas"] for d in deps} == {2}
     assert {d["model"] for d in deps} == {"tiny"}
-    models = httpx.get(cluster["url"] + "/v1/models", timeout=10).json()["data"]
+    models = httpx.get(cluster.url + "/v1/models", timeout=10).json()["data"]
     assert [m["id"] for m in models] == ["tiny"]
 
 
-def _chat(c: dict, messages: list[dict], **kw) -> httpx.Response:
+def _chat(c: UpCluster, messages: list[dict], **kw) -> httpx.Response:
     body = {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 8, **kw}
-    r = httpx.post(c["url"] + "/v1/chat/completions", json=body, timeout=120)
+    r = httpx.post(c.url + "/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r
 
@@ -160,68 +138,29 @@ def test_distinct_prompts_split_between_the_replicas(cluster):
     assert len(where) == 16 and len(split) == 2 and split[0] >= 6, where
 
 
-def _stream(c: dict, i: int, got: dict, lock: threading.Lock) -> None:
+def _stream(c: UpCluster, i: int, got: dict, lock: threading.Lock) -> None:
     # 300 tokens: after the failover a stream decodes in a batch of 6 on one replica
     # instead of 3 + 3; the deterministic forward pass (on by default) makes its logprobs
     # the same either way (before it, 1 module run in 8 diverged ~250 tokens in)
     body = {"model": "tiny", "stream": True, "max_tokens": 300, "temperature": 0.8,
             "seed": 100 + i, "logit_bias": NO_EOS,
             "messages": [{"role": "user", "content": f"story {WORDS[i]} and {WORDS[i + 8]}"}]}
-    text, finish = [], None
-    try:
-        with httpx.stream("POST", c["url"] + "/v1/chat/completions", json=body,
-                          timeout=120) as r:
-            assert r.status_code == 200, r.read()
-            with lock:
-                got.setdefault("where", {})[i] = r.headers["x-lockstep-deployment"]
-            for what, data in sse_lines(r):
-                if what != "data" or data == "[DONE]":
-                    continue
-                assert "error" not in data, data
-                for ch in data["choices"]:
-                    text.append(ch["delta"].get("content") or "")
-                    finish = ch.get("finish_reason") or finish
-                with lock:
-                    got.setdefault("chunks", {})[i] = len(text)
-        result = ("".join(text), finish)
-    except Exception as exc:  # noqa: BLE001 - reported by the test
-        result = ("error", repr(exc))
-    with lock:
-        got[i] = result
+    chat_stream(c.url, body, i, got, lock, timeout=120)
 
 
-def _six(c: dict, fault=None) -> dict:
-    got: dict = {}
-    lock = threading.Lock()
-    threads = [threading.Thread(target=_stream, args=(c, i, got, lock), daemon=True)
-               for i in range(6)]
-    for t in threads:
-        t.start()
-    if fault is not None:
-        def streaming():
-            with lock:
-                done = [i for i in range(6) if i in got]
-                counts = dict(got.get("chunks") or {})
-            if done:
-                raise GaveUp(f"a stream finished before the fault: {done}")
-            return len(counts) == 6 and min(counts.values()) >= 3
-        poll_until(streaming, 60, "all six streaming")
-        fault(got["where"])
-    for t in threads:
-        t.join(180)
-        assert not t.is_alive(), "a stream never ended"
-    return got
+def _six(c: UpCluster, fault=None) -> dict:
+    return streams_with_fault(6, lambda i, got, lock: _stream(c, i, got, lock), fault)
 
 
 @pytest.mark.timeout(420)
 def test_a_killed_replicas_streams_resume_on_the_other_at_once(cluster):
     c = cluster
     reference = _six(c)
-    assert all(reference[i][1] == "length" for i in range(6)), reference
+    assert all(reference[i][1:] == ("length", []) for i in range(6)), reference
     where = collections.Counter(reference["where"].values())
     assert len(where) == 2, where  # spread over both
     deps = {d["deployment_id"]: d for d in _serving(c)}
-    c["pids"] |= {r["pid"] for d in deps.values() for r in d["ranks"]}
+    c.pids |= {r["pid"] for d in deps.values() for r in d["ranks"]}
     seen = len(_status(c)["recent_resumes"])
     killed: dict = {}
 
@@ -274,10 +213,10 @@ def test_an_unloaded_replica_drains_its_streams_and_new_requests_go_to_the_other
         where = dict(got["where"])
     victim = collections.Counter(where.values()).most_common(1)[0][0]
     other = next(d["deployment_id"] for d in deps if d["deployment_id"] != victim)
-    c["pids"] |= {r["pid"] for d in deps for r in d["ranks"]}
+    c.pids |= {r["pid"] for d in deps for r in d["ranks"]}
     result: dict = {}
     unload = threading.Thread(target=lambda: result.update(r=httpx.post(
-        c["url"] + f"/admin/api/cluster/deployments/{victim}/unload", headers=c["hdr"],
+        c.url + f"/admin/api/cluster/deployments/{victim}/unload", headers=c.hdr,
         json={}, timeout=240)), daemon=True)
     unload.start()
     poll_until(lambda: _status(c)["routing"][victim]["draining"], 10, "the replica draining")
@@ -295,6 +234,6 @@ def test_an_unloaded_replica_drains_its_streams_and_new_requests_go_to_the_other
     assert body["drained"]["in_flight"] >= 1 and body["drained"]["left"] == 0, body
     assert body["evidence"] is None  # nothing was aborted: every stream finished there
     for i in range(4):  # every stream ran to its end, the drained ones included
-        assert got[i][1] == "length", (i, got[i])
+        assert got[i][1:] == ("length", []), (i, got[i])
     assert [d["deployment_id"] for d in _serving(c)] == [other]
     assert victim not in {d["deployment_id"] for d in _deployments(c) if d["state"] == "serving"}

@@ -21,18 +21,14 @@ import collections
 import os
 import re
 import signal
-import subprocess
 import threading
-from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
-from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
-from tests.support.processes import interrupt, process_gone, up_argv
+from tests.support.stream_fault import chat_stream, streams_with_fault
+from tests.support.up_cluster import UpCluster, up_cluster
 
-ROOT = Path(__file__).resolve().parents[2]
 NO_EOS = {"0": -100, "2": -100}  # the tiny preset's EOS ids: streams run to max_tokens
 BOUND = 2  # rank 0's open requests
 TOPICS = ["amber fjord", "birch grove", "cedar heath", "delta inlet"]
@@ -40,52 +36,30 @@ TOPICS = ["amber fjord", "birch grove", "cedar heath", "delta inlet"]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("resume-overloaded")
-    home, port, out = tmp / "home", free_port(), tmp / "up.out"
     # rank 0 sleeps 10 ms a step (test seam): a 200-token stream is surely mid-stream when
     # the fault comes, and the survivor's own two are still running when the resumed ones
     # reach it
-    env = {**os.environ, "LOCKSTEP_MAX_OPEN_REQUESTS": str(BOUND),
+    env = {"LOCKSTEP_MAX_OPEN_REQUESTS": str(BOUND),
            "LOCKSTEP_PEER_ABORT_GRACE": "1", "LOCKSTEP_RANK_TEST_SEAMS": "true",
            "LOCKSTEP_TEST_STEP_DELAY_S": "0.01"}
-    log = open(out, "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(up_argv(home, port, "--tp", "1", "--replicas", "2", "--restarts", "4"),
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, env=env)
-
-    def banner():
-        if proc.poll() is not None:
-            raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
-        return "Press Ctrl-C" in out.read_text()
-    poll_until(banner, 240, "lockstep up's banner", interval=0.2)
-    token = (home / "admin.token").read_text().strip()
-    c = {"proc": proc, "out": out, "url": f"http://127.0.0.1:{port}",
-         "hdr": {"Authorization": f"Bearer {token}"}, "pids": set()}
-    try:
+    with up_cluster(tmp_path_factory.mktemp("resume-overloaded"), "--tp", "1", "--replicas",
+                    "2", "--restarts", "4", env=env) as c:
         yield c
-        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-        interrupt(proc, 120)
-        assert proc.returncode == 0, out.read_text()[-3000:]
-        poll_until(lambda: all(process_gone(p) for p in [*tree, *c["pids"]]), 20,
-                   "every process of up and of every replica gone")
-    finally:
-        interrupt(proc, 30)
-        log.close()
 
 
-def _serving(c: dict) -> dict[str, dict]:
-    deps = httpx.get(c["url"] + "/admin/api/cluster/deployments", headers=c["hdr"],
+def _serving(c: UpCluster) -> dict[str, dict]:
+    deps = httpx.get(c.url + "/admin/api/cluster/deployments", headers=c.hdr,
                      timeout=10).json()["deployments"]
     return {d["deployment_id"]: d for d in deps if d["state"] == "serving"}
 
 
-def _gateway(c: dict) -> dict:
-    return httpx.get(c["url"] + "/admin/api/cluster/status", headers=c["hdr"],
+def _gateway(c: UpCluster) -> dict:
+    return httpx.get(c.url + "/admin/api/cluster/status", headers=c.hdr,
                      timeout=10).json()["gateway"]
 
 
-def _rank_refusals(c: dict, dep: str) -> float:
-    text = httpx.get(c["url"] + "/metrics", timeout=10).text
+def _rank_refusals(c: UpCluster, dep: str) -> float:
+    text = httpx.get(c.url + "/metrics", timeout=10).text
     m = re.search(r'^lockstep_gateway_overloaded_total\{[^}]*bound="rank"[^}]*deployment="'
                   + re.escape(dep) + r'"[^}]*\} (\S+)$|^lockstep_gateway_overloaded_total\{[^}]*'
                   r'deployment="' + re.escape(dep) + r'"[^}]*bound="rank"[^}]*\} (\S+)$',
@@ -93,60 +67,18 @@ def _rank_refusals(c: dict, dep: str) -> float:
     return float(m.group(1) or m.group(2)) if m else 0.0
 
 
-def _stream(c: dict, i: int, got: dict, lock: threading.Lock) -> None:
+def _stream(c: UpCluster, i: int, got: dict, lock: threading.Lock) -> None:
     body = {"model": "tiny", "stream": True, "max_tokens": 200, "temperature": 0,
             "logit_bias": NO_EOS,
             "messages": [{"role": "user", "content": f"a story of the {TOPICS[i]}"}]}
-    text, finish, errors = [], None, []
-    try:
-        with httpx.stream("POST", c["url"] + "/v1/chat/completions", json=body,
-                          timeout=180) as r:
-            assert r.status_code == 200, r.read()
-            with lock:
-                got.setdefault("where", {})[i] = r.headers["x-lockstep-deployment"]
-            for what, data in sse_lines(r):
-                if what != "data" or data == "[DONE]":
-                    continue
-                if "error" in data:
-                    errors.append(data["error"])
-                    continue
-                for ch in data["choices"]:
-                    text.append(ch["delta"].get("content") or "")
-                    finish = ch.get("finish_reason") or finish
-                with lock:
-                    got.setdefault("chunks", {})[i] = len(text)
-        result = ("".join(text), finish, errors)
-    except Exception as exc:  # noqa: BLE001 - reported by the test
-        result = ("exception", repr(exc), [])
-    with lock:
-        got[i] = result
+    chat_stream(c.url, body, i, got, lock)
 
 
-def _four(c: dict, fault=None) -> dict:
+def _four(c: UpCluster, fault=None) -> dict:
     """Four streams, started one by one so the router spreads them two and two (equal
     loads alternate); `fault` runs once all four stream."""
-    got: dict = {}
-    lock = threading.Lock()
-    threads = []
-    for i in range(4):
-        t = threading.Thread(target=_stream, args=(c, i, got, lock), daemon=True)
-        t.start()
-        threads.append(t)
-        poll_until(lambda i=i: i in got.get("where", {}) or i in got, 60, f"stream {i} admitted")
-    if fault is not None:
-        def streaming():
-            with lock:
-                done = [i for i in range(4) if i in got]
-                counts = dict(got.get("chunks") or {})
-            if done:
-                raise GaveUp(f"a stream finished before the fault: {done}")
-            return len(counts) == 4 and min(counts.values()) >= 3
-        poll_until(streaming, 60, "all four streaming")
-        fault(dict(got["where"]))
-    for t in threads:
-        t.join(180)
-        assert not t.is_alive(), "a stream never ended"
-    return got
+    return streams_with_fault(4, lambda i, got, lock: _stream(c, i, got, lock), fault,
+                              one_by_one=True)
 
 
 @pytest.mark.timeout(420)
@@ -154,7 +86,7 @@ def test_a_continuation_refused_by_a_full_survivor_waits_and_completes(cluster):
     c = cluster
     deps = _serving(c)
     assert len(deps) == 2
-    c["pids"] |= {r["pid"] for d in deps.values() for r in d["ranks"]}
+    c.pids |= {r["pid"] for d in deps.values() for r in d["ranks"]}
     reference = _four(c)
     for i in range(4):
         assert reference[i][1:] == ("length", []), reference[i]

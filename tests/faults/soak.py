@@ -50,7 +50,7 @@ from common.keys import generate_key_file, load_cluster_key
 from common.procs import identify
 from common.records import AdoptionRecord, LaunchManifest, RedeployRecord
 from services.admin.cli import AdminClient
-from tests.faults.soak_clients import ADMIT_WAIT_S, READ_TIMEOUT_S, STREAM_DEADLINE_S, Clients
+from tests.faults.soak_clients import READ_TIMEOUT_S, Clients, Waits
 from tests.faults.soak_faults import ADOPT_WINDOW_S, FAULTS, GRACE_S, WEIGHTS, Faults
 from tests.support.polling import poll_for
 from tests.support.ports import free_port
@@ -66,6 +66,7 @@ class SoakFailure(AssertionError):
 class Budget:
     faults: int
     seconds: float
+    waits: Waits = field(default_factory=Waits.short)
 
 
 @dataclass
@@ -117,7 +118,7 @@ class Soak(Faults):
         self.stats = Stats()
         self.log: list[str] = []
         self.clients = Clients(self.url, seed, self.stats,
-                               lambda: (self.dep or {}).get("model", "tiny"))
+                               lambda: (self.dep or {}).get("model", "tiny"), budget.waits)
         self.zctx = zmq.Context()
 
     # --- what a topology changes (tests/netns/test_soak_netns.py) ------------------------
@@ -193,9 +194,9 @@ class Soak(Faults):
                                 "--events-endpoint", f"tcp://127.0.0.1:{self.ports['events']}",
                                 "--request-read-timeout", str(READ_TIMEOUT_S)],
                     LOCKSTEP_ORPHAN_GRACE_S="2", LOCKSTEP_KEEPALIVE_S="2",
-                    # within the clients' 60 s stream deadline: a stream whose deployment
+                    # within the clients' stream deadline: a stream whose deployment
                     # failed resumes on the next one the soak deploys, or ends rank_lost
-                    LOCKSTEP_RESUME_TIMEOUT="20", LOCKSTEP_ADMIT_WAIT=str(ADMIT_WAIT_S))
+                    **self.budget.waits.env())
         self._poll("the gateway", lambda: self._http_ok("/health"), 60)
         self.deploy()
         self.clients.start()
@@ -290,7 +291,7 @@ class Soak(Faults):
         self.clients.paused.set()
         try:
             self._poll("every client stream to end", lambda: not self.clients.in_flight,
-                       STREAM_DEADLINE_S + 15)
+                       self.budget.waits.deadline_s + 15)
             self._poll("gateway active == ranks' active", self._counts_agree, 30, interval=0.2)
         finally:
             self.clients.paused.clear()
@@ -349,7 +350,7 @@ class Soak(Faults):
             self.dep = None
         self.clients.stop.set()
         for t in self.clients.workers:
-            t.join(STREAM_DEADLINE_S + 10)
+            t.join(self.budget.waits.deadline_s + 10)
             if t.is_alive():
                 raise SoakFailure(self._why(f"{t.name} still in a request"))
         self.check_invariants()
@@ -383,7 +384,7 @@ class Soak(Faults):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(r.pid, signal.SIGKILL)
         for t in self.clients.workers:
-            t.join(STREAM_DEADLINE_S + 10)
+            t.join(self.budget.waits.deadline_s + 10)
         self.zctx.term()
 
     # --- helpers -----------------------------------------------------------------------
