@@ -183,3 +183,27 @@ def test_rank_environment(tmp_path, monkeypatch):
     monkeypatch.setattr("sys.platform", "darwin")
     assert "LD_PRELOAD" not in rank_environment(RankSettings(), {"LOCKSTEP_OPENBLAS_LIB": str(lib)})
     assert base["TEMP"] == "/x"  # the caller's mapping is untouched
+
+
+def test_rank_environment_pins_one_openblas_kernel_on_avx_hosts(tmp_path, monkeypatch):
+    """OpenBLAS's per-CPU kernel choice would make the deterministic mode hold on one
+    CPU family and not the next (docs/rank.md "One kernel on every x86-64 CPU")."""
+    from common import rank_env
+
+    lib = tmp_path / "libopenblas.so.0"
+    lib.write_bytes(b"")
+    monkeypatch.setattr("sys.platform", "linux")
+    base = {"LOCKSTEP_OPENBLAS_LIB": str(lib)}
+    monkeypatch.setattr(rank_env, "has_avx", lambda: True)
+    assert rank_environment(RankSettings(), base)["OPENBLAS_CORETYPE"] == "SandyBridge"
+    assert rank_environment(RankSettings(), {**base, "OPENBLAS_CORETYPE": "Haswell"})[
+        "OPENBLAS_CORETYPE"] == "Haswell"  # an operator's value wins
+    assert "OPENBLAS_CORETYPE" not in rank_environment(RankSettings(openblas=False), base)
+    monkeypatch.setattr(rank_env, "has_avx", lambda: False)  # its kernels would not run
+    assert "OPENBLAS_CORETYPE" not in rank_environment(RankSettings(), base)
+    monkeypatch.undo()
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    assert rank_env.has_avx(str(info))
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 sse4_2\n")
+    assert not rank_env.has_avx(str(info)) and not rank_env.has_avx(str(tmp_path / "none"))
