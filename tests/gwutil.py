@@ -3,9 +3,12 @@ gateway on a real uvicorn server, SSE reading."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -56,7 +59,14 @@ class GatewayThread:
         cfg = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
                              access_log=False, timeout_graceful_shutdown=2)
         self.server = GatewayServer(self.app, cfg)
-        self.thread = threading.Thread(target=self.server.run, daemon=True, name="gateway")
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name="gateway")
+
+    def _run(self) -> None:
+        async def serve() -> None:
+            self.loop = asyncio.get_running_loop()  # for `stuck`: its tasks
+            await self.server.serve()
+        asyncio.run(serve())
 
     @property
     def gw(self):
@@ -70,7 +80,35 @@ class GatewayThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(15)
-        assert not self.thread.is_alive(), "gateway thread did not stop"
+        assert not self.thread.is_alive(), f"gateway thread did not stop\n{self.stuck()}"
+
+    def stuck(self) -> str:
+        """Where the gateway's thread is and what its loop still runs: the evidence a
+        shutdown that hangs leaves (read racily from this thread: diagnostics only)."""
+        frame = sys._current_frames().get(self.thread.ident or -1)
+        out = ["thread stack:", *(traceback.format_stack(frame) if frame else ["(gone)"])]
+        loop = self.loop
+        if loop is not None:
+            try:
+                tasks = list(asyncio.all_tasks(loop))
+            except RuntimeError as exc:  # the set changed while read
+                tasks, out = [], [*out, f"tasks unreadable: {exc}"]
+            for t in tasks:
+                out.append(f"task {t.get_name()}: " + " -> ".join(_awaiting(t.get_coro())))
+        return "".join(x if x.endswith("\n") else x + "\n" for x in out)
+
+
+def _awaiting(coro: Any) -> list[str]:
+    """A suspended coroutine's await chain, outermost first, as name:line."""
+    chain = []
+    while coro is not None and len(chain) < 40:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            chain.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}")
+        else:
+            chain.append(repr(coro))
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return chain
 
 
 def sse_lines(resp: httpx.Response):

@@ -117,6 +117,7 @@ class Soak(Faults):
         self.n_deploys = 0
         self.stats = Stats()
         self.log: list[str] = []
+        self.logs: dict[str, Path] = {}  # each service's latest log
         self.clients = Clients(self.url, seed, self.stats,
                                lambda: (self.dep or {}).get("model", "tiny"), budget.waits)
         self.zctx = zmq.Context()
@@ -149,7 +150,9 @@ class Soak(Faults):
     # --- processes ---------------------------------------------------------------------
 
     def _spawn(self, name: str, argv: list[str], **env: str) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}-{len(self.all_procs)}.log", "wb")  # noqa: SIM115
+        path = self.tmp / f"{name}-{len(self.all_procs)}.log"
+        self.logs[name] = path
+        log = open(path, "wb")  # noqa: SIM115
         p = subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO,
                              env=lockstep_env(self.home, **env),
                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -197,7 +200,8 @@ class Soak(Faults):
                     # within the clients' stream deadline: a stream whose deployment
                     # failed resumes on the next one the soak deploys, or ends rank_lost
                     **self.budget.waits.env())
-        self._poll("the gateway", lambda: self._http_ok("/health"), 60)
+        self._poll("the gateway", lambda: self._running("gateway") and self._http_ok("/health"),
+                   60, log_of="gateway")
         self.deploy()
         self.clients.start()
 
@@ -230,6 +234,21 @@ class Soak(Faults):
         if not reply.ok:
             return None
         return next((d for d in reply.data["deployments"] if d["deployment_id"] == dep_id), None)
+
+    def _running(self, name: str) -> bool:
+        """True while service `name` runs; once it has exited, a SoakFailure with its
+        exit code and its log's last lines (waiting on cannot help)."""
+        rc = self.procs[name].poll()
+        if rc is None:
+            return True
+        raise SoakFailure(self._why(f"{name} exited {rc}:\n{self._tail(name)}"))
+
+    def _tail(self, name: str, lines: int = 30) -> str:
+        try:
+            text = self.logs[name].read_text(errors="replace")
+        except (KeyError, OSError) as exc:
+            return f"(no log: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
 
     def _http_ok(self, path: str) -> bool:
         try:
@@ -393,9 +412,12 @@ class Soak(Faults):
         return (f"{what} [LOCKSTEP_SOAK_SEED={self.seed}; faults {dict(self.stats.faults)}; "
                 f"last events {self.log[-6:]}; logs in {self.tmp}]")
 
-    def _poll(self, what: str, fn, timeout: float, interval: float = 0.1):
+    def _poll(self, what: str, fn, timeout: float, interval: float = 0.1,
+              log_of: str | None = None):
         def failure(message: str) -> SoakFailure:
             extra = f" (counts {getattr(self, '_last_counts', None)})" if "active" in what else ""
+            if log_of is not None:  # the log is on the machine that ran it: quote it
+                extra += f"\n{log_of}'s log ends:\n{self._tail(log_of)}"
             return SoakFailure(self._why(message + extra))
         return poll_for(fn, timeout, what, interval, error=failure)
 
