@@ -24,13 +24,13 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from common import request_params
+
 log = logging.getLogger("lockstep.sampling_defaults")
 
-MAX_TOP_K = 1 << 24  # the gateway's bound for a request's top_k (sampling_params.py)
 
 
 class Origin(str, enum.Enum):
@@ -77,6 +77,9 @@ class SamplingDefaults:
 
 
 FIELDS = tuple(f.name for f in fields(SamplingOverrides))
+if FIELDS != request_params.DEPLOYABLE or any(
+        getattr(SamplingDefaults(), n) != request_params.BY_NAME[n].default for n in FIELDS):
+    raise ImportError("SamplingOverrides/SamplingDefaults disagree with request_params.py")
 
 
 def _num(v: float | int) -> str:
@@ -84,22 +87,9 @@ def _num(v: float | int) -> str:
 
 
 def problem(name: str, value: object) -> str | None:
-    """Why `value` cannot be the default for `name` (the request's own ranges), or None."""
-    if name == "top_k":
-        if type(value) is not int or not -1 <= value <= MAX_TOP_K:
-            return f"top_k must be an integer in [-1, {MAX_TOP_K}] (-1 or 0: off)"
-        return None
-    if type(value) not in (int, float) or not math.isfinite(value):
-        return f"{name} must be a finite number"
-    if name == "temperature" and not 0.0 <= value <= 2.0:
-        return "temperature must be in [0, 2]"
-    if name == "top_p" and not 0.0 < value <= 1.0:
-        return "top_p must be in (0, 1]"
-    if name == "min_p" and not 0.0 <= value <= 1.0:
-        return "min_p must be in [0, 1]"
-    if name == "repetition_penalty" and not value > 0.0:
-        return "repetition_penalty must be > 0"
-    return None
+    """Why `value` cannot be the default for `name` (the request's own ranges, as
+    common/request_params.py declares them), or None."""
+    return request_params.problem(name, value)
 
 
 def check_overrides(o: SamplingOverrides) -> list[str]:

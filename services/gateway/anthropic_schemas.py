@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from common.request_params import MESSAGES, params_in
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
 from services.gateway.openai_schemas import (
@@ -27,7 +28,7 @@ from services.gateway.openai_schemas import (
     parse_json,
 )
 from services.gateway.request_fields import Support
-from services.gateway.sampling_params import MAX_TOP_K
+from services.gateway.sampling_params import ParamFields
 
 H, OK, NO = Support.HONOURED, Support.HARMLESS, Support.REFUSED
 CREATE, COUNT = "messages", "count_tokens"
@@ -43,6 +44,7 @@ class Field_:
     note: str
     untyped: bool = False  # sent by clients, not typed by the anthropic 2.x SDK's
     # MessageCreateParams (dropped sampling fields; beta fields Claude Code sends)
+    extension: bool = False  # not Anthropic's: ours, as chat spells it (request_params.py)
 
 
 FIELDS: tuple[Field_, ...] = (
@@ -56,9 +58,8 @@ FIELDS: tuple[Field_, ...] = (
     Field_("stop_sequences", H, None, "up to 16 strings, cut exactly; `stop_reason` "
            "`stop_sequence` names the one matched"),
     Field_("stream", H, None, "Anthropic's SSE event sequence, `ping` while the model is quiet"),
-    Field_("temperature", H, None, "0-1; omitted: the deployment's default", untyped=True),
-    Field_("top_p", H, None, "(0, 1]; omitted: the deployment's default", untyped=True),
-    Field_("top_k", H, None, "0 = off; omitted: the deployment's default", untyped=True),
+    *(Field_(p.name, H, None, p.note(MESSAGES), untyped=True,
+             extension=p.extension_in(MESSAGES)) for p in params_in(MESSAGES)),
     Field_("tools", H, H, "custom (client) tools → function tools; server tools "
            "(`type` other than `custom`) → 400 naming them"),
     Field_("tool_choice", H, H, "`auto`, `any` (constrained: a call is made), `tool` "
@@ -230,13 +231,10 @@ class CountTokensRequest(_M):
     workspace_id: str | None = None
 
 
-class MessagesRequest(CountTokensRequest):
+class MessagesRequest(ParamFields.MESSAGES, CountTokensRequest):  # type: ignore[misc, name-defined]
     max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = Field(default=None, max_length=MAX_STOPS)
     stream: bool | None = False
-    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0, le=MAX_TOP_K)
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
     inference_geo: str | None = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from common import request_params
 from services.gateway.anthropic_schemas import BILLING_LINE, CountTokensRequest, MessagesRequest
 from services.gateway.openai_schemas import ChatRequest
 
@@ -134,9 +135,7 @@ def to_chat(req: CountTokensRequest) -> ChatRequest:
     if isinstance(req, MessagesRequest):
         d["max_tokens"] = req.max_tokens
         d["stream"] = bool(req.stream)
-        for k in ("temperature", "top_p", "top_k"):
-            if getattr(req, k) is not None:
-                d[k] = getattr(req, k)
+        d.update(request_params.given(req, request_params.MESSAGES))
         if req.stop_sequences:
             d["stop"] = list(req.stop_sequences)
     return ChatRequest.model_validate(d)

@@ -62,9 +62,6 @@ class Tool(_Strict):
 class _Sampling(SamplingFields, _Strict):
     model: str = Field(min_length=1, max_length=512)
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     stop: str | list[str] | None = None
     n: int | None = Field(default=None, ge=1, le=MAX_N)
     stream: bool | None = False

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from common.request_params import CHAT, COMPLETIONS, params_in
 from services.gateway.errors import ApiError
 
 
@@ -35,7 +36,6 @@ class Support(enum.StrEnum):
 
 
 H, OK, NO = Support.HONOURED, Support.HARMLESS, Support.REFUSED
-CHAT, COMPLETIONS = "chat", "completions"
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,6 @@ ROWS: tuple[Row, ...] = (
     Row("best_of", None, NO, "`1` accepted; more candidates than returned is not done here "
         "(use `n`)", neutral=(None, 1)),
     Row("echo", None, H, "the prompt's text before the completion"),
-    Row("frequency_penalty", H, H, "-2..2, applied on every rank"),
     Row("function_call", NO, None, "deprecated by OpenAI: use `tool_choice`"),
     Row("functions", NO, None, "deprecated by OpenAI: use `tools`"),
     Row("logit_bias", H, H, "token id → -100..100, applied on every rank"),
@@ -72,7 +71,6 @@ ROWS: tuple[Row, ...] = (
     Row("n", H, H, "1-16 choices, each its own request (seed+i with a seed)"),
     Row("parallel_tool_calls", H, None, "false: at most one tool call (the first)"),
     Row("prediction", OK, None, "a latency hint (predicted output); output is unaffected"),
-    Row("presence_penalty", H, H, "-2..2, applied on every rank"),
     Row("prompt", None, H, "a string, token ids, or a one-element list of either"),
     Row("prompt_cache_key", OK, None, "prefix caching is automatic"),
     Row("prompt_cache_options", OK, None, "prefix caching is automatic"),
@@ -81,33 +79,29 @@ ROWS: tuple[Row, ...] = (
         "`reasoning_effort`; otherwise 400 `unsupported_value`"),
     Row("response_format", H, None, "`text`, `json_object`, `json_schema`: constrained decoding"),
     Row("safety_identifier", OK, None, "an end-user id for OpenAI's abuse checks; like `user`"),
-    Row("seed", H, H, "same seed → same tokens"),
     Row("service_tier", OK, None, "one tier here"),
     Row("stop", H, H, "up to 16 strings, cut exactly"),
     Row("store", OK, None, "nothing is stored"),
     Row("stream", H, H, "SSE, ends `data: [DONE]`"),
     Row("stream_options", H, H, "`include_usage`; `include_obfuscation` is harmless"),
     Row("suffix", None, NO, "no fill-in-the-middle", neutral=(None, "")),
-    Row("temperature", H, H, "0-2; omitted: the deployment's default (1 unless set)"),
     Row("tool_choice", H, None, "`none`, `auto`, `required`, a named function"),
     Row("tools", H, None, "rendered by the chat template; calls parsed by the model's "
         "mlx-lm tool parser (a template without tools: written into the system message in "
         "json_tools's form by the gateway, services/gateway/tool_prompt.py)"),
     Row("top_logprobs", H, None, "0-20, with `logprobs: true`"),
-    Row("top_p", H, H, "(0, 1]; omitted: the deployment's default"),
     Row("user", OK, OK, "an end-user id; not used"),
     Row("verbosity", NO, None, "a steering hint for OpenAI's models: no such control here"),
     Row("web_search_options", NO, None, "no web search"),
     # Extensions (extra_body with the openai client), spelled as vLLM / mlx_lm.server do.
     Row("chat_template_kwargs", H, None, "an object of extra variables for the chat template, "
         "e.g. `{\"enable_thinking\": false}`", extension=True),
-    Row("min_p", H, H, "0-1, applied on every rank", extension=True),
-    Row("repetition_context_size", H, H, "tokens `repetition_penalty` looks back over",
-        extension=True),
-    Row("repetition_penalty", H, H, "> 0, 1 = off, applied on every rank", extension=True),
-    Row("top_k", H, H, "0 or -1 = off, at most 2^24; applied on every rank",
-        extension=True),
 )
+
+# The declared parameters (common/request_params.py): the same in both endpoints.
+ROWS = tuple(sorted((*ROWS, *(Row(p.name, H, H, p.note(CHAT), extension=p.extension_in(CHAT))
+                              for p in params_in(CHAT))),
+                    key=lambda r: (r.extension, r.name)))
 
 BY_ENDPOINT: dict[str, dict[str, Row]] = {
     ep: {r.name: r for r in ROWS if r.support(ep) is not None} for ep in (CHAT, COMPLETIONS)}

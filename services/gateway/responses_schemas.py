@@ -17,12 +17,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from common.request_params import RESPONSES, params_in
 from services.gateway.errors import ApiError
 from services.gateway.openai_schemas import MAX_MESSAGES, MAX_TOOLS, parse_json
 from services.gateway.request_fields import Support
 from services.gateway.responses_tools import FunctionTool, NamespaceTool, forced_name
 from services.gateway.responses_tools import check as check_tools
-from services.gateway.sampling_params import MAX_TOP_LOGPROBS
+from services.gateway.sampling_params import MAX_TOP_LOGPROBS, ParamFields
 
 H, OK, NO = Support.HONOURED, Support.HARMLESS, Support.REFUSED
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -36,6 +37,7 @@ class Field_:
     note: str
     neutral: tuple[Any, ...] = (None,)  # values a refused field may take (= absent)
     untyped: bool = False  # sent by clients, not typed by the openai SDK's ResponseCreateParams
+    extension: bool = False  # not OpenAI's: ours, as chat spells it (common/request_params.py)
 
 
 FIELDS: tuple[Field_, ...] = (
@@ -65,8 +67,8 @@ FIELDS: tuple[Field_, ...] = (
     Field_("text", H, "`format`: `text`, `json_object`, `json_schema` (constrained decoding, "
            "as chat's `response_format`); `verbosity` other than null → 400"),
     Field_("max_output_tokens", H, "as chat's `max_completion_tokens`; capped by the context"),
-    Field_("temperature", H, "0-2; omitted: the deployment's default"),
-    Field_("top_p", H, "(0, 1]; omitted: the deployment's default"),
+    *(Field_(p.name, H, p.note(RESPONSES), extension=p.extension_in(RESPONSES))
+      for p in params_in(RESPONSES)),
     Field_("top_logprobs", H, "0-20; logprobs are returned with `include: "
            "[\"message.output_text.logprobs\"]`"),
     Field_("include", H, "`message.output_text.logprobs` honoured; "
@@ -187,7 +189,7 @@ class StreamOptions(_M):
     include_obfuscation: bool | None = None  # harmless: no obfuscation padding is sent
 
 
-class ResponsesRequest(_M):
+class ResponsesRequest(ParamFields.RESPONSES, _M):  # type: ignore[misc, name-defined]
     model: str = Field(min_length=1, max_length=512)
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -201,8 +203,6 @@ class ResponsesRequest(_M):
     max_tool_calls: int | None = Field(default=None, ge=1)
     text: TextConfig | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     include: list[str] | None = None
     reasoning: Reasoning | None = None

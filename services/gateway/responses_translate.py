@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from common import request_params
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
 from services.gateway.openai_schemas import ChatRequest
@@ -106,9 +107,7 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatRequest
         d["response_format"] = {"type": fmt.type}
     if req.max_output_tokens is not None:
         d["max_completion_tokens"] = req.max_output_tokens
-    for k in ("temperature", "top_p"):
-        if getattr(req, k) is not None:
-            d[k] = getattr(req, k)
+    d.update(request_params.given(req, request_params.RESPONSES))
     if req.wants_logprobs():
         d["logprobs"] = True
         d["top_logprobs"] = req.top_logprobs or 0

@@ -6,9 +6,11 @@ the field); what needs the model's tokenizer (logit_bias token ids) and what spa
 fields (top_logprobs needs logprobs) is checked here, before any GENERATE is sent, with
 the same bounds rank 0 checks again (services/rank/leader.py `validate`).
 
-A field the request omits takes the deployment's sampling default (temperature, top_p,
-top_k, min_p, repetition_penalty: common/sampling_defaults.py, filled in here at
-admission); the others' defaults mean "off" and are the wire's. vLLM's OpenAI server is the reference where OpenAI is silent:
+The parameters themselves (ranges, "off" values, which a deployment may default) are
+declared once in common/request_params.py; each API's fields are built from that here
+(`ParamFields`). A field the request omits takes the deployment's sampling default
+(common/sampling_defaults.py, filled in here at admission); the others' defaults mean
+"off" and are the wire's. vLLM's OpenAI server is the reference where OpenAI is silent:
 `top_k` -1 or 0 is off; `repetition_penalty` 1 is off; `repetition_context_size`
 (mlx-lm's name, an extension) is how many of the latest tokens it looks at.
 """
@@ -17,30 +19,44 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field, create_model
 
+from common import request_params
 from common.messages import Sampling, TokenBias
+from common.request_params import BIAS_LIMIT, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, Param
 from common.sampling_defaults import SamplingDefaults
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
 
-MAX_TOP_LOGPROBS = 20  # chat's bound (OpenAI); completions' `logprobs` is allowed as far
-MAX_LOGIT_BIAS = 1024  # entries (the wire's bound, common/messages/base.py BIAS_LIST)
-BIAS_LIMIT = 100.0
-MAX_CONTEXT_SIZE = 1 << 20
-MAX_TOP_K = 1 << 24  # above any vocabulary (a larger k keeps every token: the same as off)
+__all__ = ["MAX_TOP_LOGPROBS", "ParamFields", "logit_bias", "params_model", "sampling_for",
+           "top_logprobs"]
 
 
-class SamplingFields(BaseModel):
-    """The fields both endpoints share, mixed into openai_schemas._Sampling."""
+def _field(p: Param, api: str) -> tuple[Any, Any]:
+    extra = {"allow_inf_nan": False} if p.kind is float else {}
+    return p.kind | None, Field(default=None, **p.bounds_in(api).pydantic(), **extra)
 
-    model_config = ConfigDict(strict=True, extra="ignore")
-    top_k: int | None = Field(default=None, ge=-1, le=MAX_TOP_K)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
-    repetition_context_size: int | None = Field(default=None, ge=1, le=MAX_CONTEXT_SIZE)
+
+def params_model(api: str) -> type[BaseModel]:
+    """A mixin with one optional field per parameter `api` takes, typed and bounded as
+    common/request_params.py declares it (no config of its own: the request's applies)."""
+    fields = {p.name: _field(p, api) for p in request_params.params_in(api)}
+    return create_model(f"{api.title()}Params", **fields)  # type: ignore[call-overload]
+
+
+class ParamFields:
+    """Each API's mixin, built once at import."""
+
+    CHAT = params_model(request_params.CHAT)
+    COMPLETIONS = params_model(request_params.COMPLETIONS)
+    RESPONSES = params_model(request_params.RESPONSES)
+    MESSAGES = params_model(request_params.MESSAGES)
+
+
+class SamplingFields(ParamFields.CHAT):  # type: ignore[misc, valid-type]
+    """What chat and completions share beyond the declared parameters (same bounds in
+    both), mixed into openai_schemas._Sampling."""
+
     logit_bias: dict[str, float] | None = None
 
 
@@ -83,25 +99,18 @@ def top_logprobs(req: Any, *, chat: bool) -> int:
     return req.logprobs
 
 
-def _or(value: Any, default: Any) -> Any:
-    return default if value is None else value
-
-
 def sampling_for(req: Any, tok: ModelTokenizer, defaults: SamplingDefaults, *, seed: int,
                  grammar: str = "") -> Sampling:
-    """The `Sampling` record of one `Generate` for this request: its own values, else the
-    deployment's defaults; `seed` and `grammar` as admission made them."""
-    top_k = _or(req.top_k, defaults.top_k)
-    return Sampling(
-        temperature=float(_or(req.temperature, defaults.temperature)),
-        top_p=float(_or(req.top_p, defaults.top_p)),
-        seed=seed,
-        top_k=0 if top_k < 0 else top_k,
-        min_p=float(_or(req.min_p, defaults.min_p)),
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        repetition_penalty=float(_or(req.repetition_penalty, defaults.repetition_penalty)),
-        repetition_context_size=req.repetition_context_size or 20,
-        logit_bias=logit_bias(req.logit_bias, len(tok.hf)),
-        grammar=grammar,
-    )
+    """The `Sampling` record of one `Generate` for this request: each declared parameter
+    from the request, else the deployment's default, else its "off" value; `seed` and
+    `grammar` as admission made them."""
+    values: dict[str, Any] = {}
+    for p in request_params.WIRE:
+        value = getattr(req, p.name, None)
+        if value is None:
+            value = getattr(defaults, p.name) if p.deployable else p.off
+        values[p.name] = p.kind(value)
+    if values["top_k"] < 0:
+        values["top_k"] = 0  # -1 and 0 both mean off; the wire says 0
+    return Sampling(**values, seed=seed, logit_bias=logit_bias(req.logit_bias, len(tok.hf)),
+                    grammar=grammar)

@@ -29,17 +29,14 @@ from typing import Protocol
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_p
 
+from common import request_params
 from common.messages import PlanInsert, Sampling, SeededSampling
+from common.request_params import BIAS_LIMIT, MAX_TOP_LOGPROBS
 from services.rank.grammar import RankGrammars
 
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]  # (tokens so far, logits)
 MASK64 = (1 << 64) - 1
-# Bounds rank 0 checks (leader.validate) and the gateway checks first (sampling_params).
-MAX_TOP_LOGPROBS = 20
-MAX_CONTEXT_SIZE = 1 << 20
-BIAS_LIMIT = 100.0
-PENALTY_LIMIT = 2.0
 
 
 def _splitmix64(x: int) -> int:
@@ -196,21 +193,9 @@ def _finite_in(x: float, lo: float, hi: float) -> bool:
 def sampling_problem(s: Sampling, vocab_size: int) -> str | None:
     """Why rank 0 refuses a GENERATE's sampling record (text for people), or None. The
     grammar is checked apart: compiling it needs the rank's tokenizer (leader.validate)."""
-    if not math.isfinite(s.temperature) or s.temperature < 0:
-        return "temperature must be a finite number >= 0"
-    if not math.isfinite(s.top_p) or not 0 < s.top_p <= 1:
-        return "top_p must be in (0, 1]"
-    if s.top_k < 0:
-        return "top_k must be >= 0 (0: off)"
-    if not _finite_in(s.min_p, 0.0, 1.0):
-        return "min_p must be in [0, 1]"
-    for name in ("presence_penalty", "frequency_penalty"):
-        if not _finite_in(getattr(s, name), -PENALTY_LIMIT, PENALTY_LIMIT):
-            return f"{name} must be in [-2, 2]"
-    if not math.isfinite(s.repetition_penalty) or s.repetition_penalty <= 0:
-        return "repetition_penalty must be a finite number > 0 (1: off)"
-    if not 1 <= s.repetition_context_size <= MAX_CONTEXT_SIZE:
-        return f"repetition_context_size must be in [1, {MAX_CONTEXT_SIZE}]"
+    for p in request_params.WIRE:  # the declared ranges, as the gateway checked them
+        if (why := request_params.problem(p.name, getattr(s, p.name))) is not None:
+            return why
     seen: set[int] = set()
     for b in s.logit_bias:
         if not 0 <= b.token < vocab_size:

@@ -11,6 +11,7 @@ import anthropic.types.message_count_tokens_params as count_params
 import anthropic.types.message_create_params as create_params
 import pytest
 
+from common.request_params import MESSAGES, params_in
 from services.gateway import anthropic_render as render
 from services.gateway import anthropic_schemas as s
 from services.gateway import anthropic_translate as t
@@ -18,6 +19,7 @@ from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Finish, ReasoningEvent, TextEvent, ToolCallEvent
 from services.gateway.request_fields import Support
 from services.gateway.toolcalls import ToolCall
+from tests.support.params import samples
 
 BASE = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -35,8 +37,11 @@ def test_every_sdk_field_has_a_row_and_every_row_is_the_sdks():
     assert create - set(rows[s.CREATE]) == set(), "typed by the SDK, no row here"
     assert count - set(rows[s.COUNT]) == set(), "typed by the SDK, no row here"
     untyped = {f.name for f in s.FIELDS if f.untyped}
-    # 2.x no longer types the sampling fields; context_management is a beta field
-    assert untyped == {"temperature", "top_p", "top_k", "context_management"}
+    # 2.x no longer types the sampling fields (nor has our extensions); context_management
+    # is a beta field
+    assert untyped == set(samples(MESSAGES)) | {"context_management"}
+    assert {f.name for f in s.FIELDS if f.extension} == {
+        p.name for p in params_in(MESSAGES) if p.extension_in(MESSAGES)} >= {"seed", "min_p"}
     assert set(rows[s.CREATE]) == create | untyped
     assert set(rows[s.COUNT]) == count | {f.name for f in s.FIELDS
                                           if f.untyped and f.count is not None}
@@ -51,7 +56,7 @@ def test_every_sdk_field_has_a_row_and_every_row_is_the_sdks():
 # refused ones be a 400 naming the field. (The live walk: tests/e2e/test_messages_live.py.)
 SAMPLES = {
     "model": "m", "messages": BASE["messages"], "max_tokens": 8, "system": "be brief",
-    "stop_sequences": ["zz"], "stream": True, "temperature": 0.5, "top_p": 0.9, "top_k": 5,
+    "stop_sequences": ["zz"], "stream": True, **samples(MESSAGES),
     "tools": [{"name": "f", "input_schema": {"type": "object"}}],
     "tool_choice": {"type": "auto"}, "thinking": {"type": "disabled"},
     "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
@@ -85,7 +90,8 @@ def refused(body: dict, endpoint: str = s.CREATE) -> ApiError:
 
 
 def test_refusals_name_what_they_refuse():
-    assert refused({**BASE, "frequency_penalty": 1}).param == "frequency_penalty"
+    assert refused({**BASE, "logit_bias": {"1": 1}}).param == "logit_bias"
+    assert refused({**BASE, "frequency_penalty": 3}).param == "frequency_penalty"
     assert refused({**BASE, "max_tokens": 16}, s.COUNT).param == "max_tokens"
     assert refused({k: v for k, v in BASE.items() if k != "max_tokens"}).param == "max_tokens"
     assert refused({**BASE, "max_tokens": 0}).param == "max_tokens"

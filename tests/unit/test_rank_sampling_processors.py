@@ -4,8 +4,6 @@ against mlx-lm's own maths, and the same output for the same input."""
 
 from __future__ import annotations
 
-import math
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -19,8 +17,6 @@ from mlx_lm.sample_utils import (
 )
 
 from common.messages import PlanInsert, SeededSampling, TokenBias
-from services.gateway import sampling_params as gw
-from services.rank import sampling
 from services.rank.logprobs import extract
 from services.rank.sampling import (
     logits_processors_for,
@@ -177,13 +173,6 @@ def test_extract_matches_a_full_sort():
     assert extract([], [], []) == []
     assert extract(rows[:1], [1], [V + 5])[0].top_ids == sorted(
         range(V), key=lambda i: -np.array(rows[0])[i])  # capped at the vocabulary
-
-
-def test_gateway_and_rank_bounds_agree():
-    assert gw.MAX_TOP_LOGPROBS == sampling.MAX_TOP_LOGPROBS
-    assert gw.MAX_CONTEXT_SIZE == sampling.MAX_CONTEXT_SIZE
-    assert gw.BIAS_LIMIT == sampling.BIAS_LIMIT
-    assert math.isfinite(sampling.PENALTY_LIMIT)
 
 
 def test_plan_size_bounds_an_insert_with_every_sampling_field():

@@ -13,6 +13,7 @@ from openai.types.responses.response_create_params import (
     ResponseCreateParamsStreaming,
 )
 
+from common.request_params import RESPONSES, params_in
 from services.gateway import responses_schemas as rs
 from services.gateway import responses_translate as rt
 from services.gateway.errors import ApiError
@@ -22,6 +23,7 @@ from services.gateway.request_fields import Support
 from services.gateway.response_store import ResponseStore, output_as_input
 from services.gateway.responses_stream import Output, Sequencer
 from services.gateway.toolcalls import ToolCall
+from tests.support.params import samples
 
 TOOL = {"type": "function", "name": "add", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}
@@ -55,14 +57,13 @@ SAMPLES: dict[str, object] = {
     "store": False,
     "stream": True,
     "stream_options": {"include_obfuscation": False},
-    "temperature": 0.5,
     "text": {"format": {"type": "json_object"}},
     "tool_choice": {"type": "function", "name": "add"},
     "tools": [TOOL],
     "top_logprobs": 3,
-    "top_p": 0.9,
     "truncation": "disabled",
     "user": "u1",
+    **samples(RESPONSES),
 }
 
 
@@ -82,8 +83,11 @@ def test_every_sdk_field_has_a_row_and_every_row_is_an_sdk_field():
         ResponseCreateParamsStreaming.__annotations__)
     untyped = {f.name for f in rs.FIELDS if f.untyped}
     assert untyped == {"client_metadata"}  # Codex sends it; the SDK does not type it
-    assert sdk == set(rs.BY_NAME) - untyped, (sdk - set(rs.BY_NAME), set(rs.BY_NAME) - sdk)
-    assert set(SAMPLES) == sdk | untyped  # and each is exercised below
+    ours = {f.name for f in rs.FIELDS if f.extension}  # chat's extensions, declared once
+    assert ours == {p.name for p in params_in(RESPONSES) if p.extension_in(RESPONSES)} >= {
+        "seed", "top_k", "min_p"}
+    assert sdk == set(rs.BY_NAME) - untyped - ours, (sdk - set(rs.BY_NAME), set(rs.BY_NAME) - sdk)
+    assert set(SAMPLES) == sdk | untyped | ours  # and each is exercised below
     for f in rs.FIELDS:  # a row the schema lacks would be a 400 "extra" instead
         assert f.name in rs.ResponsesRequest.model_fields, f.name
 
@@ -270,5 +274,5 @@ def test_the_docs_table_is_the_field_table():
             break
         if line.startswith("| `"):
             cells = [c.strip() for c in line.strip("|").split("|", 2)]
-            rows[cells[0].strip("`")] = (cells[1], cells[2])
+            rows[cells[0].split("`")[1]] = (cells[1], cells[2])
     assert rows == {f.name: (f.support.value, f.note) for f in rs.FIELDS}

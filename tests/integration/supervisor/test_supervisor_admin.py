@@ -162,7 +162,7 @@ def test_sampling_defaults_resolve_operator_over_generation_config(start_supervi
         '{"temperature": 0.6, "top_p": 0.95, "top_k": 20, "do_sample": true}')
     rs = start_supervisor()
     r = rs.call("deploy", model_path=str(model_dir), tp=1, sampling={"temperature": 3.0})
-    assert r.code == "bad_request" and "temperature must be in [0, 2]" in r.message
+    assert r.code == "bad_request" and "temperature must be a finite number in [0, 2]" in r.message
     rs.ok("deploy", model_path=str(model_dir), tp=1, deployment_id="s",
           sampling={"temperature": 0.0, "min_p": 0.1})
     (info,) = [read_deployment_info(d) for d in rs.ok("deployments")["deployments"]]
