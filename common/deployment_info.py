@@ -72,7 +72,7 @@ class DeploymentInfo:
     error: str | None = field(metadata=_LONG)
     teardown: dict[str, object] | None  # the last teardown outcome (procs.LadderOutcome)
     ranks: list[RankInfo]
-    # what a request that names no temperature/top_p/top_k/min_p/repetition_penalty gets
+    # what a request that names none of the deployable sampling parameters gets
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
     # one of `replicas` deployments of this model, served under one name
     replica: int = 0

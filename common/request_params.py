@@ -153,6 +153,10 @@ DEPLOYABLE: tuple[str, ...] = tuple(p.name for p in PARAMS if p.deployable)
 WIRE: tuple[Param, ...] = tuple(p for p in PARAMS if p.off is not None)  # in every GENERATE
 
 
+def deployable() -> tuple[Param, ...]:
+    return tuple(p for p in PARAMS if p.deployable)
+
+
 def params_in(api: str) -> tuple[Param, ...]:
     return tuple(p for p in PARAMS if api in p.apis)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields, make_dataclass
 from pathlib import Path
 
 from common import request_params
@@ -44,31 +44,18 @@ class Origin(str, enum.Enum):
         return self.value
 
 
-@dataclass(frozen=True, kw_only=True)
-class SamplingOverrides:
+class _Overrides:
     """The operator's values; None = not given (then the model's, then the server's)."""
 
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-
     def given(self) -> dict[str, float | int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)
+        return {f.name: getattr(self, f.name) for f in fields(self)  # type: ignore[arg-type]
                 if getattr(self, f.name) is not None}
 
 
-@dataclass(frozen=True, kw_only=True)
-class SamplingDefaults:
+class _Defaults:
     """What is in force for one deployment, each value with where it came from."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    origin: dict[str, Origin] = field(default_factory=dict)
+    origin: dict[str, Origin]
 
     def describe(self) -> str:
         """One line for logs and `admin status`: 'temperature 0 (operator), top_p 1 (server)'."""
@@ -76,10 +63,20 @@ class SamplingDefaults:
                          for name in FIELDS)
 
 
-FIELDS = tuple(f.name for f in fields(SamplingOverrides))
-if FIELDS != request_params.DEPLOYABLE or any(
-        getattr(SamplingDefaults(), n) != request_params.BY_NAME[n].default for n in FIELDS):
-    raise ImportError("SamplingOverrides/SamplingDefaults disagree with request_params.py")
+# One field per parameter common/request_params.py declares `deployable`: a new one
+# is an operator's flag, an admin argument and a field of DeploymentInfo with no edit here.
+SamplingOverrides = make_dataclass(
+    "SamplingOverrides",
+    [(p.name, p.kind | None, field(default=None)) for p in request_params.deployable()],
+    bases=(_Overrides,), frozen=True, kw_only=True,
+    namespace={"__module__": __name__, "__doc__": _Overrides.__doc__})
+SamplingDefaults = make_dataclass(
+    "SamplingDefaults",
+    [*((p.name, p.kind, field(default=p.default)) for p in request_params.deployable()),
+     ("origin", dict[str, Origin], field(default_factory=dict))],
+    bases=(_Defaults,), frozen=True, kw_only=True,
+    namespace={"__module__": __name__, "__doc__": _Defaults.__doc__})
+FIELDS = request_params.DEPLOYABLE
 
 
 def _num(v: float | int) -> str:
@@ -113,10 +110,10 @@ def from_generation_config(model_dir: str | Path) -> dict[str, float | int]:
     for name in FIELDS:
         if name not in raw or raw[name] is None:
             continue
-        value = raw[name]
-        if name == "top_k" and type(value) is float and value.is_integer():
+        value, kind = raw[name], request_params.BY_NAME[name].kind
+        if kind is int and type(value) is float and value.is_integer():
             value = int(value)
-        if name != "top_k" and type(value) is int:
+        if kind is float and type(value) is int:
             value = float(value)
         if (why := problem(name, value)) is not None:
             log.warning("%s: %s=%r is not used: %s", path, name, raw[name], why)
@@ -133,7 +130,5 @@ def resolve(model_dir: str | Path, overrides: SamplingOverrides | None) -> Sampl
         values[name], origin[name] = v, Origin.GENERATION_CONFIG
     for name, v in (overrides.given() if overrides else {}).items():
         values[name], origin[name] = v, Origin.OPERATOR
-    floats = {k: float(v) for k, v in values.items() if k != "top_k"}
-    top_k = values.get("top_k")
-    return SamplingDefaults(**floats, **({} if top_k is None else {"top_k": int(top_k)}),
-                            origin=origin)
+    typed = {k: request_params.BY_NAME[k].kind(v) for k, v in values.items()}
+    return SamplingDefaults(**typed, origin=origin)

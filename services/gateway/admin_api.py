@@ -25,11 +25,12 @@ import time
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from common.deployment_info import DeploymentInfo
 from common.messages import commands
 from common.messages.commands import ReplyError, args_wire, command_of
+from common.request_params import deployable
 from common.schema import SchemaError, decode_into, to_wire
 from services.gateway.cluster_view import AdminTimeout, SupervisorUnavailable
 from services.gateway.errors import ADMIN_STATUS, ApiError
@@ -49,16 +50,17 @@ class _Args(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-class SamplingArgs(_Args):
-    """A deployment's sampling defaults (common/sampling_defaults.py); the supervisor
-    checks the ranges and refuses with a 400 naming the field."""
+class _SamplingArgs(_Args):
+    """A deployment's sampling defaults (common/sampling_defaults.py): one field per
+    deployable parameter (common/request_params.py); the supervisor checks the ranges and
+    refuses with a 400 naming the field."""
 
     model_config = ConfigDict(strict=False, extra="forbid")  # 0 for 0.0 is fine
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+
+
+SamplingArgs = create_model(  # type: ignore[call-overload]
+    "SamplingArgs", __base__=_SamplingArgs,
+    **{p.name: (p.kind | None, None) for p in deployable()})
 
 
 class DeployArgs(_Args):

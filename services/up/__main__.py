@@ -4,8 +4,8 @@
                 [--replicas 1] [--hosts FILE] [--backend auto|ring|jaccl|mpi] [--host 127.0.0.1]
                 [--prompt-cache-entries 32] [--prompt-cache-bytes 0]
                 [--prompt-cache-disk-bytes -1] [--prefill-stall-ratio 3]
-                [--prefill-long-prompt 2048] [--temperature T] [--top-p P] [--top-k K]
-                [--min-p P] [--repetition-penalty R] [--no-deterministic]
+                [--prefill-long-prompt 2048] [--temperature T] [--top-p P] ...
+                [--no-deterministic]
 
 Starts `lockstep supervisor`, `lockstep reaper` and `lockstep gateway` as separate
 processes (each in its own session, logs in $LOCKSTEP_HOME/runtime/logs/), writes the
@@ -14,8 +14,9 @@ cluster key and the admin token (0600) on first run, builds the default model on
 default for any other model; what the user names wins, services/up/model.py), waits for
 /ready and prints the URL with a curl to paste. A tp/pp the model cannot be split into is
 refused before anything starts (services/supervisor/topology.py). --temperature, --top-p,
---top-k, --min-p, --repetition-penalty: what requests that name none are sampled with
-(over the model's generation_config.json; common/sampling_defaults.py).
+...: one flag per sampling parameter a deployment may default (common/request_params.py
+`deployable`): what a request that does not name it is sampled with (over the model's
+generation_config.json; common/sampling_defaults.py).
 --no-deterministic: mlx-lm's own forward pass instead of the batch-invariant one
 (faster; a request's output may then depend on what shares its batch; README
 "Determinism"). If the deployment fails on its own (a rank died, a peer was lost) it is
@@ -56,6 +57,7 @@ from pathlib import Path
 from common.bus import BusInterrupted, BusTimeout
 from common.config import ConfigError, load_settings
 from common.keys import KeyFileError
+from common.request_params import deployable
 from common.sampling_defaults import check_overrides
 from services.up.admin import UpError
 from services.up.run import Up
@@ -78,9 +80,8 @@ def _parser() -> argparse.ArgumentParser:
                      ("--prompt-cache-entries", int),
                      ("--prompt-cache-bytes", int), ("--prompt-cache-disk-bytes", int),
                      ("--prefill-stall-ratio", float),
-                     ("--prefill-long-prompt", int), ("--temperature", float),
-                     ("--top-p", float), ("--top-k", int), ("--min-p", float),
-                     ("--repetition-penalty", float)):
+                     ("--prefill-long-prompt", int),
+                     *((p.flag, p.kind) for p in deployable())):
         ap.add_argument(flag, type=tp, default=None)
     ap.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None)
     return ap

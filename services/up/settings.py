@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 
 from common.config import (
@@ -15,12 +15,13 @@ from common.config import (
     StallRatio,
 )
 from common.home import default_home
+from common.request_params import deployable
 from common.sampling_defaults import FIELDS as SAMPLING_FIELDS
 from common.sampling_defaults import SamplingOverrides
 
 
 @dataclass(frozen=True)
-class UpSettings:
+class _UpSettings:
     home: Path = field(default_factory=default_home)
     host: str = "127.0.0.1"
     port: Port = 8000
@@ -58,13 +59,15 @@ class UpSettings:
     prefill_stall_ratio: StallRatio = 3.0  # rank 0's prefill policy; 0 = fixed chunks
     prefill_long_prompt: Count = 2048  # ... steered while streams decode; 0 = every prompt
     deterministic: bool = True  # the batch-invariant forward pass; False: mlx-lm's own
-    # Sampling defaults of the deployment (None = the preset's, the model's, then OpenAI's)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
 
 
-def named_sampling(s: UpSettings) -> SamplingOverrides:
+# Plus the deployment's sampling defaults, one setting per parameter common/request_params.py
+# declares `deployable` (None = the preset's, the model's, then OpenAI's): `--min-p`,
+# LOCKSTEP_MIN_P, ...
+UpSettings = make_dataclass(
+    "UpSettings", [(p.name, p.kind | None, field(default=None)) for p in deployable()],
+    bases=(_UpSettings,), frozen=True, namespace={"__module__": __name__})
+
+
+def named_sampling(s: UpSettings) -> SamplingOverrides:  # type: ignore[valid-type]
     return SamplingOverrides(**{k: getattr(s, k) for k in SAMPLING_FIELDS})

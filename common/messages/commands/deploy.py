@@ -7,8 +7,9 @@ wait for the readiness barrier, release serve, pass the canary.
               hosts: [host record]|null (null = this machine only),
               backend: "auto"|"ring"|"jaccl"|"mpi" = "auto", deployment_id: str|null,
               wait: bool=true, envs: ["K=V"]=[],
-              sampling: {temperature?, top_p?, top_k?, min_p?, repetition_penalty?}|null
-              (defaults for requests that name none; over the model's generation_config.json),
+              sampling: {temperature?, top_p?, ...}|null (one field per deployable
+              parameter of common/request_params.py: defaults for requests that name
+              none; over the model's generation_config.json),
               replicas: int=1 (N deployments of the model, ids <id>-r<i>, each on the next
               tp*pp rank slots of the hosts: services/supervisor/replicas.py),
               replica: int|null (deploy only that replica of `replicas`)}
@@ -19,8 +20,8 @@ wait for the readiness barrier, release serve, pass the canary.
              failed teardown after it)
     CLI      lockstep admin deploy [--model PATH] [--tp N] [--pp N] [--replicas N]
                                    [--hosts FILE] [--backend B] [--id ID] [--no-wait]
-                                   [--temperature T] [--top-p P] [--top-k K] [--min-p P]
-                                   [--repetition-penalty R]
+                                   [--temperature T] [--top-p P] ... (each deployable
+                                   sampling parameter)
 """
 
 from __future__ import annotations
