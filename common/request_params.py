@@ -143,6 +143,14 @@ PARAMS: tuple[Param, ...] = (
           deployable=True),
     Param("repetition_context_size", int, 20, Bounds(1, MAX_CONTEXT_SIZE),
           "tokens `repetition_penalty` looks back over"),
+    Param("xtc_probability", float, 0.0, Bounds(0.0, 1.0),
+          "XTC (mlx-lm's \"exclude top choices\"): the chance, per sampled token, that every "
+          "token above `xtc_threshold` but the least likely of them is excluded; the coin is "
+          "drawn from the seed and the token's index; omitted: the deployment's default",
+          deployable=True),
+    Param("xtc_threshold", float, 0.1, Bounds(0.0, 0.5),
+          "XTC: the probability a token needs to count as a top choice; omitted: the "
+          "deployment's default", deployable=True),
     # What a client may send; the wire keeps seed % 2**63.
     Param("seed", int, None, Bounds(-(2**63), 2**64, hi_open=True),
           "same seed → same tokens; omitted: drawn at admission", native=OPENAI_CHAT),

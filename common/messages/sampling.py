@@ -44,6 +44,8 @@ class Sampling:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     repetition_context_size: int = 20
+    xtc_probability: float = 0.0  # XTC (services/rank/sampling.py make_xtc): 0 is off
+    xtc_threshold: float = 0.1
     logit_bias: list[TokenBias] = field(default_factory=list, metadata=BIAS_LIST)
     # A serialized llguidance grammar ("": none), built and checked by the gateway
     # (services/gateway/structured.py), compiled on every rank.

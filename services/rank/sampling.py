@@ -11,10 +11,10 @@ Greedy requests return None: BatchGenerator then uses its one shared argmax samp
 which it applies to the whole batch in a single call.
 
 Logits processors (`logits_processors_for`: logit_bias, then the repetition penalty,
-then presence/frequency penalties; a grammar mask may follow) draw no randomness: each
-is a pure function of (the tokens so far, the logits), built from the plan's insert
-alone (its Sampling record, prompt and `resumed`), so every rank computes the same
-logits from the same tokens. BatchGenerator calls a request's processors once per step
+then presence/frequency penalties; a grammar mask, then XTC, may follow) are each a pure
+function of (the tokens so far, the logits), built from the plan's insert alone (its
+Sampling record, prompt and `resumed`), so every rank computes the same logits from the
+same tokens; XTC's coin is keyed like the sampler's draw, never MLX's global state. BatchGenerator calls a request's processors once per step
 with its token context (prompt and the tokens generated so far, as fed to the model) and
 its row of logits, before the log-softmax the sampler and `logprobs` see. The order
 after temperature scaling is vLLM's: min_p, then top_k, then top_p.
@@ -160,6 +160,41 @@ def make_output_penalties(presence: float, frequency: float,
     return penalize
 
 
+XTC_SALT = 0x5854435F434F494E  # the XTC coin's key: apart from the sampler's own draw
+
+
+def xtc_filter(logits: mx.array, threshold: float, special: mx.array | None,
+               coin: mx.array, probability: float) -> mx.array:
+    """mlx-lm's `apply_xtc` with the coin given: when coin <= probability, every token
+    whose probability exceeds `threshold`, except the least likely of them, is set to
+    -inf (none if fewer than two exceed it); `special` ids are never excluded."""
+    probs = mx.softmax(logits.astype(mx.float32), axis=-1)
+    above = mx.where(probs > threshold, probs, mx.inf).min(axis=-1, keepdims=True)
+    mask = probs > above
+    if special is not None:
+        mask[..., special] = False
+    return mx.where(coin > probability, logits,
+                    mx.where(mask, mx.array(-math.inf, logits.dtype), logits))
+
+
+def make_xtc(probability: float, threshold: float, special: list[int], seed: int,
+             prompt_len: int) -> LogitsProcessor:
+    """XTC as a processor, its coin drawn from (seed, token index) rather than MLX's
+    global state (mlx-lm's): every rank draws the same coin, and a resumed or re-run
+    request the same one at the same token. The index is that of the token being chosen:
+    the tokens so far less the client's prompt (`prompt_len`: a continuation's resumed
+    tokens are output, so they count), as the sampler's `index`. The eos ids are never
+    excluded (mlx_lm.server spares them too)."""
+    special_ids = mx.array(sorted(set(special)), dtype=mx.int32) if special else None
+
+    def exclude(tokens: mx.array, logits: mx.array) -> mx.array:
+        index = tokens.shape[0] - prompt_len  # shapes are known without evaluating
+        coin = mx.random.uniform(key=mx.random.key(token_seed(seed ^ XTC_SALT, index)))
+        return xtc_filter(logits, threshold, special_ids, coin, probability)
+
+    return exclude
+
+
 def logits_processors_for(ins: PlanInsert, ctx: ProcessorContext) -> list[LogitsProcessor]:
     """Every processor of one request, in order: the one place they are built. An empty
     list costs BatchGenerator nothing for that row."""
@@ -173,13 +208,17 @@ def logits_processors_for(ins: PlanInsert, ctx: ProcessorContext) -> list[Logits
         # a continuation's resumed tokens are output: penalised as they were before
         out.append(make_output_penalties(s.presence_penalty, s.frequency_penalty,
                                          len(ins.prompt) - ins.resumed))
-    if s.grammar:  # last: a disallowed token stays -inf whatever came before
+    if s.grammar:  # a disallowed token stays -inf whatever came before (XTC only adds -inf)
         if ctx is None or ctx.grammars is None:
             raise ValueError("a grammar needs the rank's tokenizer (Engine grammars)")
         proc = ctx.grammars.processor(s.grammar)
         for token in ins.prompt[len(ins.prompt) - ins.resumed:]:  # where the request was
             proc.advance(token)
         out.append(proc)
+    if s.xtc_probability > 0.0 and s.temperature > 0.0:  # as mlx-lm: never when greedy
+        # after the grammar: it excludes only among allowed tokens and always keeps one
+        out.append(make_xtc(s.xtc_probability, s.xtc_threshold, list(ctx.eos_ids),
+                            s.seed, len(ins.prompt) - ins.resumed))
     return out
 
 

@@ -180,6 +180,34 @@ def test_every_field_at_once_and_bad_values(live):
 
 
 @pytest.mark.timeout(120)
+def test_xtc_excludes_top_choices_reproducibly_and_is_refused_out_of_range(live):
+    """XTC (common/request_params.py, services/rank/sampling.py make_xtc): at probability
+    1 and threshold 0 every step drops all but the least likely token, so the text
+    changes against the same seed without it; its coins come from the seed, so it
+    reproduces (and the last test sees every rank feed the same tokens)."""
+    kw = {"temperature": 1.0, "seed": 5}
+    xtc = {**kw, "extra_body": {"xtc_probability": 1.0, "xtc_threshold": 0.0}}
+    plain, a, b = completion(live, **kw), completion(live, **xtc), completion(live, **xtc)
+    assert a.text == b.text and a.text != plain.text
+    half = {**kw, "extra_body": {"xtc_probability": 0.5, "xtc_threshold": 0.01}}
+    assert completion(live, **half).text == completion(live, **half).text
+    url, msgs = live["url"], [{"role": "user", "content": PROMPT}]
+    for path, body, shape in (
+            ("/v1/chat/completions", {"messages": msgs}, "openai"),
+            ("/v1/responses", {"input": PROMPT}, "openai"),
+            ("/v1/messages", {"messages": msgs, "max_tokens": 4}, "anthropic")):
+        r = httpx.post(url + path, json={"model": live["model"], "xtc_threshold": 0.7, **body},
+                       timeout=30)
+        assert r.status_code == 400, (path, r.text)
+        err = r.json()["error"]
+        if shape == "anthropic":
+            assert r.json()["type"] == "error" and err["type"] == "invalid_request_error"
+            assert "xtc_threshold" in err["message"]
+        else:
+            assert err["param"] == "xtc_threshold", (path, err)
+
+
+@pytest.mark.timeout(120)
 def test_tokens_identical_on_every_rank(live):
     """Last: every request of this module, sampled or not, with any processor, fed the
     same tokens on both ranks."""

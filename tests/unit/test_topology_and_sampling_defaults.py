@@ -112,7 +112,8 @@ def test_sampling_order_operator_over_generation_config_over_server(tmp_path):
     assert (got.temperature, got.top_p, got.top_k, got.min_p) == (0.2, 0.5, 50, 0.0)
     assert got.origin == {"temperature": Origin.GENERATION_CONFIG, "top_p": Origin.OPERATOR,
                           "top_k": Origin.GENERATION_CONFIG, "min_p": Origin.SERVER,
-                          "repetition_penalty": Origin.SERVER}  # min_p 5: out of range, unused
+                          "repetition_penalty": Origin.SERVER,  # min_p 5: out of range, unused
+                          "xtc_probability": Origin.SERVER, "xtc_threshold": Origin.SERVER}
     assert got.describe().startswith("temperature 0.2 (generation_config), top_p 0.5 (operator)")
     (d / "generation_config.json").write_text("{not json")
     assert resolve(d, None).origin["temperature"] is Origin.SERVER

@@ -171,7 +171,8 @@ def test_sampling_defaults_resolve_operator_over_generation_config(start_supervi
         0.0, 0.95, 20, 0.1, 1.0)
     assert {k: str(v) for k, v in got.origin.items()} == {
         "temperature": "operator", "top_p": "generation_config", "top_k": "generation_config",
-        "min_p": "operator", "repetition_penalty": "server"}
+        "min_p": "operator", "repetition_penalty": "server", "xtc_probability": "server",
+        "xtc_threshold": "server"}
 
 
 @pytest.mark.timeout(120)
