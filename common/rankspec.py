@@ -77,7 +77,6 @@ class RankSettings:
     prefill_stall_ratio: StallRatio = 3.0
     prefill_step_decoding: AtLeastOne = 512
     prefill_long_prompt: Count = 2048
-    default_max_tokens: AtLeastOne = 256
     # Prefix cache (services/rank/prefix_cache.py): stored entries at most; 0 = off.
     prompt_cache_entries: Count = 32
     # Stored KV bytes per rank at most; 0 here = DEFAULT_PROMPT_CACHE_BYTES (the

@@ -33,6 +33,7 @@ BIAS_LIMIT = 100.0  # |logit_bias| per token (OpenAI's)
 MAX_LOGIT_BIAS = 1024  # logit_bias entries (the wire's bound, common/messages/base.py)
 MAX_TOP_LOGPROBS = 20  # chat's bound (OpenAI)
 PENALTY_LIMIT = 2.0  # |presence_penalty|, |frequency_penalty| (OpenAI's)
+SEED_MOD = 1 << 63  # the wire's seeds are in [0, SEED_MOD): a client's is taken modulo it
 
 
 @dataclass(frozen=True)

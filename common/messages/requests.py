@@ -19,8 +19,8 @@ class Generate:
     request_id: str
     prompt: list[int] = field(metadata=BIG_LIST)
     max_tokens: int
-    # How tokens are chosen (common/messages/sampling.py); its seed may be None: rank 0
-    # draws one. The default is greedy with everything off.
+    # How tokens are chosen (common/messages/sampling.py), seed included: the sender
+    # decides it. The default is greedy with everything off.
     sampling: Sampling = field(default_factory=Sampling)
     stop_token_ids: list[int] = field(default_factory=list)
     client: str = ""

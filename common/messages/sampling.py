@@ -31,13 +31,15 @@ class TokenBias:
 
 @dataclass(kw_only=True)
 class Sampling:
-    """A GENERATE's: `seed` None leaves it to rank 0, which draws one (`seeded`) before
-    the record goes into the plan. Rank 0 checks the values (services/rank/sampling.py
-    `sampling_problem`; the gateway checks them first)."""
+    """A GENERATE's. Its sender decides the seed, once: the gateway draws one at admission
+    for a request that names none (services/gateway/request_path.py); 0 where it cannot
+    matter (the canary is greedy). Rank 0 checks the values (services/rank/sampling.py
+    `sampling_problem`, the ranges of common/request_params.py; the gateway checks them
+    first)."""
 
     temperature: float = 0.0  # 0: greedy (the batch's shared argmax)
     top_p: float = 1.0
-    seed: int | None = None
+    seed: int = 0  # in [0, 2^63): every rank derives each token's key from it
     top_k: int = 0
     min_p: float = 0.0
     presence_penalty: float = 0.0
@@ -52,7 +54,7 @@ class Sampling:
     grammar: str = field(default="", metadata=GRAMMAR)
 
     def seeded(self, seed: int) -> SeededSampling:
-        """This record as a plan carries it: `seed` fixed, logit_bias in token order."""
+        """This record as a plan carries it: `seed` as given, logit_bias in token order."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values.update(seed=seed, logit_bias=sorted(self.logit_bias, key=lambda b: b.token))
         return SeededSampling(**values)
@@ -60,7 +62,7 @@ class Sampling:
 
 @dataclass(kw_only=True)
 class SeededSampling(Sampling):
-    """A plan's: the seed is fixed (rank 0 filled it), so every rank derives the same
-    keys; a PLAN whose insert has none fails the schema."""
+    """A plan's: the seed is required on the wire, so every rank derives the same keys;
+    a PLAN whose insert has none fails the schema."""
 
     seed: int = field()

@@ -1,9 +1,8 @@
 """`n` > 1: n choices for one request, each its own request to rank 0, merged into one
 response or one stream with choice indexes.
 
-Choice i is request `<id>-i` with seed `seed + i` when the request gives a seed (so the
-same request reproduces all n), else a seed rank 0 draws for each. Greedy choices are
-equal. The n requests share the prompt, so rank 0's prefix cache serves the later ones'
+Choice i is request `<id>-i` with seed `seed + i`: the request's seed, or the one drawn
+at its admission (so a request with a seed reproduces all n). Greedy choices are equal. The n requests share the prompt, so rank 0's prefix cache serves the later ones'
 prefill. Admission counts all n: the bound is checked for n at once, before any is sent.
 """
 
@@ -14,11 +13,10 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable
 
 from common.messages import Generate, Sampling
+from common.request_params import SEED_MOD
 from services.gateway.generation import Final, Generation
 from services.gateway.request_channel import Backend, RequestStream
 from services.gateway.streaming import DONE, Shape, collect, sse, sse_events
-
-SEED_MOD = 2**63
 
 
 def choice_messages(msg: Generate, n: int) -> list[Generate]:
@@ -27,8 +25,7 @@ def choice_messages(msg: Generate, n: int) -> list[Generate]:
     seed = msg.sampling.seed
 
     def sampling(i: int) -> Sampling:
-        return dataclasses.replace(msg.sampling,
-                                   seed=None if seed is None else (seed + i) % SEED_MOD)
+        return dataclasses.replace(msg.sampling, seed=(seed + i) % SEED_MOD)
 
     return [dataclasses.replace(msg, request_id=f"{msg.request_id}-{i}", sampling=sampling(i))
             for i in range(n)]

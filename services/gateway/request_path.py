@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from common.messages import FinishReason, Generate
+from common.request_params import SEED_MOD
 from services.gateway import choices
 from services.gateway.admit_wait import pick_or_wait
 from services.gateway.errors import ApiError
@@ -175,9 +176,9 @@ async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endp
     route = gw.router.choose([b for b in cands if not b.lost and not b.closed] or cands, ids)
     backend = route.backend
     rid = rid_prefix + secrets.token_hex(12)
-    # The seed is drawn here when the client named none (not by rank 0): a request that
+    # The seed is decided here, the one place: the client's, else drawn; a request that
     # resumes elsewhere goes on with the same one (services/gateway/resume.py).
-    seed = secrets.randbits(63) if req.seed is None else req.seed % (2**63)
+    seed = secrets.randbelow(SEED_MOD) if req.seed is None else req.seed % SEED_MOD
     msg = Generate(
         request_id=rid, prompt=ids, max_tokens=limit,
         sampling=sampling_for(req, tok, backend.sampling, seed=seed, grammar=grammar),

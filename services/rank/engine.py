@@ -70,9 +70,9 @@ class Emitted:
 
 
 def generator_kwargs(settings: RankSettings) -> dict:
-    """BatchGenerator arguments: a pure function of the settings, same on every rank."""
+    """BatchGenerator arguments: a pure function of the settings, same on every rank.
+    (No max_tokens: every insert carries its own, as the gateway decided it.)"""
     return {
-        "max_tokens": settings.default_max_tokens,
         "completion_batch_size": settings.max_batch,
         "prefill_batch_size": settings.prefill_batch,
         "prefill_step_size": settings.prefill_step,

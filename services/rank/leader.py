@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -51,7 +50,6 @@ from services.rank.prefix_store import cache_bytes
 from services.rank.sampling import sampling_problem, top_logprobs_problem
 
 log = logging.getLogger("lockstep.rank.leader")
-MAX_SEED = (1 << 63) - 1
 LOOKAHEAD = 16  # waiting prompts a plan looks past the head for (grouping by length)
 
 
@@ -153,13 +151,12 @@ class Leader(RankLoop):
             self.send(StreamChunk(g.request_id, finish_reason=FinishReason.ERROR, error=text,
                                   error_code=code))
             return
-        seed = g.sampling.seed if g.sampling.seed is not None else secrets.randbits(63)
-        max_tokens = g.max_tokens if g.max_tokens > 0 else self.settings.default_max_tokens
+        max_tokens = g.max_tokens  # the gateway's decision (its default, the client's)
         if self.context is not None:  # clamp to what fits in the model's context
             max_tokens = min(max_tokens, self.context - len(g.prompt))
         ins = PlanInsert(
             request_id=g.request_id, prompt=g.prompt, max_tokens=max_tokens,
-            sampling=g.sampling.seeded(seed & MAX_SEED),
+            sampling=g.sampling.seeded(g.sampling.seed),
             stop_token_ids=sorted(set(g.stop_token_ids)), top_logprobs=g.top_logprobs,
             resumed=g.resumed)
         self.scheduled[g.request_id] = Req(ins, e.received_at)
@@ -179,6 +176,8 @@ class Leader(RankLoop):
         why = sampling_problem(g.sampling, v) or top_logprobs_problem(g.top_logprobs)
         if why is not None:
             return bad, why
+        if g.max_tokens < 1:
+            return bad, "max_tokens must be >= 1 (its sender decides it)"
         if not 0 <= g.resumed < len(g.prompt):  # at least one token of the original prompt
             return bad, f"resumed must be in [0, {len(g.prompt)})"
         if self.context is not None and len(g.prompt) >= self.context:

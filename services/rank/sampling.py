@@ -31,7 +31,7 @@ from mlx_lm.sample_utils import apply_top_p
 
 from common import request_params
 from common.messages import PlanInsert, Sampling, SeededSampling
-from common.request_params import BIAS_LIMIT, MAX_TOP_LOGPROBS
+from common.request_params import BIAS_LIMIT, MAX_TOP_LOGPROBS, SEED_MOD
 from services.rank.grammar import RankGrammars
 
 Sampler = Callable[[mx.array], mx.array]
@@ -232,6 +232,8 @@ def _finite_in(x: float, lo: float, hi: float) -> bool:
 def sampling_problem(s: Sampling, vocab_size: int) -> str | None:
     """Why rank 0 refuses a GENERATE's sampling record (text for people), or None. The
     grammar is checked apart: compiling it needs the rank's tokenizer (leader.validate)."""
+    if not 0 <= s.seed < SEED_MOD:  # the sender drew it (the gateway: request_path.py)
+        return "seed must be in [0, 2^63)"
     for p in request_params.WIRE:  # the declared ranges, as the gateway checked them
         if (why := request_params.problem(p.name, getattr(s, p.name))) is not None:
             return why

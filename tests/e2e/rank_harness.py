@@ -282,7 +282,7 @@ class Deployment:
     # -- requests -------------------------------------------------------------------------
 
     def submit(self, prompt: list[int], max_tokens: int = 16, *, temperature: float = 0.0,
-               top_p: float = 1.0, seed: int | None = None, stop_token_ids=(),
+               top_p: float = 1.0, seed: int = 0, stop_token_ids=(),
                request_id: str | None = None) -> str:
         rid = request_id or "r-" + secrets.token_hex(6)
         sampling = m.Sampling(temperature=temperature, top_p=top_p, seed=seed)

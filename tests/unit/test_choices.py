@@ -4,7 +4,8 @@ merged usage/outcome of the response."""
 from __future__ import annotations
 
 from common.messages import Generate, Sampling
-from services.gateway.choices import SEED_MOD, choice_messages, merged_final
+from common.request_params import SEED_MOD
+from services.gateway.choices import choice_messages, merged_final
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Finish
 
@@ -19,8 +20,8 @@ def test_each_choice_its_own_request_and_seed():
                for m in ms)
     assert g.sampling.seed == SEED_MOD - 1  # the request's own record is not changed
     assert choice_messages(g, 1) == [g]  # n = 1: the request as it was
-    unseeded = choice_messages(Generate(request_id="r", prompt=[1], max_tokens=1), 2)
-    assert [m.sampling.seed for m in unseeded] == [None, None]  # rank 0 draws one for each
+    default = choice_messages(Generate(request_id="r", prompt=[1], max_tokens=1), 2)
+    assert [m.sampling.seed for m in default] == [0, 1]  # a record's seed is always set
 
 
 def test_merged_usage_counts_the_prompt_once():

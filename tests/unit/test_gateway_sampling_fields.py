@@ -137,7 +137,7 @@ def test_rank0_refuses_what_the_gateway_would(tok):
     for kw in ({"temperature": -0.1}, {"temperature": float("nan")}, {"top_p": 0.0},
                {"top_p": 1.5}, {"top_k": -2}, {"temperature": 2.5}, {"min_p": float("nan")}, {"presence_penalty": 3.0},
                {"frequency_penalty": float("inf")}, {"repetition_penalty": 0.0},
-               {"repetition_context_size": 0},
+               {"repetition_context_size": 0}, {"seed": -1}, {"seed": 2**63},
                {"logit_bias": [TokenBias(v, 1.0)]}, {"logit_bias": [TokenBias(1, 100.5)]},
                {"logit_bias": [TokenBias(1, 1.0), TokenBias(1, 2.0)]}):
         assert problem(**kw), kw

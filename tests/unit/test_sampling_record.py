@@ -1,7 +1,7 @@
 """The Sampling record GENERATE and PLAN's inserts share (common/messages/sampling.py),
 decoded strictly as a nested record: every field checked, an unknown one refused, the
-caps (logit_bias, grammar) applied inside it; a GENERATE may leave the seed to rank 0, a
-plan's insert may not."""
+caps (logit_bias, grammar) applied inside it; the seed is never null (its sender decides
+it; a GENERATE that omits it has 0), a plan's insert must carry it."""
 
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def test_a_valid_record_round_trips_nested():
 def test_defaults_mean_off_and_a_generate_may_omit_the_record():
     g = decode_into(Generate, {"request_id": "r", "prompt": [1], "max_tokens": 1})
     assert g.sampling == Sampling()
-    assert (g.sampling.temperature, g.sampling.seed, g.sampling.top_k) == (0.0, None, 0)
-    assert decode_into(Generate, generate(seed=None)).sampling.seed is None  # rank 0 draws
+    assert (g.sampling.temperature, g.sampling.seed, g.sampling.top_k) == (0.0, 0, 0)
+    e = refused(Generate, generate(seed=None))  # nobody downstream draws one
+    assert (e.reason, e.detail) == ("wrong_type", "sampling.seed: expected int")
     partial = decode_into(Generate, {"request_id": "r", "prompt": [1], "max_tokens": 1,
                                      "sampling": {"temperature": 1}})
     assert partial.sampling == Sampling(temperature=1.0)
