@@ -25,7 +25,7 @@ from services.gateway.errors import ApiError
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-    from services.gateway.app import Gateway
+    from services.gateway.gateway_core import Gateway
     from services.gateway.request_channel import Backend
 
 POLL_S = 0.1

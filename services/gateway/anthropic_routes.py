@@ -24,6 +24,7 @@ from services.gateway import anthropic_schemas as schemas
 from services.gateway import anthropic_translate as translate
 from services.gateway.admit_wait import pick_or_wait
 from services.gateway.errors import SHAPES
+from services.gateway.gateway_core import names
 from services.gateway.generation import Final, Finish
 from services.gateway.openai_routes import check_api_key
 from services.gateway.prompts import prompt_ids
@@ -53,8 +54,6 @@ async def _backend(request: Request, model: str) -> Backend:
     try:
         return (await pick_or_wait(gw, request, model, 1))[0]  # through a redeploy too
     except Overloaded:
-        from services.gateway.app import names  # app imports this module
-
         return next(b for b in gw.cluster.backends.values() if names(b, model) and not b.lost)
 
 

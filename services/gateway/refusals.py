@@ -6,12 +6,9 @@ reached (the gateway's `max_inflight`, or rank 0's `max_open_requests`, refused 
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from services.gateway.errors import ApiError
-
-if TYPE_CHECKING:
-    from services.gateway.request_channel import Backend
 
 UNAVAILABLE_RETRY_S = 5  # retry-after of a 503 from here (app.pick says the same)
 SEND_TIMEOUT_S = 5.0  # for rank 0 to take a GENERATE
@@ -25,6 +22,16 @@ class Bound(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class Backend(Protocol):
+    """What a refusal names of the deployment channel that refused (request_channel.py's
+    Backend is one): declared here, so this module needs nothing above it."""
+
+    deployment_id: str
+    model: str
+    max_inflight: int
+    retry_after_s: int
 
 
 class Overloaded(ApiError):

@@ -11,13 +11,25 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from common.messages import ErrorCode, FinishReason, Tokens
+from services.gateway import refusals
 from services.gateway.refusals import Bound, Overloaded
 
-if TYPE_CHECKING:
-    from services.gateway.request_channel import Backend
+
+class Backend(refusals.Backend, Protocol):
+    """What a stream asks of the channel it is registered in (request_channel.Backend):
+    declared here, so this module needs nothing above it."""
+
+    tokens_out: int
+    overloads: collections.Counter[Bound]
+
+    def abort(self, s: RequestStream, reason: str) -> None: ...
+
+    def release(self, s: RequestStream, abort_reason: str | None) -> None: ...
+
+    def unregister(self, s: RequestStream) -> None: ...
 
 
 class StreamQueue:

@@ -5,13 +5,24 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from common.home import Paths
 from common.messages.commands.status_text import determinism_text
+from services.up.console import UpConsole
 from services.up.settings import UpSettings
 
-if TYPE_CHECKING:
-    from services.up.run import Up
+
+class Up(Protocol):
+    """What the banner reads of `lockstep up` (services/up/run.py's Up): declared here,
+    so this module needs nothing above it."""
+
+    s: UpSettings  # type: ignore[valid-type]
+    paths: Paths
+    console: UpConsole
+    admin_token: str
+
+    def log(self, msg: str, *, err: bool = False) -> None: ...
 
 
 def print_banner(up: Up, url: str, model: str, dep_id: str, dep) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from common.messages import FAILED_STATES, DeploymentState
 from common.messages.commands import deploy
@@ -25,12 +24,8 @@ from common.model_ref import model_id
 from services.up.admin import UpError
 from services.up.banner import print_banner
 from services.up.restart_budget import Exhausted
-from services.up.single import wait_http_ready
+from services.up.single import Up, wait_http_ready
 from services.up.supervisor_keeper import SupervisorGone
-
-if TYPE_CHECKING:
-    from services.up.run import Up
-
 
 
 @dataclass

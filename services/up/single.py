@@ -9,20 +9,45 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import httpx
 
 from common.messages import FAILED_STATES, DeploymentState
 from common.messages.commands import deploy
 from common.model_ref import model_id
-from services.up.admin import DeploymentDown, UpError
+from common.sampling_defaults import SamplingOverrides
+from services.up import banner
+from services.up.admin import AdminLink, DeploymentDown, UpError
 from services.up.banner import print_banner
+from services.up.progress import UpProgress
+from services.up.redeploy_notice import RedeployNotice
 from services.up.restart_budget import Exhausted, RestartBudget
-from services.up.supervisor_keeper import SupervisorGone
+from services.up.supervisor_keeper import SupervisorGone, SupervisorKeeper
 
-if TYPE_CHECKING:
-    from services.up.run import Up
+
+class Up(banner.Up, Protocol):
+    """What a deployment's watch uses of `lockstep up` (services/up/run.py's Up; also
+    replicas.py's): declared here, so this module needs nothing above it."""
+
+    admin: AdminLink | None
+    stop_flag: threading.Event
+    sampling: SamplingOverrides  # type: ignore[valid-type]
+    keeper: SupervisorKeeper
+    shown: UpProgress
+    notice: RedeployNotice
+
+    def check_children(self) -> None: ...
+
+    def restart_budget(self) -> RestartBudget: ...
+
+    def progress(self, dep_id: str) -> Any: ...
+
+    def note_ranks(self, dep: Any) -> None: ...
+
+    def local_url(self) -> str: ...
+
+    def teardown_until_proven(self, dep_id: str, why: str) -> bool: ...
 
 def wait_http_ready(url: str, timeout: float, stop: threading.Event, progress) -> None:
     deadline = time.monotonic() + timeout

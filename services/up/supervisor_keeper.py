@@ -17,17 +17,39 @@ streams to rank 0 never passed through the supervisor.
 
 from __future__ import annotations
 
+import subprocess
+import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from common.home import read_supervisor_record, write_adoption_record
+from common.envelope import Key
+from common.home import Paths, read_supervisor_record, write_adoption_record
 from common.procs import identify
 from common.records import AdoptionRecord
 from services.up.admin import AdminLink, UpError
 from services.up.restart_budget import Exhausted, RestartBudget
+from services.up.settings import UpSettings
 
-if TYPE_CHECKING:
-    from services.up.run import Up
+
+class Up(Protocol):
+    """What the keeper uses of `lockstep up` (services/up/run.py's Up): declared here,
+    so this module needs nothing above it."""
+
+    s: UpSettings  # type: ignore[valid-type]
+    paths: Paths
+    key: Key
+    admin: AdminLink | None
+    stop_flag: threading.Event
+
+    def log(self, msg: str, *, err: bool = False) -> None: ...
+
+    def check_children(self) -> None: ...
+
+    def check_services(self) -> None: ...
+
+    def start_supervisor(self, ports: dict[str, int]) -> subprocess.Popen: ...
+
+    def restart_budget(self) -> RestartBudget: ...
 
 BACKOFF_MAX_S = 60.0
 

@@ -97,3 +97,84 @@ def test_the_walk_sees_imports_inside_functions_and_relative_ones():
     names = imported_modules(source, "services.supervisor.commands")
     assert {"services.rank.io", "services.rank.loop", "services.rank.env",
             "services.supervisor.lifecycle"} <= names
+
+
+# --- no import cycles -------------------------------------------------------------------
+
+
+def module_graph(tops: tuple[str, ...] = ("common", "models", "services")) -> dict[str, set[str]]:
+    """Module → the modules of ours it imports (any import statement: module level,
+    function-local, under TYPE_CHECKING), each resolved to the longest module that
+    exists (`from pkg import mod` is an arrow to pkg.mod; `from mod import name` to mod)."""
+    files: dict[str, Path] = {}
+    for top in tops:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = ".".join(path.relative_to(ROOT).parts[:-1])
+        deps = set()
+        for imp in imported_modules(path.read_text(encoding="utf-8"), package):
+            bits = imp.split(".")
+            found = next((m for k in range(len(bits), 0, -1)
+                          if (m := ".".join(bits[:k])) in files), None)
+            if found is not None and found != name:
+                deps.add(found)
+        graph[name] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def test_no_module_imports_itself_round_a_circle():
+    """Not even for a type: a lower module declares the Protocol it needs instead
+    (e.g. services/gateway/refusals.py's Backend, services/up/single.py's Up)."""
+    assert cycles(module_graph()) == []
+
+
+def test_the_cycle_check_sees_every_kind_of_import():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from services.up.run import Up\n"
+    assert "services.up.run" in imported_modules(typed, "services.up")

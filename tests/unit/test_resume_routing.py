@@ -18,8 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 from common.messages import ErrorCode, Generate
-from services.gateway.app import Gateway
 from services.gateway.errors import ApiError
+from services.gateway.gateway_core import Gateway
 from services.gateway.request_channel import Backend
 from services.gateway.request_stream import RequestStream
 from services.gateway.resume import Outcome, Resumer

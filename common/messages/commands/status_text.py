@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from common.deployment_info import DeploymentInfo, RankInfo
 from common.messages.admin import Event
+from common.messages.commands.status_record import StatusRecord
 from common.messages.vocab import (
     TORN_DOWN,
     DeploymentState,
@@ -25,9 +26,6 @@ from common.messages.vocab import (
     EventTopic,
     ReapOutcome,
 )
-
-if TYPE_CHECKING:
-    from common.messages.commands.status import Reply as StatusReply
 
 INCIDENTS = 8
 # A deployment is born launching: its first state event is loading.
@@ -132,7 +130,7 @@ def _rate(r: RankInfo, dep_id: str, prev: dict[tuple, tuple[int, float]] | None)
     return f"{(r.step - p[0]) / (r.last_seen - p[1]):.1f}"
 
 
-def render(reply: StatusReply, *, now: float | None = None,
+def render(reply: StatusRecord, *, now: float | None = None,
            prev: dict[tuple, tuple[int, float]] | None = None) -> str:
     """The status reply as text. `prev` (watch): the last reply's steps(), for steps/s."""
     now = time.time() if now is None else now
