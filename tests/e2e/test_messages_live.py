@@ -21,10 +21,10 @@ import pytest
 
 from services.gateway import anthropic_schemas as s
 from services.gateway.request_fields import Support
-from tests.e2e.test_structured_live import PERSON, WEATHER, ranks_agree
 from tests.gwutil import poll_until
 from tests.support import live_cluster as lc
-from tests.unit.test_anthropic_messages import CLAUDE_CODE_FIRST, SAMPLES
+from tests.support.messages_bodies import CLAUDE_CODE_FIRST, SAMPLES
+from tests.support.schemas import PERSON, WEATHER
 
 MODES = {"tp": lc.TP_MODEL, "pp": lc.PP_MODEL}
 MSGS = [{"role": "user", "content": "Tell me about the red train."}]
@@ -116,7 +116,7 @@ def test_structured_output_on_tp_and_pp(live, mode):
     m = raw.parse()
     assert m.stop_reason == "end_turn", m
     jsonschema.validate(json.loads(text_of(m)), PERSON)
-    ranks_agree(live, mode, raw.headers["x-lockstep-request-id"])
+    lc.ranks_agree(live["home"], live["deps"][MODES[mode]], raw.headers["x-lockstep-request-id"])
 
 
 @pytest.mark.timeout(120)

@@ -16,25 +16,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import subprocess
 import threading
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
-from tests.support.processes import interrupt, process_gone, up_argv
+from tests.gwutil import poll_until, sse_lines
+from tests.support.processes import process_gone
+from tests.support.resume_live import MSG, NO_EOS, boot, fault, resumes, serving, stop
 
-ROOT = Path(__file__).resolve().parents[2]
-NO_EOS = {"0": -100, "2": -100}  # the tiny preset's EOS ids: streams run to max_tokens
 LONG_JSON = {"type": "json_schema", "json_schema": {"name": "n", "schema": {
     "type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"},
                                            "minItems": 40}}, "required": ["a"]}}}
-MSG = [{"role": "user", "content": "Count for me, slowly, and keep going."}]
 KINDS = {
     "greedy": {"temperature": 0, "max_tokens": 400, "logit_bias": NO_EOS},
     "sampled": {"temperature": 0.8, "top_p": 0.9, "presence_penalty": 0.5, "seed": 11,
@@ -43,31 +38,6 @@ KINDS = {
     "n2": {"temperature": 0.7, "seed": 5, "n": 2, "max_tokens": 400, "logit_bias": NO_EOS},
 }
 STREAMS = 5  # n2 is two
-
-
-def _boot(tmp_path: Path, *extra: str, grace: float = 1) -> dict:
-    home, port = tmp_path / "home", free_port()
-    out = tmp_path / "up.out"
-    env = {**os.environ, "LOCKSTEP_PEER_ABORT_GRACE": str(grace),
-           "LOCKSTEP_PROGRESS_STALL_TIMEOUT": "8"}
-    log = open(out, "wb")  # noqa: SIM115 - closed by _stop
-    proc = subprocess.Popen(up_argv(home, port, "--restarts", "6", *extra), cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=env)
-
-    def banner():
-        if proc.poll() is not None:
-            raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
-        return out.read_text().count("Press Ctrl-C")
-    poll_until(banner, 180, "lockstep up's banner", interval=0.1)
-    token = (home / "admin.token").read_text().strip()
-    return {"proc": proc, "log": log, "out": out, "url": f"http://127.0.0.1:{port}",
-            "hdr": {"Authorization": f"Bearer {token}"}, "banner": banner}
-
-
-def _stop(c: dict) -> None:
-    interrupt(c["proc"], 90)
-    c["log"].close()
 
 
 def _stream(url: str, kind: str, got: dict, lock: threading.Lock) -> None:
@@ -123,31 +93,10 @@ def _run_all(url: str, during=None, at: int = 3) -> dict:
     return {k: got[k] for k in KINDS}
 
 
-def _serving(c: dict) -> dict:
-    deps = httpx.get(c["url"] + "/admin/api/cluster/deployments", headers=c["hdr"],
-                     timeout=10).json()["deployments"]
-    return next(d for d in deps if d["state"] == "serving")
-
-
-def _resumes(c: dict) -> float:
-    text = httpx.get(c["url"] + "/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(r"^lockstep_gateway_resumes_total\{[^}]*\} (\S+)$",
-                                            text, re.M))
-
-
-def _fault(c: dict, rank: int, sig: int) -> list[int]:
-    """Send `sig` to `rank` of the serving deployment; returns its launch's rank pids."""
-    dep = _serving(c)
-    pids = [r["pid"] for r in dep["ranks"]]
-    c["faulted"] = dep["deployment_id"]
-    os.kill(pids[rank], sig)
-    return pids
-
-
 def _check_resumed(c: dict, reference: dict, got: dict, before: float, pids: list[int]) -> None:
     for kind in KINDS:
         assert got[kind] == reference[kind], (kind, got[kind], reference[kind])
-    assert _resumes(c) - before == STREAMS  # each stream resumed exactly once
+    assert resumes(c) - before == STREAMS  # each stream resumed exactly once
     # what the console shows on the failed deployment's incident row
     gw = httpx.get(c["url"] + "/admin/api/cluster/status", headers=c["hdr"], timeout=10).json()
     assert gw["gateway"]["resumed"][c["faulted"]] == STREAMS, gw["gateway"]
@@ -158,14 +107,14 @@ def _check_resumed(c: dict, reference: dict, got: dict, before: float, pids: lis
 
 @pytest.fixture(scope="module")
 def tp2(tmp_path_factory):
-    c = _boot(tmp_path_factory.mktemp("resume-tp2"), "--tp", "2")
+    c = boot(tmp_path_factory.mktemp("resume-tp2"), "--tp", "2")
     c["reference"] = _run_all(c["url"])
     for kind, res in c["reference"].items():
         assert "error" not in res, (kind, res)
         assert all(f == "length" for _, f, _ in res.values()) or kind == "json", (kind, res)
         assert all(len(lp) >= 100 for _, _, lp in res.values()), (kind, res)
     yield c
-    _stop(c)
+    stop(c)
 
 
 @pytest.mark.timeout(300)
@@ -178,29 +127,29 @@ def test_tp2_streams_survive_a_rank_fault_token_for_token(tp2, rank, sig, at):
     """Text, finish and every token's logprob equal the unfaulted run's (determinism:
     the continuation's prompt + k tokens prefilled give decode's bits), the fault at
     k = `at` tokens into every stream."""
-    before, pids = _resumes(tp2), []
+    before, pids = resumes(tp2), []
 
-    def fault():
-        pids.extend(_fault(tp2, rank, sig))
-    got = _run_all(tp2["url"], fault, at)
+    def inject():
+        pids.extend(fault(tp2, rank, sig))
+    got = _run_all(tp2["url"], inject, at)
     _check_resumed(tp2, tp2["reference"], got, before, pids)
 
 
 @pytest.mark.timeout(300)
 def test_pp2_streams_survive_a_follower_killed(tmp_path):
-    c = _boot(tmp_path, "--tp", "1", "--pp", "2")
+    c = boot(tmp_path, "--tp", "1", "--pp", "2")
     try:
         reference = _run_all(c["url"])
-        before, pids = _resumes(c), []
-        got = _run_all(c["url"], lambda: pids.extend(_fault(c, 1, signal.SIGKILL)))
+        before, pids = resumes(c), []
+        got = _run_all(c["url"], lambda: pids.extend(fault(c, 1, signal.SIGKILL)))
         _check_resumed(c, reference, got, before, pids)
     finally:
-        _stop(c)
+        stop(c)
 
 
 @pytest.mark.timeout(300)
 def test_a_client_gone_during_recovery_is_not_resumed(tp2):
-    before = _resumes(tp2)
+    before = resumes(tp2)
     body = {"model": "tiny", "messages": MSG, "stream": True, **KINDS["greedy"]}
     pids: list[int] = []
     with httpx.stream("POST", tp2["url"] + "/v1/chat/completions", json=body, timeout=120) as r:
@@ -209,15 +158,15 @@ def test_a_client_gone_during_recovery_is_not_resumed(tp2):
             if what == "data" and data != "[DONE]":
                 n += 1
             if n == 5:
-                pids = _fault(tp2, 1, signal.SIGKILL)
+                pids = fault(tp2, 1, signal.SIGKILL)
                 break
         # the response is closed here, while the deployment is down: the client is gone
     poll_until(lambda: all(process_gone(p) for p in pids), 60, "the dead launch's ranks gone")
-    poll_until(lambda: _serving(tp2)["job_id"] and all(
-        r["pid"] not in pids for r in _serving(tp2)["ranks"]), 120, "the redeploy serving")
+    poll_until(lambda: serving(tp2)["job_id"] and all(
+        r["pid"] not in pids for r in serving(tp2)["ranks"]), 120, "the redeploy serving")
     # nothing runs for it anywhere: no resume was counted, and every rank is idle
-    assert _resumes(tp2) == before
-    poll_until(lambda: all(r["active"] == 0 for r in _serving(tp2)["ranks"]), 20,
+    assert resumes(tp2) == before
+    poll_until(lambda: all(r["active"] == 0 for r in serving(tp2)["ranks"]), 20,
                "every rank idle")
     assert json.loads(httpx.get(tp2["url"] + "/admin/api/cluster/deployments",
                                 headers=tp2["hdr"], timeout=10).text)
@@ -229,13 +178,13 @@ def test_a_follower_back_within_the_grace_resumes_on_the_same_deployment(tmp_pat
     abort stage ended the streams, its peer answers again, and it serves on. The streams
     resume there (rank 0's STATS: peers_ok again) — not after resume_timeout, not on
     a redeploy — and equal the unfaulted run."""
-    c = _boot(tmp_path, "--tp", "2", grace=30)
+    c = boot(tmp_path, "--tp", "2", grace=30)
     try:
         reference = _run_all(c["url"])
-        before, dep, pids = _resumes(c), _serving(c), []
+        before, dep, pids = resumes(c), serving(c), []
 
         def stop_then_continue():
-            pids.extend(_fault(c, 1, signal.SIGSTOP))
+            pids.extend(fault(c, 1, signal.SIGSTOP))
 
             def waiting():  # the abort stage ended them: they wait to resume
                 st = httpx.get(c["url"] + "/admin/api/cluster/status", headers=c["hdr"],
@@ -248,9 +197,9 @@ def test_a_follower_back_within_the_grace_resumes_on_the_same_deployment(tmp_pat
         got = _run_all(c["url"], stop_then_continue)
         for kind in KINDS:
             assert got[kind] == reference[kind], (kind, got[kind], reference[kind])
-        assert _resumes(c) - before == STREAMS
-        after = _serving(c)
+        assert resumes(c) - before == STREAMS
+        after = serving(c)
         assert after["job_id"] == dep["job_id"]  # the same launch serves on
         assert [r["pid"] for r in after["ranks"]] == pids
     finally:
-        _stop(c)
+        stop(c)

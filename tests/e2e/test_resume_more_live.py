@@ -31,9 +31,9 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.test_resume_live import MSG, NO_EOS, _boot, _fault, _resumes, _serving, _stop
 from tests.gwutil import GaveUp, poll_until, sse_lines
 from tests.support.processes import process_gone
+from tests.support.resume_live import MSG, NO_EOS, boot, fault, resumes, serving, stop
 
 MAX = 160  # tokens per request: far past where the fault lands, short enough to be cheap
 CHAT = {"model": "tiny", "messages": MSG, "temperature": 0, "max_tokens": MAX,
@@ -44,9 +44,9 @@ LP_TOL = 1e-3  # a resumed token's logprob comes from a prefill, not a decode st
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = _boot(tmp_path_factory.mktemp("resume-more"), "--tp", "2")
+    c = boot(tmp_path_factory.mktemp("resume-more"), "--tp", "2")
     yield c
-    _stop(c)
+    stop(c)
 
 
 def _status(c: dict) -> dict:
@@ -127,8 +127,8 @@ def _responses(c: dict, seen: dict) -> dict:
 RUN = {"chat": _chat, "logprobs": _logprobs, "messages": _messages, "responses": _responses}
 
 
-def _run_four(c: dict, fault=None) -> dict:
-    """The four at once; `fault()` once every stream streamed and all four are admitted."""
+def _run_four(c: dict, inject=None) -> dict:
+    """The four at once; `inject()` once every stream streamed and all four are admitted."""
     got: dict = {}
     seen: dict = {}
 
@@ -141,14 +141,14 @@ def _run_four(c: dict, fault=None) -> dict:
     threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in KINDS]
     for t in threads:
         t.start()
-    if fault is not None:
+    if inject is not None:
         def all_in_flight() -> bool:
             if got:
                 raise GaveUp(f"finished before the fault: {got}")
             streams = [seen.get(k, 0) for k in ("logprobs", "messages", "responses")]
             return min(streams) >= 3 and _status(c)["active"] == len(KINDS)
         poll_until(all_in_flight, 60, "every request in flight, every stream streaming")
-        fault()
+        inject()
     for t in threads:
         t.join(240)
         assert not t.is_alive(), "a request never ended"
@@ -166,10 +166,10 @@ def four(cluster):
     assert reference["logprobs"]["finish"] == "length"
     assert reference["messages"]["finish"] == "max_tokens", reference["messages"]
     assert reference["responses"]["finish"] == ("incomplete", "max_output_tokens")
-    before, pids = _resumes(cluster), []
-    got = _run_four(cluster, lambda: pids.extend(_fault(cluster, 1, signal.SIGKILL)))
+    before, pids = resumes(cluster), []
+    got = _run_four(cluster, lambda: pids.extend(fault(cluster, 1, signal.SIGKILL)))
     # each of the four resumed exactly once: each was in flight when the follower died
-    assert _resumes(cluster) - before == len(KINDS)
+    assert resumes(cluster) - before == len(KINDS)
     poll_until(lambda: all(process_gone(p) for p in pids), 60, "the dead launch's ranks gone")
     return reference, got
 
@@ -210,7 +210,7 @@ def test_messages_and_responses_streams_resume(four, kind):
 @pytest.mark.timeout(300)
 def test_abort_all_ends_requests_waiting_to_resume(cluster):
     c = cluster
-    before, gave_up = _resumes(c), _gave_up(c)
+    before, gave_up = resumes(c), _gave_up(c)
     body = {**CHAT, "max_tokens": 400, "stream": True}
     got: dict = {}
     seen: dict = {}
@@ -240,7 +240,7 @@ def test_abort_all_ends_requests_waiting_to_resume(cluster):
             raise GaveUp(f"a stream ended before the fault: {got}")
         return len(seen) == 2 and min(seen.values()) >= 3
     poll_until(streaming, 60, "both streams streaming")
-    pids = _fault(c, 1, signal.SIGKILL)
+    pids = fault(c, 1, signal.SIGKILL)
     # proven waiting: the gateway holds both as resuming, and no redeploy serves yet
     poll_until(lambda: _status(c)["resuming"] == 2, 30, "both streams waiting to resume")
     deps = httpx.get(c["url"] + "/admin/api/cluster/deployments", headers=c["hdr"],
@@ -259,13 +259,13 @@ def test_abort_all_ends_requests_waiting_to_resume(cluster):
         assert not t.is_alive(), "a stream never ended"
     assert got == {0: {"finish": "abort", "chunks": got[0]["chunks"]},
                    1: {"finish": "abort", "chunks": got[1]["chunks"]}}, got
-    assert _resumes(c) == before and _gave_up(c) == gave_up  # cancelled, not resumed
+    assert resumes(c) == before and _gave_up(c) == gave_up  # cancelled, not resumed
     assert _status(c)["resuming"] == 0
     # the redeploy serves; nothing runs there, nor on the gateway
     poll_until(lambda: all(process_gone(p) for p in pids), 60, "the dead launch's ranks gone")
     new = poll_until(lambda: (lambda d: d if all(x["pid"] not in pids for x in d["ranks"])
-                              else None)(_serving(c)), 120, "the redeploy serving")
-    poll_until(lambda: all(x["active"] == 0 for x in _serving(c)["ranks"])
+                              else None)(serving(c)), 120, "the redeploy serving")
+    poll_until(lambda: all(x["active"] == 0 for x in serving(c)["ranks"])
                and _status(c)["active"] == 0, 20, "zero active everywhere")
     assert len(new["ranks"]) == 2
-    assert _resumes(c) == before
+    assert resumes(c) == before

@@ -16,18 +16,11 @@ import openai
 import pytest
 
 from tests.support import live_cluster as lc
+from tests.support.schemas import PERSON, WEATHER
 
 MODES = {"tp": lc.TP_MODEL, "pp": lc.PP_MODEL}
 pytestmark = pytest.mark.timeout(600)
 
-PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
-          "properties": {"name": {"type": "string", "maxLength": 12},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 150},
-                         "tags": {"type": "array", "items": {"enum": ["red", "blue"]},
-                                  "maxItems": 3}}}
-WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
-           "properties": {"city": {"type": "string", "maxLength": 16},
-                          "unit": {"enum": ["celsius", "fahrenheit"]}}}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
          {"type": "function", "function": {"name": "get_time", "parameters": {
              "type": "object", "additionalProperties": False, "required": ["zone"],

@@ -178,3 +178,16 @@ def test_the_cycle_check_sees_every_kind_of_import():
     assert cycles({"a": {"b"}, "b": set()}) == []
     typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from services.up.run import Up\n"
     assert "services.up.run" in imported_modules(typed, "services.up")
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in tests/support (or tests/gwutil.py), never in a test
+    module another one imports."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        package = ".".join(path.relative_to(ROOT).parts[:-1])
+        for name in imported_modules(path.read_text(encoding="utf-8"), package):
+            if name.startswith("tests.") and any(
+                    part.startswith("test_") for part in name.split(".")[1:]):
+                bad.append(f"{path.relative_to(ROOT)}: {name}")
+    assert bad == []
