@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 from common.messages import Phase, Plan
 from services.rank import events as ev
@@ -42,14 +44,12 @@ class Follower(RankLoop):
                 self.leave(*self.exit_as)
             self.drain(block=True, timeout=left)
 
-    def handle(self, e: object) -> None:
-        if isinstance(e, ev.PlanEv):
-            self.apply(e.plan)
-        elif isinstance(e, ev.PlanMissingEv):
-            self.fail(f"plan gap: {e.detail} (follower at seq {self.expected}, "
-                      f"step {self.engine.step})")
-        else:
-            self.handle_common(e)
+    def handlers(self) -> dict[type, Callable[[Any], None]]:
+        return {**super().handlers(),
+                ev.PlanEv: lambda e: self.apply(e.plan),
+                ev.PlanMissingEv: lambda e: self.fail(
+                    f"plan gap: {e.detail} (follower at seq {self.expected}, "
+                    f"step {self.engine.step})")}
 
     def shutdown(self, reason: str, code: int = 0, phase: Phase = Phase.EXITING) -> None:
         """Keep applying plans until rank 0's shutdown plan, or leave after a grace; a

@@ -20,7 +20,9 @@ import logging
 import queue
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -47,18 +49,11 @@ from services.rank.planwire import MAX_BATCH_BYTES, plan_size
 from services.rank.prefill_policy import PrefillGate, StallBudget, share
 from services.rank.prefix_cache import WAIT, CachePlanner
 from services.rank.prefix_store import cache_bytes
+from services.rank.request_record import RequestRecord, Status
 from services.rank.sampling import sampling_problem, top_logprobs_problem
 
 log = logging.getLogger("lockstep.rank.leader")
 LOOKAHEAD = 16  # waiting prompts a plan looks past the head for (grouping by length)
-
-
-@dataclass
-class Req:
-    insert: PlanInsert
-    received_at: float  # monotonic, at the I/O thread (model_ttft_ms counts from it)
-    first_at: float | None = None
-    cached_tokens: int = 0  # of the prompt, served from the prefix cache
 
 
 def disk_planner(store, settings, world_size: int) -> DiskPlanner | None:
@@ -75,9 +70,10 @@ class Leader(RankLoop):
         super().__init__(*args, **kw)
         self.vocab_size = vocab_size
         self.context = context  # prompt + completion must fit (None: unknown)
-        self.scheduled: dict[str, Req] = {}  # pending and in the batch
+        # Every request not finished, with its status (request_record.py): the one
+        # account of where a request is. `pending` orders the WAITING ones.
+        self.scheduled: dict[str, RequestRecord] = {}
         self.pending: deque[str] = deque()
-        self.removes: dict[str, RemoveReason] = {}  # request id → reason, for the next plan
         self.cancels: dict[int, object] = {}  # epoch → Cancel, not yet folded
         self.seq = 0
         self.out: list[Command] = []  # for the I/O thread, handed over once per iteration
@@ -112,33 +108,42 @@ class Leader(RankLoop):
     def busy(self) -> bool:
         """Something for the next plan: the batch, requests, removes, a cancel, or cache
         decisions (finished KV is stored or dropped by a plan, not left waiting)."""
-        return bool(self.engine.has_work() or self.pending or self.removes or self.cancels
+        return bool(self.engine.has_work() or self.pending or self.removing() or self.cancels
                     or self.engine.holds_finished()
                     or (self.cache is not None and self.cache.has_ops()))
 
+    def handlers(self) -> dict[type, Callable[[Any], None]]:
+        return {**super().handlers(),
+                ev.GenerateEv: self.on_generate,
+                # from the requester, or its disappearance (io)
+                ev.AbortEv: lambda e: self.on_abort(
+                    e.body.request_id,
+                    RemoveReason.REQUESTER_GONE if e.requester_gone else RemoveReason.ABORT),
+                ev.AbortAllEv: self.on_abort_all,
+                ev.CacheClearEv: self.on_cache_clear,
+                ev.DiskIndexEv: self.on_disk_index}
+
     def handle(self, e: object) -> None:
         t0 = self.clock.now()  # LoopPhase.DRAIN: the handling, never the wait for it
-        if isinstance(e, ev.GenerateEv):
-            self.on_generate(e)
-        elif isinstance(e, ev.AbortEv):  # from the requester, or its disappearance (io)
-            self.on_abort(e.body.request_id, RemoveReason.REQUESTER_GONE if e.requester_gone
-                          else RemoveReason.ABORT)
-        elif isinstance(e, ev.AbortAllEv):
-            for rid in list(self.scheduled):
-                self.on_abort(rid, e.reason)
-        elif isinstance(e, ev.CacheClearEv) and self.cache is not None:  # off: io answered
-            self.cache.request_clear(e.body.clear_id)
-        elif isinstance(e, ev.DiskIndexEv):
-            if self.cache is not None and self.cache.disk is not None:
-                self.cache.disk.report(e.body)
-                self.rt.disk_acks = self.cache.disk.acks(self.rt.spec.world_size)
-            else:  # no disk tier here: acknowledged all the same (nothing to plan)
-                acks = self.rt.disk_acks or [0] * self.rt.spec.world_size
-                acks[e.body.rank] = max(acks[e.body.rank], e.body.seq)
-                self.rt.disk_acks = list(acks)
-        else:
-            self.handle_common(e)
+        super().handle(e)
         self.clock.add(LoopPhase.DRAIN, t0)
+
+    def on_abort_all(self, e: ev.AbortAllEv) -> None:
+        for rid in list(self.scheduled):
+            self.on_abort(rid, e.reason)
+
+    def on_cache_clear(self, e: ev.CacheClearEv) -> None:
+        if self.cache is not None:  # off: io answered
+            self.cache.request_clear(e.body.clear_id)
+
+    def on_disk_index(self, e: ev.DiskIndexEv) -> None:
+        if self.cache is not None and self.cache.disk is not None:
+            self.cache.disk.report(e.body)
+            self.rt.disk_acks = self.cache.disk.acks(self.rt.spec.world_size)
+        else:  # no disk tier here: acknowledged all the same (nothing to plan)
+            acks = self.rt.disk_acks or [0] * self.rt.spec.world_size
+            acks[e.body.rank] = max(acks[e.body.rank], e.body.seq)
+            self.rt.disk_acks = list(acks)
 
     def on_generate(self, e: ev.GenerateEv) -> None:
         g = e.body
@@ -159,7 +164,7 @@ class Leader(RankLoop):
             sampling=g.sampling.seeded(g.sampling.seed),
             stop_token_ids=sorted(set(g.stop_token_ids)), top_logprobs=g.top_logprobs,
             resumed=g.resumed)
-        self.scheduled[g.request_id] = Req(ins, e.received_at)
+        self.scheduled[g.request_id] = RequestRecord(ins, e.received_at)
         self.pending.append(g.request_id)
         self.publish_counts()
 
@@ -194,14 +199,20 @@ class Leader(RankLoop):
         return None
 
     def on_abort(self, rid: str, reason: RemoveReason) -> None:
-        if rid not in self.scheduled:
+        rec = self.scheduled.get(rid)
+        if rec is None:
             return  # finished already, or never ours
-        if self.engine.has(rid):
-            self.removes.setdefault(rid, reason)
-        else:  # still pending: it never reached a plan
+        if rec.status is Status.WAITING:  # it never reached a plan: no rank holds it
             self.pending.remove(rid)
             self.finish(rid, FinishReason.ABORT, error=None)
             self.publish_counts()
+        else:
+            rec.removing(reason)  # the next plan removes it on every rank
+
+    def removing(self) -> dict[str, RemoveReason]:
+        """The requests the next plan removes, and why."""
+        return {rid: rec.remove_reason for rid, rec in self.scheduled.items()
+                if rec.status is Status.REMOVING and rec.remove_reason is not None}
 
     def on_cancel(self, c) -> None:
         if c.epoch > self.rt.cancel_epoch and c.epoch not in self.cancels:
@@ -211,19 +222,22 @@ class Leader(RankLoop):
 
     def plan_and_step(self) -> None:
         t0 = self.clock.now()  # LoopPhase.PLAN: build, apply, publish, book-keep
-        removes = {rid: why for rid, why in self.removes.items() if self.engine.has(rid)}
-        self.removes.clear()
+        removes = {rid: why for rid, why in self.removing().items() if self.engine.has(rid)}
         epoch = 0
         if self.cancels:
             epoch = min(self.cancels)
             c = self.cancels.pop(epoch)
             targets = list(self.scheduled) if c.scope == CancelScope.ALL else list(c.request_ids)
             for rid in targets:
-                if self.engine.has(rid):
-                    removes.setdefault(rid, RemoveReason.CANCEL)
-                elif rid in self.scheduled and rid in self.pending:
+                rec = self.scheduled.get(rid)
+                if rec is None:
+                    continue
+                if rec.status is Status.WAITING:
                     self.pending.remove(rid)
                     self.finish(rid, FinishReason.ABORT, error=None)
+                elif self.engine.has(rid):
+                    rec.removing(RemoveReason.CANCEL)
+                    removes.setdefault(rid, rec.remove_reason or RemoveReason.CANCEL)
         # Cache ops before inserts: each insert matches the index as every rank holds
         # it once this plan's stores and evictions are applied.
         if self.cache is not None and self.cache.disk is not None:
@@ -255,6 +269,7 @@ class Leader(RankLoop):
                 if entry:
                     ins = replace(ins, cache_entry=entry, cached_tokens=n)
                     req.cached_tokens = n
+            req.planned()
             inserts.append(ins)
         self.pending.extendleft(reversed(waiting))
         if self.cache is not None:  # the LOADs the inserts start from, and their room
@@ -353,22 +368,24 @@ class Leader(RankLoop):
             rid = e.active.request_id
             req = self.scheduled[rid]
             ttft = None
-            if req.first_at is None:
-                req.first_at = time.monotonic()  # the TTFT is a duration: never the wall clock
-                ttft = (req.first_at - req.received_at) * 1000.0
+            if req.status is Status.PREFILLING:  # the TTFT is a duration: never the wall clock
+                ttft = req.first_token(time.monotonic())
             toks = [] if e.token is None else [e.token]
             self.out.append(StreamChunk(rid, toks, e.finish_reason, step, ttft,
                                         [now] * len(toks),
                                         cached_tokens=req.cached_tokens if ttft is not None
                                         else 0, **chunk_fields(lps.get(rid))))
             if e.finish_reason is not None:
+                req.finished(e.finish_reason)
                 del self.scheduled[rid]
         self.clock.add(LoopPhase.EMIT, t0)
 
     def finish(self, rid: str, reason: FinishReason, *, error: str | None,
                step: int | None = None, code: ErrorCode | None = None) -> None:
-        if self.scheduled.pop(rid, None) is None:
+        rec = self.scheduled.pop(rid, None)
+        if rec is None:
             return
+        rec.finished(reason)
         self.send(StreamChunk(rid, finish_reason=reason, error=error, error_code=code,
                               step=self.engine.step if step is None else step))
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 import queue
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from common.messages import CancelAck, Phase, Plan, RemoveReason
 from common.rankspec import RankSettings
@@ -43,6 +44,7 @@ class RankLoop:
             self.cache_log = CacheIndexLog(cache_index_path(rt.paths, rt.spec.deployment_id,
                                                             rt.rank))
             self.rt.cache = engine.store.stats()
+        self.dispatch: dict[type, Callable[[Any], None]] = self.handlers()
 
     # -- inbox ---------------------------------------------------------------------------
 
@@ -59,22 +61,27 @@ class RankLoop:
                 return
             self.handle(e)
 
-    def handle(self, e: object) -> None:  # pragma: no cover - overridden
-        self.handle_common(e)
+    def handlers(self) -> dict[type, Callable[[Any], None]]:
+        """Inbox message kind → its handler: these every rank has; rank 0 and a follower
+        add their own. A kind in none (ServeEv, LeaseSeen, Joined repeats) carries
+        nothing new once serving."""
+        return {
+            ev.CancelEv: lambda e: self.on_cancel_msg(e.body),
+            ev.ShutdownEv: lambda e: self.shutdown(
+                f"shutdown: {e.body.reason}" if e.body.reason else "shutdown"),
+            ev.SignalEv: self.on_signal,
+            ev.ExitEv: lambda e: self.shutdown(e.reason, code=e.code, phase=e.phase),
+            ev.IoFailed: lambda e: self.fail(e.error),
+        }
 
-    def handle_common(self, e: object) -> None:
-        if isinstance(e, ev.CancelEv):
-            self.on_cancel_msg(e.body)
-        elif isinstance(e, ev.ShutdownEv):
-            self.shutdown(f"shutdown: {e.body.reason}" if e.body.reason else "shutdown")
-        elif isinstance(e, ev.SignalEv):
-            self.rt.seams.on_signal(f"signal {e.signum}")
-            self.shutdown(f"signal {e.signum}")
-        elif isinstance(e, ev.ExitEv):
-            self.shutdown(e.reason, code=e.code, phase=e.phase)
-        elif isinstance(e, ev.IoFailed):
-            self.fail(e.error)
-        # ServeEv / LeaseSeen / Joined repeats carry nothing new once serving
+    def handle(self, e: object) -> None:
+        handler = self.dispatch.get(type(e))
+        if handler is not None:
+            handler(e)
+
+    def on_signal(self, e: ev.SignalEv) -> None:
+        self.rt.seams.on_signal(f"signal {e.signum}")
+        self.shutdown(f"signal {e.signum}")
 
     # -- cancel epochs -------------------------------------------------------------------
 
