@@ -34,6 +34,8 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -72,6 +74,7 @@ class RankIO:
         self._out: collections.deque = collections.deque()
         self._chunks: dict[bytes, list[m.Tokens]] = {}  # this drain's chunks by requester
         self._cache_ops: list[out.CacheOpsTaken] = []  # this drain's, sent behind the chunks
+        self._commands = self._command_handlers()
         self.clock = rt.phases.tally()  # this (I/O) thread's time per phase
         self.ctx = zmq.Context()
         sender = f"{spec.deployment_id}/rank-{spec.rank}"
@@ -231,40 +234,62 @@ class RankIO:
             self._send_cache_events()  # behind the chunks: a final chunk, then its entry
 
     def _drain_commands(self) -> bool:
+        """Carry out the main thread's commands in order; True once one was Stop."""
         while self._out:
             cmd = self._out.popleft()
-            if isinstance(cmd, out.PublishPlan):
-                t0 = self.clock.now()
-                self.session.publish(cmd.plan)
-                self.clock.add(LoopPhase.SIGN_SEND_PLAN, t0)
-            elif isinstance(cmd, out.StreamChunk):
-                got = self.streams.on_chunk(cmd) if self.streams is not None else None
-                if got is not None:  # sent together per requester once the outbox is drained
-                    self._chunks.setdefault(got[0], []).append(got[1])
-            elif isinstance(cmd, out.CacheOpsTaken):
-                self._cache_ops.append(cmd)
-            elif isinstance(cmd, out.Report):
-                if isinstance(cmd.body, m.CacheCleared) and self.clears is not None:
-                    self.clears.on_answer(cmd.body)  # its re-sends get this same answer
-                self.reporting.send(cmd.body)
-            elif isinstance(cmd, out.AnnounceReady):
-                self._ready_msg = cmd.msg
-                self._ready_at = 0.0  # now, then every RESEND_S until SERVE
-            elif isinstance(cmd, out.Served):
-                self._served = True
-            elif isinstance(cmd, out.Probe):
-                self.session.ping(cmd.ping)
-            elif isinstance(cmd, out.AbortAll):
-                self._send_chunks()  # a stream's last tokens before its end
-                self._end_streams(m.FinishReason.ABORT, cmd.detail, m.ErrorCode.WATCHDOG_ABORT)
-                self.inbox.put(ev.AbortAllEv(cmd.reason))
-            elif isinstance(cmd, out.Stop):
-                self._send_chunks()
-                self._close(cmd.why)
-                return True
-            else:  # pragma: no cover - a closed set
+            handler = self._commands.get(type(cmd))
+            if handler is None:  # pragma: no cover - a closed set
                 raise TypeError(f"not an outbox command: {cmd!r}")
+            if handler(cmd):
+                return True
         return False
+
+    def _command_handlers(self) -> dict[type, Callable[[Any], bool | None]]:
+        # Only _do_stop returns True: every other handler returns None.
+        """Outbox command kind → what this thread does with it (True: stop draining)."""
+        return {out.PublishPlan: self._do_plan, out.StreamChunk: self._do_chunk,
+                out.CacheOpsTaken: self._do_cache_ops, out.Report: self._do_report,
+                out.AnnounceReady: self._do_announce, out.Served: self._do_served,
+                out.Probe: self._do_probe,
+                out.AbortAll: self._do_abort_all, out.Stop: self._do_stop}
+
+    def _do_plan(self, cmd: out.PublishPlan) -> None:
+        t0 = self.clock.now()
+        self.session.publish(cmd.plan)
+        self.clock.add(LoopPhase.SIGN_SEND_PLAN, t0)
+
+    def _do_chunk(self, cmd: out.StreamChunk) -> None:
+        got = self.streams.on_chunk(cmd) if self.streams is not None else None
+        if got is not None:  # sent together per requester once the outbox is drained
+            self._chunks.setdefault(got[0], []).append(got[1])
+
+    def _do_cache_ops(self, cmd: out.CacheOpsTaken) -> None:
+        self._cache_ops.append(cmd)  # (the list is swapped per drain: never bind its append)
+
+    def _do_report(self, cmd: out.Report) -> None:
+        if isinstance(cmd.body, m.CacheCleared) and self.clears is not None:
+            self.clears.on_answer(cmd.body)  # its re-sends get this same answer
+        self.reporting.send(cmd.body)
+
+    def _do_announce(self, cmd: out.AnnounceReady) -> None:
+        self._ready_msg = cmd.msg
+        self._ready_at = 0.0  # now, then every RESEND_S until SERVE
+
+    def _do_served(self, _cmd: out.Served) -> None:
+        self._served = True
+
+    def _do_probe(self, cmd: out.Probe) -> None:
+        self.session.ping(cmd.ping)
+
+    def _do_abort_all(self, cmd: out.AbortAll) -> None:
+        self._send_chunks()  # a stream's last tokens before its end
+        self._end_streams(m.FinishReason.ABORT, cmd.detail, m.ErrorCode.WATCHDOG_ABORT)
+        self.inbox.put(ev.AbortAllEv(cmd.reason))
+
+    def _do_stop(self, cmd: out.Stop) -> bool:
+        self._send_chunks()
+        self._close(cmd.why)
+        return True
 
     def _end_streams(self, finish_reason: m.FinishReason, error: str | None,
                      code: m.ErrorCode) -> None:

@@ -86,3 +86,14 @@ def test_the_leader_dispatches_by_message_kind():
     assert kinds(RankLoop) == common
     assert kinds(Leader) == common | leader
     assert kinds(Follower) == common | {ev.PlanEv, ev.PlanMissingEv}
+
+
+def test_the_io_thread_carries_out_every_outbox_command_by_kind():
+    import typing
+
+    from services.rank import outbox
+    from services.rank.io import RankIO
+
+    table = RankIO.__new__(RankIO)._command_handlers()  # bound late: needs no state
+    assert set(table) == set(typing.get_args(outbox.Command))
+    assert len({h.__func__ for h in table.values()}) == len(table)  # one handler each
