@@ -85,7 +85,7 @@ class Param:
     deployment names it (None: decided at admission, as the seed is)."""
 
     name: str
-    kind: type[int] | type[float]
+    kind: type[int] | type[float] | type[dict]  # dict: token id (a string) → a number
     off: float | None
     bounds: Bounds
     doc: str  # what it does, for the field tables (the range is added from `bounds`)
@@ -152,6 +152,10 @@ PARAMS: tuple[Param, ...] = (
     Param("xtc_threshold", float, 0.1, Bounds(0.0, 0.5),
           "XTC: the probability a token needs to count as a top choice; omitted: the "
           "deployment's default", deployable=True),
+    Param("logit_bias", dict, None, Bounds(-BIAS_LIMIT, BIAS_LIMIT),
+          "per token: token id (a decimal string) → a bias added to its logit, at most "
+          f"{MAX_LOGIT_BIAS} entries, checked against the model's vocabulary; applied on "
+          "every rank", native=OPENAI_CHAT),
     # What a client may send; the wire keeps seed % 2**63.
     Param("seed", int, None, Bounds(-(2**63), 2**64, hi_open=True),
           "same seed → same tokens; omitted: drawn at admission", native=OPENAI_CHAT),
@@ -175,6 +179,11 @@ def problem(name: str, value: object, api: str | None = None) -> str | None:
     the one rank 0 and the deployment defaults check), or None."""
     p = BY_NAME[name]
     bounds = p.bounds if api is None else p.bounds_in(api)
+    if p.kind is dict:
+        values = list(value.values()) if isinstance(value, dict) else [None]
+        if all(type(v) in (int, float) and bounds.holds(v) for v in values):
+            return None
+        return f"{name} must map token ids to finite numbers in {bounds.text()}"
     if p.kind is int:
         ok = type(value) is int
     else:

@@ -58,7 +58,6 @@ ROWS: tuple[Row, ...] = (
     Row("echo", None, H, "the prompt's text before the completion"),
     Row("function_call", NO, None, "deprecated by OpenAI: use `tool_choice`"),
     Row("functions", NO, None, "deprecated by OpenAI: use `tools`"),
-    Row("logit_bias", H, H, "token id → -100..100, applied on every rank"),
     Row("logprobs", H, H, "chat: bool (with `top_logprobs`); completions: int 0-5"),
     Row("max_completion_tokens", H, None, "as `max_tokens`; wins over it"),
     Row("max_tokens", H, H, "default `default_max_tokens`, capped by the context"),

@@ -33,6 +33,8 @@ __all__ = ["MAX_TOP_LOGPROBS", "ParamFields", "logit_bias", "params_model", "sam
 
 
 def _field(p: Param, api: str) -> tuple[Any, Any]:
+    if p.kind is dict:  # its values are checked with the vocabulary, at admission
+        return dict[str, float] | None, Field(default=None)
     extra = {"allow_inf_nan": False} if p.kind is float else {}
     return p.kind | None, Field(default=None, **p.bounds_in(api).pydantic(), **extra)
 
@@ -54,10 +56,8 @@ class ParamFields:
 
 
 class SamplingFields(ParamFields.CHAT):  # type: ignore[misc, valid-type]
-    """What chat and completions share beyond the declared parameters (same bounds in
-    both), mixed into openai_schemas._Sampling."""
-
-    logit_bias: dict[str, float] | None = None
+    """What chat and completions share: the declared parameters (same bounds in both),
+    mixed into openai_schemas._Sampling."""
 
 
 def _bad(param: str, text: str) -> ApiError:

@@ -152,9 +152,9 @@ def test_errors_in_anthropic_shape(env):
     c = env["c"]
     with pytest.raises(anthropic.BadRequestError) as e:
         c.messages.create(model=env["model"], messages=MSGS, max_tokens=10,
-                          extra_body={"logit_bias": {"1": 1}})
+                          extra_body={"n": 2})
     assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == \
-        "invalid_request_error" and "'logit_bias'" in e.value.message
+        "invalid_request_error" and "'n'" in e.value.message
     with pytest.raises(anthropic.NotFoundError) as e:
         c.messages.create(model="claude-x", messages=MSGS, max_tokens=10)
     assert e.value.body["error"]["type"] == "not_found_error"

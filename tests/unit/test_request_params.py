@@ -69,6 +69,8 @@ def inside(b: rp.Bounds, kind: type) -> list[float]:
 @pytest.mark.parametrize("api", rp.APIS)
 def test_every_api_takes_each_declared_parameter_in_its_declared_range(api):
     for p in rp.params_in(api):
+        if p.kind is dict:
+            continue  # logit_bias: below
         b = p.bounds_in(api)
         for v in inside(b, p.kind):
             assert getattr(parse(api, **{p.name: v}), p.name) == v, (p.name, v)
@@ -133,3 +135,20 @@ def test_a_deployable_parameter_has_a_flag_and_an_environment_name():
     (rp.Bounds(-(2**63), 2**64, hi_open=True), "[-2^63, 2^64)")])
 def test_bounds_read_as_intervals(bounds, text):
     assert bounds.text() == text
+
+
+@pytest.mark.parametrize("api", rp.APIS)
+def test_logit_bias_reaches_every_api_and_is_checked_at_admission(api):
+    from services.gateway.sampling_params import logit_bias
+
+    req = parse(api, logit_bias={"5": 100, "1": -2.5})
+    assert req.logit_bias == {"5": 100, "1": -2.5}  # the internal request carries it
+    assert [(b.token, b.bias) for b in logit_bias(req.logit_bias, 10)] == [(1, -2.5), (5, 100.0)]
+    for bad in ({"5": 100.5}, {"x": 1}, {"12": 1}):  # range, key, vocabulary: a 400 naming it
+        with pytest.raises(ApiError) as e:
+            logit_bias(parse(api, logit_bias=bad).logit_bias, 10)
+        assert e.value.param == "logit_bias", bad
+    with pytest.raises(ApiError) as e:
+        parse(api, logit_bias={"1": "high"})
+    assert e.value.param.startswith("logit_bias"), e.value.param
+    assert rp.problem("logit_bias", {"1": 101}) and rp.problem("logit_bias", {"1": 1.0}) is None
