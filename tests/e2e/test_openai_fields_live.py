@@ -15,9 +15,11 @@ import httpx
 import openai
 import pytest
 
+from common.request_params import CHAT
 from models.tinymodel import build_model
 from services.gateway import request_fields as rf
 from tests.gwutil import GaveUp, free_port, poll_until
+from tests.support.params import samples
 from tests.support.processes import interrupt, up_argv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +80,10 @@ SAMPLES: dict[str, dict] = {
     "repetition_penalty": {"repetition_penalty": 1.1},
     "top_k": {"top_k": 5},
 }
+# Every other declared request parameter (common/request_params.py, e.g. XTC): a value in
+# its range, so a parameter declared later is walked too.
+for _name, _value in samples(CHAT).items():
+    SAMPLES.setdefault(_name, {_name: _value})
 COMPLETIONS_SAMPLES = {"logprobs": {"logprobs": 2}}
 
 
