@@ -17,15 +17,19 @@ harnesses) — launcher-side rules, kept here so no launcher imports the rank se
   OPENBLAS_NUM_THREADS=1 unless set: OpenBLAS's own threads fight MLX's for the cores
   (measured on 2 cores, bench preset: batch-8 decode 56 tok/s with 2 BLAS threads vs 96
   with 1; TP=2 collapses to 10 tok/s with 2 threads per rank vs 100 with 1).
-  And on x86-64 with AVX, OPENBLAS_CORETYPE=SandyBridge unless set: OpenBLAS otherwise
-  picks its kernels by CPU (SkylakeX, Haswell/Zen, ...), and each reduces a row in an
-  order that depends on how many rows the call has, differently per kernel — the
-  deterministic mode (services/rank/determinism.py) would hold on one CPU and not on the
-  next, and two hosts of one cluster would disagree in the last bits. The SandyBridge
-  sgemm kernel gives every row the same bits at any row count, on every x86-64 CPU with
-  AVX (measured on an AMD EPYC, Zen 3: Haswell's kernel differs for every row count
-  under 64, SandyBridge's for none), at 0-28% more time on large prefill products and
-  none on decode's (bench preset shapes, 1 thread).
+  And on x86-64, OPENBLAS_CORETYPE unless set (`coretype`): OpenBLAS otherwise picks
+  its kernels by CPU, and each reduces a row in an order that depends on how many rows
+  the call has, differently per kernel; the deterministic mode
+  (services/rank/determinism.py) holds only for a kernel it knows. With AVX-512 that is
+  SkylakeX, the kernel OpenBLAS picks there itself (its small-matrix rule is the one
+  determinism.py's row floor covers); without AVX-512 but with AVX it is SandyBridge,
+  whose sgemm gives every row the same bits at any row count (measured on an AMD EPYC,
+  Zen 3: Haswell's kernel, OpenBLAS's pick there, differs for every row count under 64,
+  SandyBridge's for none; 0-28% more time on large prefill products, none on decode's).
+  SandyBridge is not forced on AVX-512 CPUs: there it decodes at about half the speed
+  (SmolLM2-135M with mlx-lm on an Intel Xeon: 5.3 vs 9.7 tokens/s). Hosts whose CPUs
+  differ may then differ in the last bits from each other; each is still batch
+  invariant, and an operator who wants them equal sets OPENBLAS_CORETYPE=SandyBridge.
 - Never `TEMP`: MLX's compiler uses it as its temp directory.
 """
 
@@ -98,18 +102,31 @@ def rank_environment(settings: RankSettings, base_env: Mapping[str, str]) -> dic
             if lib not in preload:
                 env["LD_PRELOAD"] = " ".join([lib, *preload])
             env.setdefault("OPENBLAS_NUM_THREADS", "1")
-            if has_avx():
-                env.setdefault("OPENBLAS_CORETYPE", "SandyBridge")
+            kernel = coretype()
+            if kernel is not None:
+                env.setdefault("OPENBLAS_CORETYPE", kernel)
     return env
 
 
-def has_avx(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """An x86-64 CPU with AVX (what OpenBLAS's SandyBridge kernels need)."""
+SKYLAKEX_FLAGS = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"})
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The first CPU's flags (empty off x86-64 Linux, or unreadable)."""
     try:
         with open(cpuinfo) as f:
             for line in f:
                 if line.startswith("flags"):
-                    return "avx" in line.split(":", 1)[1].split()
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return False
+    return frozenset()
+
+
+def coretype(flags: frozenset[str] | None = None) -> str | None:
+    """The OpenBLAS kernel deterministic mode holds with on this CPU: SkylakeX with
+    AVX-512, SandyBridge with AVX, None (OpenBLAS's own choice) otherwise."""
+    flags = cpu_flags() if flags is None else flags
+    if SKYLAKEX_FLAGS <= flags:
+        return "SkylakeX"
+    return "SandyBridge" if "avx" in flags else None

@@ -185,25 +185,30 @@ def test_rank_environment(tmp_path, monkeypatch):
     assert base["TEMP"] == "/x"  # the caller's mapping is untouched
 
 
-def test_rank_environment_pins_one_openblas_kernel_on_avx_hosts(tmp_path, monkeypatch):
+def test_rank_environment_pins_the_openblas_kernel_determinism_holds_with(tmp_path, monkeypatch):
     """OpenBLAS's per-CPU kernel choice would make the deterministic mode hold on one
-    CPU family and not the next (docs/rank.md "One kernel on every x86-64 CPU")."""
+    CPU family and not the next (docs/rank.md "One kernel per CPU family")."""
     from common import rank_env
 
     lib = tmp_path / "libopenblas.so.0"
     lib.write_bytes(b"")
     monkeypatch.setattr("sys.platform", "linux")
     base = {"LOCKSTEP_OPENBLAS_LIB": str(lib)}
-    monkeypatch.setattr(rank_env, "has_avx", lambda: True)
-    assert rank_environment(RankSettings(), base)["OPENBLAS_CORETYPE"] == "SandyBridge"
+    for kernel in ("SkylakeX", "SandyBridge"):
+        monkeypatch.setattr(rank_env, "coretype", lambda k=kernel: k)
+        assert rank_environment(RankSettings(), base)["OPENBLAS_CORETYPE"] == kernel
     assert rank_environment(RankSettings(), {**base, "OPENBLAS_CORETYPE": "Haswell"})[
         "OPENBLAS_CORETYPE"] == "Haswell"  # an operator's value wins
     assert "OPENBLAS_CORETYPE" not in rank_environment(RankSettings(openblas=False), base)
-    monkeypatch.setattr(rank_env, "has_avx", lambda: False)  # its kernels would not run
+    monkeypatch.setattr(rank_env, "coretype", lambda: None)  # neither kernel would run
     assert "OPENBLAS_CORETYPE" not in rank_environment(RankSettings(), base)
     monkeypatch.undo()
+    avx512 = "fpu sse2 avx avx2 fma avx512f avx512cd avx512bw avx512dq avx512vl"
+    assert rank_env.coretype(frozenset(avx512.split())) == "SkylakeX"  # an Intel Xeon
+    assert rank_env.coretype(frozenset("fpu sse2 avx avx2 fma".split())) == "SandyBridge"  # Zen 3
+    assert rank_env.coretype(frozenset("fpu sse2 avx avx512f".split())) == "SandyBridge"
+    assert rank_env.coretype(frozenset("fpu sse2 sse4_2".split())) is None
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
-    assert rank_env.has_avx(str(info))
-    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 sse4_2\n")
-    assert not rank_env.has_avx(str(info)) and not rank_env.has_avx(str(tmp_path / "none"))
+    info.write_text(f"processor\t: 0\nflags\t\t: {avx512}\n")
+    assert rank_env.cpu_flags(str(info)) == frozenset(avx512.split())
+    assert rank_env.cpu_flags(str(tmp_path / "none")) == frozenset()
