@@ -75,9 +75,11 @@ def _family(host: str) -> int:
 
 
 def free_ports(n: int, host: str = "127.0.0.1", *, ephemeral: tuple[int, int] | None = None,
-               rng: random.Random | None = None) -> list[int]:
-    """`n` distinct ports free on `host` now, outside the ephemeral range when it can."""
-    span = configured_range() or listen_range(ephemeral or ephemeral_range())
+               rng: random.Random | None = None,
+               within: tuple[int, int] | None = None) -> list[int]:
+    """`n` distinct ports free on `host` now, outside the ephemeral range when it can;
+    `within` (low, high) overrides both the range configured and the default."""
+    span = within or configured_range() or listen_range(ephemeral or ephemeral_range())
     held: list[socket.socket] = []
     try:
         if span is None:

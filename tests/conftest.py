@@ -11,6 +11,7 @@ import pytest
 from hypothesis import settings
 
 from common import ports
+from tests.support.ports import TEST_RANGE_ENV
 
 settings.register_profile("fixed", derandomize=True, database=None, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
@@ -69,17 +70,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Each worker draws the ports it hands to ranks from its own slice of the range
-    (common/ports.py): between a draw and the rank's bind, the other worker could draw
-    the same one. Its subprocesses (up, supervisor) inherit the slice."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    """Each worker draws ports from its own slice of the range (common/ports.py): between
+    a draw and the bind, the other worker could draw the same one. The slice is halved
+    again: the test's own draws (tests/support/ports.py) take the lower half, and its
+    subprocesses (up, supervisor, host agents) inherit the upper as LOCKSTEP_PORT_RANGE,
+    so a supervisor never hands a rank the port a test drew for a gateway not yet bound."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # gw0, gw1, ...; gw0 alone
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     span = ports.listen_range(ports.ephemeral_range())
-    if not worker.startswith("gw") or ports.RANGE_ENV in os.environ or span is None:
+    if ports.RANGE_ENV in os.environ or span is None:
         return
     width = (span[1] - span[0] + 1) // count
     low = span[0] + int(worker[2:]) * width
-    os.environ[ports.RANGE_ENV] = f"{low}-{low + width - 1}"
+    half = width // 2
+    os.environ[TEST_RANGE_ENV] = f"{low}-{low + half - 1}"
+    os.environ[ports.RANGE_ENV] = f"{low + half}-{low + width - 1}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

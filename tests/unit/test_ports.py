@@ -5,6 +5,7 @@ is skipped; real sockets on loopback."""
 from __future__ import annotations
 
 import errno
+import os
 import random
 import socket
 
@@ -80,3 +81,19 @@ def test_a_configured_range_narrows_the_draw(monkeypatch):
     monkeypatch.setenv(ports.RANGE_ENV, "21000-21001")
     with pytest.raises(OSError, match="no 3 free TCP ports"):
         ports.free_ports(3, "127.0.0.1")
+
+
+def test_within_overrides_the_configured_range(monkeypatch):
+    monkeypatch.setenv(ports.RANGE_ENV, "21000-21009")
+    got = ports.free_ports(4, "127.0.0.1", within=(21100, 21109))
+    assert all(21100 <= p <= 21109 for p in got), got
+
+
+def test_a_tests_own_ports_and_its_subprocesses_never_overlap():
+    """tests/conftest.py: the test's draws and what up/supervisor inherit are disjoint,
+    so a rank is never handed the port a test drew for a gateway not yet bound."""
+    from tests.support.ports import TEST_RANGE_ENV, free_ports
+    own = ports.configured_range({ports.RANGE_ENV: os.environ[TEST_RANGE_ENV]})
+    theirs = ports.configured_range()
+    assert own and theirs and (own[1] < theirs[0] or theirs[1] < own[0]), (own, theirs)
+    assert all(own[0] <= p <= own[1] for p in free_ports(8))
