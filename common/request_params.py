@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 CHAT, COMPLETIONS, RESPONSES, MESSAGES = "chat", "completions", "responses", "messages"
 APIS = (CHAT, COMPLETIONS, RESPONSES, MESSAGES)
@@ -194,7 +193,10 @@ def problem(name: str, value: object, api: str | None = None) -> str | None:
     return None
 
 
-def given(req: Any, api: str) -> dict[str, Any]:
+ParamValue = int | float | dict[str, float]  # a declared parameter's value, as given
+
+
+def given(req: object, api: str) -> dict[str, ParamValue]:
     """The declared parameters `req` (a parsed request of `api`) names: what a
     translation into the internal request carries over."""
     return {p.name: v for p in params_in(api) if (v := getattr(req, p.name, None)) is not None}

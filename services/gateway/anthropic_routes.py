@@ -26,6 +26,7 @@ from services.gateway.admit_wait import pick_or_wait
 from services.gateway.errors import SHAPES
 from services.gateway.gateway_core import names
 from services.gateway.generation import Final, Finish
+from services.gateway.internal_request import GenerationRequest
 from services.gateway.openai_routes import check_api_key
 from services.gateway.prompts import prompt_ids
 from services.gateway.request_channel import Backend, Overloaded
@@ -57,16 +58,16 @@ async def _backend(request: Request, model: str) -> Backend:
         return next(b for b in gw.cluster.backends.values() if names(b, model) and not b.lost)
 
 
-async def _checked(request: Request, req: schemas.CountTokensRequest):
-    """The chat request, after what only the model can answer (thinking, effort)."""
+async def _checked(request: Request, req: schemas.CountTokensRequest) -> GenerationRequest:
+    """The internal request, after what only the model can answer (thinking, effort)."""
     gw = request.app.state.gw
-    chat = await gw.prepare_pool.run(translate.to_chat, req)
+    internal = await gw.prepare_pool.run(translate.to_internal, req)
     if req.thinking is not None or (req.output_config and req.output_config.effort):
         tok = await gw.tokenizer(await _backend(request, req.model))
         schemas.check_model(req, tok)
         if "reasoning_effort" not in tok.fmt.template_vars:  # the default, honoured as is
-            chat.reasoning_effort = None
-    return chat
+            internal = internal.with_input(reasoning_effort=None)
+    return internal
 
 
 @router.post("/v1/messages/count_tokens")
@@ -86,7 +87,7 @@ async def messages(request: Request) -> Response:
     started = time.monotonic()
     req = await _parse(request, schemas.CREATE)
     chat = await _checked(request, req)
-    run = await admit(request, chat, chat=True, rid_prefix="msg_", endpoint=ENDPOINT,
+    run = await admit(request, chat, rid_prefix="msg_", endpoint=ENDPOINT,
                       started=started, prompt_param="messages")
     gen, rid, model = run.gens[0], run.rid, run.backend.model
     blocks = render.Blocks("lockstep." + rid, omit_thinking=schemas.omit_thinking(req))

@@ -1,5 +1,5 @@
-"""Anthropic Messages requests, validated (anthropic_schemas.py), into the one request form
-the gateway serves (`openai_schemas.ChatRequest`), so generation is never written twice.
+"""Anthropic Messages requests, validated (anthropic_schemas.py), into the one internal
+request (internal_request.py), so generation is never written twice.
 
 Translation (as vLLM's and llama.cpp's shims do, peer notes D): `system` → a system
 message; text blocks → content; `tool_use` blocks → the assistant's `tool_calls`;
@@ -14,14 +14,21 @@ false); `output_config.format` → `response_format` json_schema (the same gramm
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from common import request_params
 from services.gateway.anthropic_schemas import BILLING_LINE, CountTokensRequest, MessagesRequest
-from services.gateway.openai_schemas import ChatRequest
+from services.gateway.internal_request import (
+    ChatInput,
+    GenerationRequest,
+    Json,
+    JsonObject,
+    function_tool,
+    stop_list,
+    turn,
+)
 
 
-def _text(content: str | list[dict[str, Any]] | None) -> str:
+def _text(content: str | list[JsonObject] | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     return "".join(b.get("text") or "" for b in content)
@@ -34,9 +41,9 @@ def system_text(text: str) -> str:
     return "\n".join(ln for ln in text.split("\n") if not ln.startswith(BILLING_LINE)).strip("\n")
 
 
-def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
+def chat_messages(req: CountTokensRequest) -> list[JsonObject]:
     """Anthropic turns → OpenAI chat messages, in order."""
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     if req.system is not None:
         sys_text = system_text(req.system if isinstance(req.system, str)
                                else "".join(b.text for b in req.system))
@@ -49,7 +56,7 @@ def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
                         else system_text(m.content)})
             continue
         if m.role == "assistant":
-            msg: dict[str, Any] = {"role": "assistant", "content": ""}
+            msg: JsonObject = {"role": "assistant", "content": ""}
             calls, thinking = [], []
             for b in m.content:
                 kind = b["type"]
@@ -85,10 +92,10 @@ def thinking_kept(req: CountTokensRequest) -> set[int]:
     return {id(m) for m in with_thinking}
 
 
-def _user_turn(role: str, blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _user_turn(role: str, blocks: list[JsonObject]) -> list[JsonObject]:
     """A user (or system) turn's blocks: text runs as messages of that role, each
     tool_result as a `tool` message, in their order."""
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     text: list[str] = []
     for b in blocks:
         if b["type"] == "text":
@@ -105,37 +112,32 @@ def _user_turn(role: str, blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _json(obj: Any) -> str:
+def _json(obj: Json) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def to_chat(req: CountTokensRequest) -> ChatRequest:
-    """The equivalent chat request (already valid: built from a validated one)."""
-    d: dict[str, Any] = {"model": req.model, "messages": chat_messages(req)}
-    if req.tools:
-        d["tools"] = [{"type": "function", "function": {
-            "name": t.name, "parameters": t.input_schema,
-            **({"description": t.description} if t.description is not None else {})}}
-            for t in req.tools]
+def to_internal(req: CountTokensRequest) -> GenerationRequest:
+    """The internal request (already valid: built from a validated one)."""
+    tools = [function_tool(t.name, t.input_schema, t.description) for t in req.tools or []]
     tc = req.tool_choice
+    choice: str | JsonObject | None = None
     if tc is not None:
-        d["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(tc.type) or \
+        choice = {"auto": "auto", "any": "required", "none": "none"}.get(tc.type) or \
             {"type": "function", "function": {"name": tc.name}}
-        if tc.disable_parallel_tool_use:
-            d["parallel_tool_calls"] = False
     oc = req.output_config
+    rf: JsonObject | None = None
     if oc is not None and oc.format is not None:
-        d["response_format"] = {"type": "json_schema", "json_schema": {
+        rf = {"type": "json_schema", "json_schema": {
             "name": "output_config.format", "schema": oc.format.schema_, "strict": True}}
-    if oc is not None and oc.effort is not None:
-        d["reasoning_effort"] = oc.effort
     th = req.thinking
-    if th is not None and th.type != "adaptive":
-        d["chat_template_kwargs"] = {"enable_thinking": th.type == "enabled"}
-    if isinstance(req, MessagesRequest):
-        d["max_tokens"] = req.max_tokens
-        d["stream"] = bool(req.stream)
-        d.update(request_params.given(req, request_params.MESSAGES))
-        if req.stop_sequences:
-            d["stop"] = list(req.stop_sequences)
-    return ChatRequest.model_validate(d)
+    kwargs: JsonObject = ({"enable_thinking": th.type == "enabled"}
+                          if th is not None and th.type != "adaptive" else {})
+    inp = ChatInput([turn(**m) for m in chat_messages(req)], tools or None, kwargs,
+                    oc.effort if oc is not None else None)
+    create = isinstance(req, MessagesRequest)
+    return GenerationRequest(
+        model=req.model, input=inp, tool_choice=choice, response_format=rf,
+        parallel_tool_calls=False if tc is not None and tc.disable_parallel_tool_use else None,
+        max_tokens=req.max_tokens if create else None,
+        stops=stop_list(req.stop_sequences) if create else (),
+        params=request_params.given(req, request_params.MESSAGES) if create else {})

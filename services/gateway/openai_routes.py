@@ -22,6 +22,7 @@ from services.gateway import choices
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final
 from services.gateway.openai_schemas import ChatRequest, CompletionRequest, validate
+from services.gateway.openai_translate import from_chat, from_completion
 from services.gateway.request_path import ClientGone, admit
 from services.gateway.streaming import Shape
 
@@ -103,7 +104,8 @@ async def _handle(request: Request, *, chat: bool) -> Response:
     raw = await request.body()
     req = await gw.prepare_pool.parse(len(raw), validate, ChatRequest if chat else CompletionRequest,
                                  raw, max_messages=s.max_messages, max_tools=s.max_tools)
-    run = await admit(request, req, chat=chat, rid_prefix="chatcmpl-" if chat else "cmpl-",
+    internal = from_chat(req) if isinstance(req, ChatRequest) else from_completion(req)
+    run = await admit(request, internal, rid_prefix="chatcmpl-" if chat else "cmpl-",
                       endpoint="chat" if chat else "completions", started=started)
     rid, backend, streams, gens, n = run.rid, run.backend, run.streams, run.gens, len(run.gens)
     prefix = run.prompt.echo

@@ -195,36 +195,3 @@ def _check_tool_choice(req: ChatRequest) -> None:
                                  or not isinstance(fn.get("name"), str)):
         raise ApiError(400, "tool_choice: expected {'type': 'function', 'function': "
                        "{'name': ...}}", param="tool_choice", code="invalid_value")
-
-
-def template_messages(req: ChatRequest) -> list[dict]:
-    """OpenAI messages → the plain dicts a chat template expects."""
-    out = []
-    for m in req.messages:
-        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role}
-        if isinstance(m.content, list):
-            d["content"] = "".join(p.text or "" for p in m.content)
-        else:
-            d["content"] = m.content
-        if m.name:
-            d["name"] = m.name
-        if m.tool_calls:
-            d["tool_calls"] = m.tool_calls
-        if m.tool_call_id:
-            d["tool_call_id"] = m.tool_call_id
-        if m.reasoning_content:
-            d["reasoning_content"] = m.reasoning_content
-        out.append(d)
-    return out
-
-
-def template_tools(req: ChatRequest) -> list[dict] | None:
-    if not req.tools or req.tool_choice == "none":
-        return None
-    return [t.model_dump(exclude_none=True) for t in req.tools]
-
-
-def tool_names(req: ChatRequest) -> set[str] | None:
-    if not req.tools or req.tool_choice == "none":
-        return None
-    return {t.function.name for t in req.tools}

@@ -15,13 +15,7 @@ from dataclasses import dataclass
 
 from services.gateway.detok import ChatTemplateError, ModelTokenizer
 from services.gateway.errors import ApiError
-from services.gateway.openai_schemas import (
-    ChatRequest,
-    CompletionRequest,
-    template_messages,
-    template_tools,
-    tool_names,
-)
+from services.gateway.internal_request import ChatInput, GenerationRequest, JsonObject
 from services.gateway.output_parser import OutputParser
 
 # Arguments the gateway itself passes to the chat template: not the client's to set.
@@ -61,57 +55,53 @@ def _too_long(param: str, nbytes: int, limit: int, tok: ModelTokenizer) -> ApiEr
                     param=param, code="context_length_exceeded")
 
 
-def prompt_ids(req: ChatRequest | CompletionRequest, tok: ModelTokenizer,
-               bytes_per_token: int) -> Prompt:
+def prompt_ids(req: GenerationRequest, tok: ModelTokenizer, bytes_per_token: int) -> Prompt:
     limit = byte_limit(tok, bytes_per_token)
-    if isinstance(req, ChatRequest):
+    inp = req.input
+    if isinstance(inp, ChatInput):
         try:
-            text = tok.render_chat(template_messages(req), template_tools(req),
-                                   template_kwargs(req, tok))
+            text = tok.render_chat(inp.messages, req.tools(), template_kwargs(inp, tok))
         except ChatTemplateError as exc:  # the messages (or the model) do not fit it
             raise ApiError(400, str(exc), param="messages", code="invalid_value") from None
         n = len(text.encode())
         if limit is not None and n > limit:
             raise _too_long("messages", n, limit, tok)
         return Prompt(tok.encode(text), "", tok.fmt.opens_in_reasoning(text))
-    p = req.prompt
-    if isinstance(p, list) and p and isinstance(p[0], str | list):
-        p = p[0]
-    if isinstance(p, str):
-        n = len(p.encode())
+    if inp.text is not None:
+        n = len(inp.text.encode())
         if limit is not None and n > limit:
             raise _too_long("prompt", n, limit, tok)
-        return Prompt(tok.encode(p), p if req.echo else "")
+        return Prompt(tok.encode(inp.text), inp.text if inp.echo else "")
+    ids = inp.ids or []
     ctx = tok.context_len
-    if ctx and len(p) >= ctx:  # checked before the ids are looked at one by one
-        raise ApiError(400, f"the prompt has {len(p)} tokens; this model's context is {ctx}",
+    if ctx and len(ids) >= ctx:  # checked before the ids are looked at one by one
+        raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context is {ctx}",
                        param="prompt", code="context_length_exceeded")
     vocab = len(tok.hf)
-    if any(not 0 <= t < vocab for t in p):
+    if any(not 0 <= t < vocab for t in ids):
         raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt",
                        code="invalid_value")
-    return Prompt(list(p), tok.decode(list(p)) if req.echo else "")
+    return Prompt(list(ids), tok.decode(list(ids)) if inp.echo else "")
 
 
-def template_kwargs(req: ChatRequest, tok: ModelTokenizer) -> dict:
+def template_kwargs(inp: ChatInput, tok: ModelTokenizer) -> JsonObject:
     """`chat_template_kwargs` (an object, validated by the schema; the gateway's own
     arguments refused by name) and `reasoning_effort`, which only a template that reads
     it can honour."""
-    kw = dict(req.chat_template_kwargs or {})
+    kw = dict(inp.template_kwargs)
     for k in kw:
         if k in RESERVED_TEMPLATE_ARGS:
             raise ApiError(400, f"chat_template_kwargs.{k}: set by the server, not the request",
                            param=f"chat_template_kwargs.{k}", code="invalid_value")
-    if req.reasoning_effort is not None:
+    if inp.reasoning_effort is not None:
         if "reasoning_effort" not in tok.fmt.template_vars:
             raise ApiError(400, f"reasoning_effort: the chat template of {tok.path.name} does not "
                            "read it", param="reasoning_effort", code="unsupported_value")
-        kw.setdefault("reasoning_effort", req.reasoning_effort)
+        kw.setdefault("reasoning_effort", inp.reasoning_effort)
     return kw
 
 
-def output_parser(req: ChatRequest, tok: ModelTokenizer, prompt: Prompt) -> OutputParser:
+def output_parser(req: GenerationRequest, tok: ModelTokenizer, prompt: Prompt) -> OutputParser:
     """Content, reasoning and (when tools are offered) tool calls, in the model's format."""
-    names = tool_names(req)
-    return OutputParser(tok.fmt, tools=template_tools(req) if names else None,
-                        tool_names=names, in_reasoning=prompt.in_reasoning)
+    return OutputParser(tok.fmt, tools=req.tools(), tool_names=req.tool_names(),
+                        in_reasoning=prompt.in_reasoning)

@@ -17,7 +17,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import Request
 
@@ -27,11 +27,13 @@ from services.gateway import choices
 from services.gateway.admit_wait import pick_or_wait
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Generation
-from services.gateway.openai_schemas import ChatRequest
+from services.gateway.internal_request import GenerationRequest
+from services.gateway.metrics import Metrics
 from services.gateway.prompts import Prompt, output_parser, prompt_ids, token_limit
 from services.gateway.request_channel import Backend, RequestStream
 from services.gateway.resume import Resumer
-from services.gateway.sampling_params import sampling_for, top_logprobs
+from services.gateway.router import Router
+from services.gateway.sampling_params import sampling_for
 from services.gateway.streaming import EventStreamResponse
 from services.gateway.structured import grammar_for
 
@@ -54,9 +56,9 @@ class Admitted:
     gens: list[Generation]
     started: float
     endpoint: str  # the metrics label
-    metrics: Any
+    metrics: Metrics
     headers: dict[str, str] = field(default_factory=dict)
-    router: Any = None  # services/gateway/router.py: told what the model finished
+    router: Router | None = None  # services/gateway/router.py: told what the model finished
     counted: bool = False
 
     def final_headers(self) -> dict[str, str]:
@@ -149,7 +151,7 @@ def outcome_of(final: Final | None) -> str:
     return str(final.finish_reason)  # the Finish value, a metrics label
 
 
-async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endpoint: str,
+async def admit(request: Request, req: GenerationRequest, *, rid_prefix: str, endpoint: str,
                 started: float | None = None, prompt_param: str | None = None) -> Admitted:
     """Pick, tokenize, check, send GENERATE (n choices): every refusal before rank 0 is an
     ApiError; `prompt_param` names the field a too-long or empty prompt is blamed on;
@@ -157,8 +159,9 @@ async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endp
     gw = request.app.state.gw
     started = time.monotonic() if started is None else started
     s = gw.settings
+    chat = req.chat
     param = prompt_param or ("messages" if chat else "prompt")
-    n = req.n or 1
+    n = req.n
     cands = await pick_or_wait(gw, request, req.model, n)
     tok = await gw.tokenizer(cands[0])
     prompt = await gw.prepare_pool.run(prompt_ids, req, tok, s.input_bytes_per_token)
@@ -169,7 +172,7 @@ async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endp
     if ctx and len(ids) >= ctx:
         raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context is {ctx}",
                        param=param, code="context_length_exceeded")
-    limit = token_limit(req.limit(), s.default_max_tokens, ctx, len(ids))
+    limit = token_limit(req.max_tokens, s.default_max_tokens, ctx, len(ids))
     grammar = await gw.prepare_pool.run(grammar_for, req, tok) if chat else ""  # structured output
     # Replicas: the router chooses now that the prompt's tokens are known; no await
     # between this and the streams' registration, so the next request sees their load.
@@ -181,16 +184,15 @@ async def admit(request: Request, req: Any, *, chat: bool, rid_prefix: str, endp
     seed = secrets.randbelow(SEED_MOD) if req.seed is None else req.seed % SEED_MOD
     msg = Generate(
         request_id=rid, prompt=ids, max_tokens=limit,
-        sampling=sampling_for(req, tok, backend.sampling, seed=seed, grammar=grammar),
+        sampling=sampling_for(req.params, tok, backend.sampling, seed=seed, grammar=grammar),
         stop_token_ids=list(tok.eos_ids), client="gateway",
-        top_logprobs=top_logprobs(req, chat=chat))
+        top_logprobs=req.logprobs)
     streams = await choices.open_streams(backend, msg, n, route.cached)  # 503: retry-after
-    gens = [Generation(st, tok, model=backend.model, stops=req.stops(),
+    gens = [Generation(st, tok, model=backend.model, stops=list(req.stops),
                        parser=output_parser(req, tok, prompt) if chat else None,
                        started_at=started, read_timeout=s.request_read_timeout,
                        keepalive_s=s.keepalive_s, metrics=gw.metrics,
-                       one_call=chat and isinstance(req, ChatRequest)
-                       and req.parallel_tool_calls is False,
+                       one_call=chat and req.parallel_tool_calls is False,
                        resumer=Resumer(gw.cluster, m, backend.model, backend.model_path,
                                        timeout=s.resume_timeout, max_resumes=s.resume_max,
                                        metrics=gw.metrics, router=gw.router))

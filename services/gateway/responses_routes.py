@@ -115,11 +115,11 @@ async def create_response(request: Request) -> Response:
             raise not_found(req.previous_response_id, "previous_response_id")
         history = prev.items
     try:
-        chat = await gw.prepare_pool.run(translate.to_chat, req, history)
+        internal = await gw.prepare_pool.run(translate.to_internal, req, history)
         if req.reasoning is not None and req.reasoning.effort is not None:
-            translate.apply_reasoning(chat, req, await gw.tokenizer(
+            internal = translate.apply_reasoning(internal, req, await gw.tokenizer(
                 (await pick_or_wait(gw, request, req.model, 1))[0]))
-        run = await admit(request, chat, chat=True, rid_prefix="resp_", endpoint=ENDPOINT,
+        run = await admit(request, internal, rid_prefix="resp_", endpoint=ENDPOINT,
                           started=started, prompt_param="messages")
     except ApiError as e:
         raise translate.renamed(e) from None

@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.gateway.errors import ApiError
+from services.gateway.internal_request import JsonObject, function_tool
 
 SEP = "__"
 # How a known client stops sending a hosted tool (keyed by the tool's type).
@@ -122,7 +123,7 @@ def check(tools: Any, max_tools: int) -> None:
                    f"{max_tools} per request", "too_many_items")
 
 
-def chat_tools(tools: list[Tool]) -> list[dict[str, Any]]:
+def chat_tools(tools: list[Tool]) -> list[JsonObject]:
     """Chat function tools, namespaces flattened (qualified names, the namespace's
     description first)."""
     out = []
@@ -133,11 +134,7 @@ def chat_tools(tools: list[Tool]) -> list[dict[str, Any]]:
             if isinstance(t, NamespaceTool):
                 name = qualified(t.name, f.name)
                 desc = "\n\n".join(d for d in (t.description, f.description) if d)
-            out.append({"type": "function", "function": {
-                "name": name,
-                **({"parameters": f.parameters} if f.parameters is not None else {}),
-                **({"description": desc} if desc is not None else {}),
-                **({"strict": f.strict} if f.strict is not None else {})}})
+            out.append(function_tool(name, f.parameters, desc, f.strict))
     return out
 
 

@@ -1,5 +1,5 @@
-"""Responses requests (validated by responses_schemas.py) → the chat request they are
-equivalent to, and the shared path's errors renamed back to the Responses parameters.
+"""Responses requests (validated by responses_schemas.py) → the internal request
+(internal_request.py), and the shared path's errors renamed back to the Responses parameters.
 
 Translation (as vLLM's shim does, peer notes C): `instructions` → a system message
 first; input items in order → chat messages (message items by role, `function_call`
@@ -15,30 +15,34 @@ not its instructions); function and namespace `tools` → chat tools; `tool_choi
 
 from __future__ import annotations
 
-from typing import Any
-
 from common import request_params
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
-from services.gateway.openai_schemas import ChatRequest
+from services.gateway.internal_request import (
+    NO_LOGPROBS,
+    ChatInput,
+    GenerationRequest,
+    JsonObject,
+    turn,
+)
 from services.gateway.responses_schemas import ResponsesRequest, bad
 from services.gateway.responses_tools import chat_tools, forced_name, qualified
 
 
-def _text(content: str | list[dict[str, Any]]) -> str:
+def _text(content: str | list[JsonObject]) -> str:
     if isinstance(content, str):
         return content
     return "".join(p.get("text") or p.get("refusal") or "" for p in content)
 
 
-def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
+def chat_messages(items: list[JsonObject], instructions: str | None) -> list[JsonObject]:
     """Responses input items (validated) → OpenAI chat messages, in order."""
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
     reasoning: list[str] = []
 
-    def assistant() -> dict[str, Any]:
+    def assistant() -> JsonObject:
         """The assistant turn a call or reasoning joins: the last message if it is an
         assistant's that has not been answered yet, else a new one."""
         if not out or out[-1]["role"] != "assistant":
@@ -77,58 +81,57 @@ def chat_messages(items: list[dict[str, Any]], instructions: str | None) -> list
     return out
 
 
-def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
+def input_items(req: ResponsesRequest) -> list[JsonObject]:
     """The request's input as items (a string is one user message)."""
     if isinstance(req.input, str):
         return [{"type": "message", "role": "user", "content": req.input}]
     return [dict(i) for i in req.input]
 
 
-def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatRequest:
-    """The equivalent chat request; `history`: the stored conversation before this input."""
-    d: dict[str, Any] = {"model": req.model, "stream": bool(req.stream),
-                         "messages": chat_messages([*history, *input_items(req)], req.instructions)}
-    if req.tools:
-        d["tools"] = chat_tools(req.tools)
+def to_internal(req: ResponsesRequest, history: list[JsonObject]) -> GenerationRequest:
+    """The internal request; `history`: the stored conversation before this input."""
     tc = req.tool_choice
+    choice: str | JsonObject | None = None
     if tc is not None:
-        d["tool_choice"] = tc if isinstance(tc, str) else {
+        choice = tc if isinstance(tc, str) else {
             "type": "function", "function": {"name": forced_name(req.tools, tc["name"])}}
-    if req.parallel_tool_calls is not None:
-        d["parallel_tool_calls"] = req.parallel_tool_calls
-    if req.max_tool_calls == 1:
-        d["parallel_tool_calls"] = False
+    parallel = False if req.max_tool_calls == 1 else req.parallel_tool_calls
     fmt = req.text.format if req.text else None
+    rf: JsonObject | None = None
     if fmt is not None and fmt.type == "json_schema":
-        d["response_format"] = {"type": "json_schema", "json_schema": {
+        rf = {"type": "json_schema", "json_schema": {
             "name": fmt.name, "schema": fmt.schema_, "strict": bool(fmt.strict),
             **({"description": fmt.description} if fmt.description else {})}}
     elif fmt is not None:
-        d["response_format"] = {"type": fmt.type}
-    if req.max_output_tokens is not None:
-        d["max_completion_tokens"] = req.max_output_tokens
-    d.update(request_params.given(req, request_params.RESPONSES))
-    if req.wants_logprobs():
-        d["logprobs"] = True
-        d["top_logprobs"] = req.top_logprobs or 0
-    return ChatRequest.model_validate(d)
+        rf = {"type": fmt.type}
+    messages = [turn(**m) for m in chat_messages([*history, *input_items(req)], req.instructions)]
+    if not messages:
+        raise bad("input", "no input items and no instructions: nothing to answer")
+    return GenerationRequest(
+        model=req.model, input=ChatInput(messages, chat_tools(req.tools) if req.tools else None),
+        tool_choice=choice, parallel_tool_calls=parallel, response_format=rf,
+        max_tokens=req.max_output_tokens,
+        params=request_params.given(req, request_params.RESPONSES),
+        logprobs=(req.top_logprobs or 0) if req.wants_logprobs() else NO_LOGPROBS)
 
 
-def apply_reasoning(chat: ChatRequest, req: ResponsesRequest, tok: ModelTokenizer) -> None:
+def apply_reasoning(internal: GenerationRequest, req: ResponsesRequest,
+                    tok: ModelTokenizer) -> GenerationRequest:
     """`reasoning.effort`, which only the model can answer: its template's
     `reasoning_effort`, else its thinking mode on or off; no thinking mode → 400."""
     effort = req.reasoning.effort if req.reasoning else None
     if effort is None:
-        return
+        return internal
     fmt = tok.fmt
     if "reasoning_effort" in fmt.template_vars:
-        chat.reasoning_effort = effort
-    elif fmt.has_thinking:
-        chat.chat_template_kwargs = {"enable_thinking": effort != "none"}
-    elif effort != "none":
+        return internal.with_input(reasoning_effort=effort)
+    if fmt.has_thinking:
+        return internal.with_input(template_kwargs={"enable_thinking": effort != "none"})
+    if effort != "none":
         raise bad("reasoning", f"model {tok.path.name} has no thinking mode (its template emits "
                   "no reasoning markers); omit reasoning or send effort 'none'",
                   "unsupported_value")
+    return internal
 
 
 # OpenAI chat parameter names in the shared path's errors → the Responses request's names.

@@ -17,22 +17,22 @@ declared once in common/request_params.py; each API's fields are built from that
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from pydantic import BaseModel, Field, create_model
+from pydantic.fields import FieldInfo
 
 from common import request_params
 from common.messages import Sampling, TokenBias
-from common.request_params import BIAS_LIMIT, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, Param
+from common.request_params import BIAS_LIMIT, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, Param, ParamValue
 from common.sampling_defaults import SamplingDefaults
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
 
-__all__ = ["MAX_TOP_LOGPROBS", "ParamFields", "logit_bias", "params_model", "sampling_for",
-           "top_logprobs"]
+__all__ = ["MAX_TOP_LOGPROBS", "ParamFields", "logit_bias", "params_model", "sampling_for"]
 
 
-def _field(p: Param, api: str) -> tuple[Any, Any]:
+def _field(p: Param, api: str) -> tuple[type, FieldInfo]:
     if p.kind is dict:  # its values are checked with the vocabulary, at admission
         return dict[str, float] | None, Field(default=None)
     extra = {"allow_inf_nan": False} if p.kind is float else {}
@@ -83,34 +83,19 @@ def logit_bias(raw: dict[str, float] | None, vocab: int) -> list[TokenBias]:
     return sorted(out, key=lambda b: b.token)  # one order, whatever the JSON's
 
 
-def top_logprobs(req: Any, *, chat: bool) -> int:
-    """How many alternatives per token the client asked for; -1: no logprobs at all."""
-    if chat:
-        if req.top_logprobs is not None and not req.logprobs:
-            raise _bad("top_logprobs", "requires 'logprobs': true")
-        if not req.logprobs:
-            return -1
-        return req.top_logprobs or 0
-    if req.logprobs is None:
-        return -1
-    if req.echo:
-        raise ApiError(400, "'logprobs' with 'echo' is not supported: prompt tokens have no "
-                       "logprobs here", param="logprobs", code="unsupported_value")
-    return req.logprobs
-
-
-def sampling_for(req: Any, tok: ModelTokenizer, defaults: SamplingDefaults, *, seed: int,
-                 grammar: str = "") -> Sampling:
+def sampling_for(params: Mapping[str, ParamValue], tok: ModelTokenizer,
+                 defaults: SamplingDefaults, *, seed: int, grammar: str = "") -> Sampling:
     """The `Sampling` record of one `Generate` for this request: each declared parameter
     from the request, else the deployment's default, else its "off" value; `seed` and
     `grammar` as admission made them."""
-    values: dict[str, Any] = {}
+    values: dict[str, ParamValue] = {}
     for p in request_params.WIRE:
-        value = getattr(req, p.name, None)
+        value = params.get(p.name)
         if value is None:
             value = getattr(defaults, p.name) if p.deployable else p.off
         values[p.name] = p.kind(value)
     if values["top_k"] < 0:
         values["top_k"] = 0  # -1 and 0 both mean off; the wire says 0
-    return Sampling(**values, seed=seed, logit_bias=logit_bias(req.logit_bias, len(tok.hf)),
-                    grammar=grammar)
+    bias = params.get("logit_bias")
+    return Sampling(**values, seed=seed, grammar=grammar,
+                    logit_bias=logit_bias(bias if isinstance(bias, dict) else None, len(tok.hf)))

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
 
 import llguidance as llg
 import llguidance.hf
@@ -35,6 +34,12 @@ import llguidance.hf
 from common.messages import GRAMMAR
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
+from services.gateway.internal_request import (
+    GenerationRequest,
+    JsonObject,
+    tool_name,
+    tool_parameters,
+)
 
 MAX_GRAMMAR = GRAMMAR["max_len"]  # the wire's bound for Generate.sampling.grammar
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -91,7 +96,7 @@ def _compile_check(grammar: str, tok: ModelTokenizer, param: str, what: str) -> 
                        param=param, code=BAD_SCHEMA)
 
 
-def json_grammar(schema: dict[str, Any], tok: ModelTokenizer, param: str, what: str) -> str:
+def json_grammar(schema: JsonObject, tok: ModelTokenizer, param: str, what: str) -> str:
     try:
         g = llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
     except ValueError as exc:
@@ -101,7 +106,7 @@ def json_grammar(schema: dict[str, Any], tok: ModelTokenizer, param: str, what: 
     return g
 
 
-def response_format_grammar(rf: Any, tok: ModelTokenizer) -> str:
+def response_format_grammar(rf: JsonObject | None, tok: ModelTokenizer) -> str:
     """The grammar for a chat request's `response_format` ("" for text or none)."""
     if rf is None:
         return ""
@@ -150,19 +155,20 @@ def _wrapper_piece(text: str, tok: ModelTokenizer, lt: llg.LLTokenizer) -> str:
     return _lark_str(text)
 
 
-def tool_call_grammar(tools: list[Any], choice: Any, parallel: bool | None,
-                      tok: ModelTokenizer) -> str:
+def tool_call_grammar(tools: list[JsonObject], choice: str | JsonObject,
+                      parallel: bool | None, tok: ModelTokenizer) -> str:
     """The grammar for tool_choice "required" / a named function (validated tools)."""
     fmt = tool_format(tok)
     if fmt != WRAPPER_FORMAT:
         raise ApiError(400, f"tool_choice {'required' if choice == 'required' else 'function'}: "
                        f"this model's tool-call format ({fmt}) cannot be constrained here; "
                        "use tool_choice 'auto'", param="tool_choice", code="unsupported_value")
-    names = [t.function.name for t in tools]
-    if choice == "required":
+    names = [tool_name(t) for t in tools]
+    if isinstance(choice, str):  # "required"
         picked = list(range(len(tools)))
     else:
-        name = choice["function"]["name"]
+        fn = choice["function"]
+        name = fn["name"] if isinstance(fn, dict) else None
         if name not in names:
             raise ApiError(400, f"tool_choice names function {name!r}, which is not in tools",
                            param="tool_choice.function.name", code="invalid_value")
@@ -175,11 +181,12 @@ def tool_call_grammar(tools: list[Any], choice: Any, parallel: bool | None,
     tail = _lark_str("}\n")
     rules = []
     for i in picked:
-        fn = tools[i].function
-        params = fn.parameters if fn.parameters is not None else NO_PARAMETERS
+        fn_name = names[i]
+        given = tool_parameters(tools[i])
+        params = NO_PARAMETERS if given is None else given
         param = f"tools.{i}.function.parameters"
-        json_grammar(params, tok, param, f"the parameters of tool {fn.name!r}")  # names it
-        head = _lark_str('\n{"name": ' + json.dumps(fn.name, ensure_ascii=False)
+        json_grammar(params, tok, param, f"the parameters of tool {fn_name!r}")  # names it
+        head = _lark_str('\n{"name": ' + json.dumps(fn_name, ensure_ascii=False)
                          + ', "arguments": ')
         rules.append(f"call_{i}: {open_} {head} args_{i} {tail} {close}")
         rules.append(f"args_{i}: %json {json.dumps({**params, 'x-guidance': JSON_LAYOUT})}")
@@ -191,11 +198,9 @@ def tool_call_grammar(tools: list[Any], choice: Any, parallel: bool | None,
     return g
 
 
-def grammar_for(req: Any, tok: ModelTokenizer) -> str:
+def grammar_for(req: GenerationRequest, tok: ModelTokenizer) -> str:
     """The request's grammar ("" : unconstrained). CPU-bound: run it off the loop."""
-    choice = getattr(req, "tool_choice", None)
-    tools = getattr(req, "tools", None)
-    rf = getattr(req, "response_format", None)
+    choice, tools, rf = req.tool_choice, req.tools(), req.response_format
     constrained_tools = choice == "required" or isinstance(choice, dict)
     if constrained_tools:
         if not tools:
@@ -205,5 +210,5 @@ def grammar_for(req: Any, tok: ModelTokenizer) -> str:
             raise ApiError(400, "response_format cannot be combined with tool_choice 'required' "
                            "or a named function", param="response_format",
                            code="invalid_value")
-        return tool_call_grammar(tools, choice, getattr(req, "parallel_tool_calls", None), tok)
+        return tool_call_grammar(tools, choice, req.parallel_tool_calls, tok)
     return response_format_grammar(rf, tok)

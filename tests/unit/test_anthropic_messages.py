@@ -19,6 +19,7 @@ from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Finish, ReasoningEvent, TextEvent, ToolCallEvent
 from services.gateway.request_fields import Support
 from services.gateway.toolcalls import ToolCall
+from tests.support import internal
 from tests.support.messages_bodies import BASE, CLAUDE_CODE_FIRST, SAMPLES
 from tests.support.params import samples
 
@@ -62,7 +63,7 @@ def test_each_row_behaves_as_its_table_says(endpoint):
                 s.validate(json.dumps(body).encode(), endpoint)
             assert e.value.status == 400 and e.value.param == name
         else:
-            t.to_chat(s.validate(json.dumps(body).encode(), endpoint))
+            t.to_internal(s.validate(json.dumps(body).encode(), endpoint))
 
 
 def refused(body: dict, endpoint: str = s.CREATE) -> ApiError:
@@ -119,9 +120,8 @@ def test_translation_onto_a_chat_request():
             "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
             "stop_sequences": ["END"], "temperature": 0, "top_k": 3,
             "thinking": {"type": "enabled", "budget_tokens": 1024}, "max_tokens": 2000}
-    chat = t.to_chat(s.validate(json.dumps(body).encode(), s.CREATE))
-    msgs = [m.model_dump(exclude_none=True) for m in chat.messages]
-    assert msgs == [
+    chat = t.to_internal(s.validate(json.dumps(body).encode(), s.CREATE))
+    assert internal.messages(chat) == [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "add 7"},
         {"role": "assistant", "content": "calling", "reasoning_content": "use add",
@@ -131,22 +131,23 @@ def test_translation_onto_a_chat_request():
         {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: boom"},
         {"role": "user", "content": "next"}]
     assert chat.tool_choice == "required" and chat.parallel_tool_calls is False
-    assert chat.tools[0].function.parameters == {"type": "object"}
-    assert chat.stops() == ["END"] and chat.temperature == 0 and chat.top_k == 3
-    assert chat.chat_template_kwargs == {"enable_thinking": True} and chat.limit() == 2000
-    named = t.to_chat(s.validate(json.dumps({**body, "tool_choice": {
+    assert internal.functions(chat)[0]["parameters"] == {"type": "object"}
+    assert chat.stops == ("END",) and chat.params["temperature"] == 0
+    assert chat.params["top_k"] == 3
+    assert chat.input.template_kwargs == {"enable_thinking": True} and chat.max_tokens == 2000
+    named = t.to_internal(s.validate(json.dumps({**body, "tool_choice": {
         "type": "tool", "name": "add"}}).encode(), s.CREATE))
     assert named.tool_choice == {"type": "function", "function": {"name": "add"}}
-    none = t.to_chat(s.validate(json.dumps({**body, "tool_choice": {"type": "none"}}).encode(),
+    none = t.to_internal(s.validate(json.dumps({**body, "tool_choice": {"type": "none"}}).encode(),
                                 s.CREATE))
     assert none.tool_choice == "none"
     fmt = {**BASE, "output_config": {"format": {"type": "json_schema", "schema": {
         "type": "object"}}}}
-    rf = t.to_chat(s.validate(json.dumps(fmt).encode(), s.CREATE)).response_format
+    rf = t.to_internal(s.validate(json.dumps(fmt).encode(), s.CREATE)).response_format
     assert rf["type"] == "json_schema" and rf["json_schema"]["schema"] == {"type": "object"}
     adaptive = {**BASE, "thinking": {"type": "adaptive"}}
-    assert t.to_chat(s.validate(json.dumps(adaptive).encode(), s.CREATE)) \
-        .chat_template_kwargs is None  # the template's own default
+    assert t.to_internal(s.validate(json.dumps(adaptive).encode(), s.CREATE)) \
+        .input.template_kwargs == {}  # the template's own default
 
 
 def test_blocks_hold_leading_whitespace_and_close_in_order():
@@ -240,8 +241,8 @@ def test_context_management_clear_thinking_keeps_what_it_says():
 
 def test_claude_codes_first_request_is_accepted_and_translated():
     req = s.validate(json.dumps(CLAUDE_CODE_FIRST).encode(), s.CREATE)
-    chat = t.to_chat(req)
+    chat = t.to_internal(req)
     roles = [m["role"] if isinstance(m, dict) else m.role for m in t.chat_messages(req)]
     assert roles == ["system", "user", "system"]
     assert "billing-header" not in t.chat_messages(req)[0]["content"]
-    assert chat.chat_template_kwargs is None and chat.tools[0].function.name == "Bash"
+    assert chat.input.template_kwargs == {} and internal.tool_names(chat)[0] == "Bash"

@@ -15,7 +15,8 @@ from services.gateway import logprobs as lp
 from services.gateway.detok import load_tokenizer
 from services.gateway.errors import ApiError
 from services.gateway.openai_schemas import ChatRequest, CompletionRequest, validate
-from services.gateway.sampling_params import sampling_for, top_logprobs
+from services.gateway.openai_translate import from_chat, from_completion
+from services.gateway.sampling_params import sampling_for
 from services.rank.sampling import sampling_problem, top_logprobs_problem
 from tests.e2e.rank_harness import model_dir
 
@@ -30,10 +31,11 @@ def tok():
 def fields(req, tok, *, chat: bool, defaults: SamplingDefaults | None = None) -> dict:
     """What the gateway puts in the request's Generate: its Sampling record's fields (but
     the seed and grammar admission passes in) and top_logprobs."""
-    s = sampling_for(req, tok, defaults or SamplingDefaults(), seed=0)
+    internal = from_chat(req) if chat else from_completion(req)
+    s = sampling_for(internal.params, tok, defaults or SamplingDefaults(), seed=0)
     out = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)
            if f.name not in ("seed", "grammar")}
-    return {**out, "top_logprobs": top_logprobs(req, chat=chat)}
+    return {**out, "top_logprobs": internal.logprobs}
 
 
 def chat(tok, **kw) -> dict:

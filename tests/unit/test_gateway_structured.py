@@ -14,7 +14,9 @@ import pytest
 from services.gateway import structured
 from services.gateway.detok import load_tokenizer
 from services.gateway.errors import ApiError
+from services.gateway.internal_request import GenerationRequest
 from services.gateway.openai_schemas import ChatRequest
+from services.gateway.openai_translate import from_chat
 from services.rank.grammar import RankGrammars
 from tests.e2e.rank_harness import model_dir
 
@@ -34,9 +36,9 @@ def ranks(tok):
     return RankGrammars(tok.hf, tok.eos_ids, len(tok.hf))
 
 
-def chat(**kw) -> ChatRequest:
-    return ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                                       **kw})
+def chat(**kw) -> GenerationRequest:
+    return from_chat(ChatRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}))
 
 
 def accepts(ranks: RankGrammars, tok, grammar: str, text: str) -> bool:
@@ -46,7 +48,7 @@ def accepts(ranks: RankGrammars, tok, grammar: str, text: str) -> bool:
     return m.try_consume_tokens(ids) == len(ids) and m.is_accepting()
 
 
-def refused(req: ChatRequest, tok) -> ApiError:
+def refused(req: GenerationRequest, tok) -> ApiError:
     with pytest.raises(ApiError) as e:
         structured.grammar_for(req, tok)
     assert e.value.status == 400

@@ -123,14 +123,16 @@ def test_a_model_without_a_chat_template_is_a_400_not_a_500(tmp_path):
     cfg.pop("chat_template", None)
     (bare / "tokenizer_config.json").write_text(json.dumps(cfg))
     (bare / "chat_template.jinja").unlink(missing_ok=True)
+    from services.gateway.openai_translate import from_chat, from_completion
+
     req = ChatRequest.model_validate({"model": "bare", "messages": [{"role": "user", "content": "hi"}]})
     with pytest.raises(ApiError) as err:
-        prompt_ids(req, load_tokenizer(bare), 8)
+        prompt_ids(from_chat(req), load_tokenizer(bare), 8)
     assert err.value.status == 400 and err.value.param == "messages"
     assert "no chat template" in str(err.value)
     # completions still work on it
-    p = prompt_ids(CompletionRequest.model_validate({"model": "bare", "prompt": "hi"}),
-                   load_tokenizer(bare), 8)
+    p = prompt_ids(from_completion(CompletionRequest.model_validate(
+        {"model": "bare", "prompt": "hi"})), load_tokenizer(bare), 8)
     assert p.ids
 
 

@@ -19,6 +19,7 @@ from services.gateway import (
     anthropic_schemas,
     anthropic_translate,
     openai_schemas,
+    openai_translate,
     responses_schemas,
     responses_translate,
 )
@@ -34,15 +35,17 @@ def parse(api: str, **fields):
     if api in (rp.CHAT, rp.COMPLETIONS):
         cls, base = ((openai_schemas.ChatRequest, {"messages": MSGS}) if api == rp.CHAT
                      else (openai_schemas.CompletionRequest, {"prompt": "add 7"}))
-        return openai_schemas.validate(cls, json.dumps({"model": "m", **base, **fields}).encode())
+        req = openai_schemas.validate(cls, json.dumps({"model": "m", **base, **fields}).encode())
+        return (openai_translate.from_chat(req) if api == rp.CHAT
+                else openai_translate.from_completion(req))
     if api == rp.RESPONSES:
         req = responses_schemas.validate(json.dumps(
             {"model": "m", "input": "add 7", **fields}).encode())
-        return responses_translate.to_chat(req, [])
+        return responses_translate.to_internal(req, [])
     req = anthropic_schemas.validate(json.dumps(
         {"model": "m", "messages": MSGS, "max_tokens": 9, **fields}).encode(),
         anthropic_schemas.CREATE)
-    return anthropic_translate.to_chat(req)
+    return anthropic_translate.to_internal(req)
 
 
 def outside(b: rp.Bounds, kind: type) -> list[float]:
@@ -73,7 +76,7 @@ def test_every_api_takes_each_declared_parameter_in_its_declared_range(api):
             continue  # logit_bias: below
         b = p.bounds_in(api)
         for v in inside(b, p.kind):
-            assert getattr(parse(api, **{p.name: v}), p.name) == v, (p.name, v)
+            assert parse(api, **{p.name: v}).params[p.name] == v, (p.name, v)
         for v in outside(b, p.kind):
             if isinstance(v, float) and not math.isfinite(v):
                 continue  # JSON has no NaN/inf: checked apart below
@@ -89,7 +92,7 @@ def test_the_same_question_through_each_api_reaches_the_same_internal_request(ap
     values = samples(api)
     chat = parse(rp.CHAT, **values)
     other = parse(api, **values)
-    assert rp.given(other, rp.CHAT) == rp.given(chat, rp.CHAT) == values
+    assert other.params == chat.params == values
     assert {"seed", "min_p", "top_k"} <= set(values)  # the extensions reach every API
 
 
@@ -98,7 +101,7 @@ def test_messages_keeps_anthropics_own_ranges():
     with pytest.raises(ApiError) as e:
         parse(rp.MESSAGES, temperature=1.5)
     assert e.value.param == "temperature"
-    assert parse(rp.CHAT, temperature=1.5).temperature == 1.5
+    assert parse(rp.CHAT, temperature=1.5).params["temperature"] == 1.5
 
 
 def test_rank0_and_the_deployment_defaults_check_the_declared_ranges():
@@ -142,11 +145,11 @@ def test_logit_bias_reaches_every_api_and_is_checked_at_admission(api):
     from services.gateway.sampling_params import logit_bias
 
     req = parse(api, logit_bias={"5": 100, "1": -2.5})
-    assert req.logit_bias == {"5": 100, "1": -2.5}  # the internal request carries it
-    assert [(b.token, b.bias) for b in logit_bias(req.logit_bias, 10)] == [(1, -2.5), (5, 100.0)]
+    assert req.params["logit_bias"] == {"5": 100, "1": -2.5}  # the internal request carries it
+    assert [(b.token, b.bias) for b in logit_bias(req.params["logit_bias"], 10)] == [(1, -2.5), (5, 100.0)]
     for bad in ({"5": 100.5}, {"x": 1}, {"12": 1}):  # range, key, vocabulary: a 400 naming it
         with pytest.raises(ApiError) as e:
-            logit_bias(parse(api, logit_bias=bad).logit_bias, 10)
+            logit_bias(parse(api, logit_bias=bad).params["logit_bias"], 10)
         assert e.value.param == "logit_bias", bad
     with pytest.raises(ApiError) as e:
         parse(api, logit_bias={"1": "high"})

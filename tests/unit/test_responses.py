@@ -23,6 +23,7 @@ from services.gateway.request_fields import Support
 from services.gateway.response_store import ResponseStore, output_as_input
 from services.gateway.responses_stream import Output, Sequencer
 from services.gateway.toolcalls import ToolCall
+from tests.support import internal
 from tests.support.params import samples
 
 TOOL = {"type": "function", "name": "add", "parameters": {
@@ -148,29 +149,28 @@ def test_translation_onto_a_chat_request():
                                                        "schema": {"type": "object"},
                                                        "strict": True}},
                            include=["message.output_text.logprobs"], top_logprobs=2))
-    chat = rt.to_chat(req, history)
-    msgs = [m.model_dump(exclude_none=True) for m in chat.messages]
-    assert msgs == [
+    chat = rt.to_internal(req, history)
+    assert internal.messages(chat) == [
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "before"},
         {"role": "assistant", "content": "ok"},
-        {"role": "developer", "content": "dev rules"},
+        {"role": "system", "content": "dev rules"},  # developer: the template's system
         {"role": "user", "content": "add 2"},
         {"role": "assistant", "reasoning_content": "hmm", "tool_calls": [
             {"id": "call_1", "type": "function",
              "function": {"name": "add", "arguments": '{"a": 2}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "4"},
     ]
-    assert chat.tools[0].function.name == "add" and chat.tool_choice == "required"
-    assert chat.parallel_tool_calls is False and chat.max_completion_tokens == 7
-    assert (chat.temperature, chat.top_p) == (0.3, 0.5)
+    assert internal.tool_names(chat) == ["add"] and chat.tool_choice == "required"
+    assert chat.parallel_tool_calls is False and chat.max_tokens == 7
+    assert (chat.params["temperature"], chat.params["top_p"]) == (0.3, 0.5)
     assert chat.response_format == {"type": "json_schema", "json_schema": {
         "name": "p", "schema": {"type": "object"}, "strict": True}}
-    assert chat.logprobs is True and chat.top_logprobs == 2
-    named = rt.to_chat(rs.validate(body(tools=[TOOL], tool_choice={"type": "function",
+    assert chat.logprobs == 2
+    named = rt.to_internal(rs.validate(body(tools=[TOOL], tool_choice={"type": "function",
                                                                    "name": "add"})), [])
     assert named.tool_choice == {"type": "function", "function": {"name": "add"}}
-    assert rt.to_chat(rs.validate(body(tools=[TOOL], max_tool_calls=1)), []).parallel_tool_calls \
+    assert rt.to_internal(rs.validate(body(tools=[TOOL], max_tool_calls=1)), []).parallel_tool_calls \
         is False
 
 

@@ -24,6 +24,7 @@ from services.gateway.responses_items import listed
 from services.gateway.responses_stream import Output, Sequencer
 from services.gateway.responses_tools import namespaced
 from services.gateway.toolcalls import ToolCall
+from tests.support import internal
 
 
 def fn(name: str, desc: str | None = None) -> dict:
@@ -75,18 +76,18 @@ def test_codex_first_request_web_search_is_a_400_saying_how_to_drop_it():
 def test_codex_first_request_without_web_search_translates_field_by_field():
     req = rs.validate(json.dumps({**CODEX, "tools": [EXEC, AGENTS]}).encode())
     assert req.client_metadata["turn_id"] == "t1"  # accepted, used for nothing
-    chat = rt.to_chat(req, [])
-    msgs = [m.model_dump(exclude_none=True) for m in chat.messages]
-    assert [m["role"] for m in msgs] == ["developer", "user", "user"]  # developer → system
-    assert [t.function.name for t in chat.tools] == [
+    chat = rt.to_internal(req, [])
+    msgs = internal.messages(chat)
+    assert [m["role"] for m in msgs] == ["system", "user", "user"]  # developer → system
+    assert internal.tool_names(chat) == [
         "exec_command", "multi_agent_v1__close_agent", "multi_agent_v1__spawn_agent"]
-    assert chat.tools[1].function.description == (
+    fns = internal.functions(chat)
+    assert fns[1]["description"] == (
         "Tools for spawning and managing sub-agents.\n\nClose an agent.")
-    assert chat.tools[1].function.parameters == AGENTS["tools"][0]["parameters"]
+    assert fns[1]["parameters"] == AGENTS["tools"][0]["parameters"]
     assert chat.tool_choice == "auto" and chat.parallel_tool_calls is True
     # reasoning.summary alone asks for no reasoning: nothing for a model without one to do
-    assert chat.reasoning_effort is None and chat.chat_template_kwargs is None
-    assert chat.stream is True
+    assert chat.input.reasoning_effort is None and chat.input.template_kwargs == {}
 
 
 def test_a_namespaced_call_comes_back_with_name_and_namespace():
@@ -121,18 +122,18 @@ def test_a_namespaced_call_in_input_is_the_qualified_call():
               "namespace": "multi_agent_v1", "arguments": '{"target": "a1"}'},
              {"type": "function_call_output", "call_id": "c1", "output": "closed",
               "name": "close_agent", "namespace": "multi_agent_v1"}]
-    chat = rt.to_chat(rs.validate(body(input=items, tools=[AGENTS])), [])
-    msgs = [m.model_dump(exclude_none=True) for m in chat.messages]
+    chat = rt.to_internal(rs.validate(body(input=items, tools=[AGENTS])), [])
+    msgs = internal.messages(chat)
     assert msgs[1]["tool_calls"][0]["function"]["name"] == "multi_agent_v1__close_agent"
     assert msgs[2] == {"role": "tool", "tool_call_id": "c1", "content": "closed"}
 
 
 def test_tool_choice_forcing_a_namespaced_function():
     named = {"type": "function", "name": "close_agent"}
-    chat = rt.to_chat(rs.validate(body(tools=[EXEC, AGENTS], tool_choice=named)), [])
+    chat = rt.to_internal(rs.validate(body(tools=[EXEC, AGENTS], tool_choice=named)), [])
     assert chat.tool_choice == {"type": "function",
                                 "function": {"name": "multi_agent_v1__close_agent"}}
-    plain = rt.to_chat(rs.validate(body(tools=[AGENTS, fn("close_agent")], tool_choice=named)),
+    plain = rt.to_internal(rs.validate(body(tools=[AGENTS, fn("close_agent")], tool_choice=named)),
                        [])
     assert plain.tool_choice["function"]["name"] == "close_agent"  # the plain one wins
     other = {**AGENTS, "name": "agents_v2"}

@@ -12,6 +12,7 @@ from models.tinymodel import build_model
 from services.gateway import tool_prompt
 from services.gateway.detok import load_tokenizer
 from services.gateway.openai_schemas import ChatRequest
+from services.gateway.openai_translate import from_chat
 from services.gateway.output_parser import OutputParser
 from services.gateway.prompts import prompt_ids
 from services.gateway.structured import tool_call_grammar, tool_format
@@ -82,9 +83,9 @@ def test_a_template_without_tools_gets_the_gateways_and_renders_a_whole_tool_loo
 
 def test_through_the_request_path_the_tools_cost_prompt_tokens_and_none_drops_them(plain):
     base = {"model": "m", "messages": [{"role": "user", "content": "Weather in Paris?"}]}
-    without = prompt_ids(ChatRequest(**base), plain, 8)
-    offered = prompt_ids(ChatRequest(**base, tools=[WEATHER]), plain, 8)
-    off = prompt_ids(ChatRequest(**base, tools=[WEATHER], tool_choice="none"), plain, 8)
+    without = prompt_ids(from_chat(ChatRequest(**base)), plain, 8)
+    offered = prompt_ids(from_chat(ChatRequest(**base, tools=[WEATHER])), plain, 8)
+    off = prompt_ids(from_chat(ChatRequest(**base, tools=[WEATHER], tool_choice="none")), plain, 8)
     assert len(offered.ids) > len(without.ids) + 40
     assert plain.decode(offered.ids).count("get_weather") == 1
     assert off.ids == without.ids
@@ -96,9 +97,7 @@ def test_calls_come_back_parsed_and_tool_choice_can_force_one(plain):
                     '</tool_call>') + p.flush()
     assert [(c.name, c.arguments) for c in p.calls] == [("get_weather", '{"city": "Oslo"}')]
     assert [k for k, _ in events] == ["tool_call"]
-    from services.gateway.openai_schemas import Tool
-
-    assert tool_call_grammar([Tool(**WEATHER)], "required", None, plain)
+    assert tool_call_grammar([WEATHER], "required", None, plain)
 
 
 def test_a_template_with_tools_renders_them_itself(tiny):
