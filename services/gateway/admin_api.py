@@ -34,7 +34,7 @@ from common.request_params import deployable
 from common.schema import SchemaError, decode_into, to_wire
 from services.gateway.cluster_view import AdminTimeout, SupervisorUnavailable
 from services.gateway.errors import ADMIN_STATUS, ApiError
-from services.gateway.openai_schemas import parse_json
+from services.gateway.request_body import parse_json
 from services.gateway.router import load as route_load
 
 TELEMETRY_SETTLE_S = 5.0  # after a drain, for every rank's telemetry to show it

@@ -23,11 +23,11 @@ from services.gateway import anthropic_render as render
 from services.gateway import anthropic_schemas as schemas
 from services.gateway import anthropic_translate as translate
 from services.gateway.admit_wait import pick_or_wait
+from services.gateway.auth import check_api_key
 from services.gateway.errors import SHAPES
 from services.gateway.gateway_core import names
 from services.gateway.generation import Final, Finish
 from services.gateway.internal_request import GenerationRequest
-from services.gateway.openai_routes import check_api_key
 from services.gateway.prompts import prompt_ids
 from services.gateway.request_channel import Backend, Overloaded
 from services.gateway.request_path import ClientGone, admit

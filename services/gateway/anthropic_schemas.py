@@ -13,7 +13,6 @@ The translation into that chat request: anthropic_translate.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -21,13 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from common.request_params import MESSAGES, params_in
 from services.gateway.detok import ModelTokenizer
 from services.gateway.errors import ApiError
-from services.gateway.openai_schemas import (
+from services.gateway.field_support import FieldRow, FieldTable, Support
+from services.gateway.request_body import (
     MAX_MESSAGES,
     MAX_STOPS,
     MAX_TOOLS,
     parse_json,
 )
-from services.gateway.request_fields import Support
 from services.gateway.sampling_params import ParamFields
 
 H, OK, NO = Support.HONOURED, Support.HARMLESS, Support.REFUSED
@@ -36,18 +35,16 @@ BILLING_LINE = "x-anthropic-billing-header:"  # Claude Code's per-request attrib
 DEFAULT_EFFORT = "high"  # Anthropic's effort when none is given
 
 
-@dataclass(frozen=True)
-class Field_:
-    name: str
-    create: Support | None  # None: not a field of that endpoint
-    count: Support | None
-    note: str
-    untyped: bool = False  # sent by clients, not typed by the anthropic 2.x SDK's
-    # MessageCreateParams (dropped sampling fields; beta fields Claude Code sends)
-    extension: bool = False  # not Anthropic's: ours, as chat spells it (request_params.py)
+def Field_(name: str, create: Support | None, count: Support | None, note: str, *,  # noqa: N802
+           untyped: bool = False, extension: bool = False) -> FieldRow:
+    """A row in this table's columns (None: not a field of that endpoint). `untyped`: sent
+    by clients, not typed by the anthropic 2.x SDK's MessageCreateParams (dropped sampling
+    fields; beta fields Claude Code sends); `extension`: ours, as chat spells it."""
+    where = tuple((ep, s) for ep, s in ((CREATE, create), (COUNT, count)) if s is not None)
+    return FieldRow(name, where, note, untyped=untyped, extension=extension)
 
 
-FIELDS: tuple[Field_, ...] = (
+FIELDS: tuple[FieldRow, ...] = (
     Field_("model", H, H, "a served model's id (`GET /v1/models`)"),
     Field_("messages", H, H, "user / assistant / system turns; text, tool_use, tool_result, "
            "thinking and redacted_thinking blocks (image, document and server-tool blocks: "
@@ -91,9 +88,8 @@ FIELDS: tuple[Field_, ...] = (
     Field_("workspace_id", OK, OK, "one workspace here"),
     Field_("container", NO, None, "no code-execution containers"),
 )
-BY_ENDPOINT: dict[str, dict[str, Field_]] = {
-    ep: {f.name: f for f in FIELDS if (f.create if ep == CREATE else f.count) is not None}
-    for ep in (CREATE, COUNT)}
+TABLE = FieldTable(FIELDS, {CREATE: "/v1/messages", COUNT: "/v1/messages/count_tokens"})
+BY_ENDPOINT: dict[str, dict[str, FieldRow]] = {ep: TABLE.of(ep) for ep in (CREATE, COUNT)}
 
 
 class _M(BaseModel):
@@ -263,15 +259,7 @@ def validate(raw: bytes, endpoint: str, *, max_messages: int = MAX_MESSAGES,
         items = obj.get(name)
         if isinstance(items, list) and len(items) > most:
             raise bad(name, f"{len(items)} {name}; at most {most} per request", "too_many_items")
-    rows = BY_ENDPOINT[endpoint]
-    for name, value in obj.items():
-        row = rows.get(name)
-        if row is None:
-            where = "; it is a field of /v1/messages" if name in BY_ENDPOINT[CREATE] else ""
-            raise bad(name, f"unknown parameter {name!r}{where}", "unknown_parameter")
-        if (row.create if endpoint == CREATE else row.count) is NO and value is not None:
-            raise bad(name, f"{name!r} is not supported by this server: {row.note}",
-                      "unsupported_parameter")
+    TABLE.check(obj, endpoint, fail=bad)
     cm = obj.get("context_management")
     for i, e in enumerate((cm.get("edits") or []) if isinstance(cm, dict) else []):
         if isinstance(e, dict) and e.get("type") == TOOL_USES_EDIT:

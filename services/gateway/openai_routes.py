@@ -8,7 +8,6 @@ client disconnect (ABORT at once), server shutdown.
 
 from __future__ import annotations
 
-import hmac
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from common import model_ref
 from common.sampling_defaults import FIELDS, SamplingDefaults
 from common.schema import to_wire
 from services.gateway import choices
+from services.gateway.auth import check_api_key
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final
 from services.gateway.openai_schemas import ChatRequest, CompletionRequest, validate
@@ -27,23 +27,6 @@ from services.gateway.request_path import ClientGone, admit
 from services.gateway.streaming import Shape
 
 router = APIRouter()
-
-
-def check_api_key(request: Request) -> None:
-    keys = request.app.state.gw.settings.api_keys
-    if not keys:
-        return
-    # `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's).
-    auth = request.headers.get("authorization", "")
-    given = [auth[7:].strip().encode()] if auth.lower().startswith("bearer ") else []
-    if "x-api-key" in request.headers:
-        given.append(request.headers["x-api-key"].strip().encode())
-    if not given:
-        raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>' or "
-                       "'x-api-key: <key>'", code="invalid_api_key")
-    # Every key compared, each in constant time: neither a key nor which one matched leaks.
-    if sum(hmac.compare_digest(g, k.encode()) for g in given for k in keys) == 0:
-        raise ApiError(401, "invalid API key", code="invalid_api_key")
 
 
 @router.get("/v1/models")

@@ -7,20 +7,15 @@ OpenAI-shaped error naming the offending parameter.
 
 from __future__ import annotations
 
-import json
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.gateway import request_fields
 from services.gateway.errors import ApiError
-from services.gateway.jsonguard import lone_surrogate, too_deep
+from services.gateway.request_body import MAX_MESSAGES, MAX_STOPS, MAX_TOOLS, parse_json
 from services.gateway.sampling_params import MAX_TOP_LOGPROBS, SamplingFields
 
-MAX_STOPS = 16
-MAX_JSON_DEPTH = 64  # nesting of any request body (tool schemas included)
-MAX_MESSAGES = 4096  # defaults of the gateway settings max_messages / max_tools
-MAX_TOOLS = 128
 MAX_N = 16  # choices per request: each is its own request on rank 0
 
 
@@ -114,27 +109,6 @@ class CompletionRequest(_Sampling):
 
     def limit(self) -> int | None:
         return self.max_tokens
-
-
-def parse_json(raw: bytes) -> Any:
-    """The body as JSON: at most MAX_JSON_DEPTH deep, every string valid Unicode."""
-    if not raw:
-        raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")
-    too_deep_error = ApiError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels",
-                              code="invalid_json")
-    try:
-        obj = json.loads(raw)  # linear; recursion bounded by Python's limit
-    except RecursionError:
-        raise too_deep_error from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if too_deep(raw, MAX_JSON_DEPTH):  # before pydantic, templates or responses recurse
-        raise too_deep_error
-    bad = lone_surrogate(raw, obj)
-    if bad is not None:
-        raise ApiError(400, f"invalid value for '{bad}': a lone UTF-16 surrogate (\\uD800-\\uDFFF) "
-                       "is not text", param=bad, code="invalid_value")
-    return obj
 
 
 def validate(cls: type[_Sampling], raw: bytes, *, max_messages: int = MAX_MESSAGES,

@@ -1,57 +1,33 @@
 """Every request field of the two OpenAI endpoints, and what this server does with it.
 
-One table (`ROWS`), the single source: validation reads it, docs/gateway.md's field table
-is checked against it, and its OpenAI rows are checked against the fields of the real
-`openai` package's typed params (tests/unit/test_request_fields.py), so a field OpenAI
-adds shows up as a failing test, not as a silent no-op.
-
-- honoured: it has its effect (tested per field);
-- harmless: accepted and without effect, where none is owed to the client (`user`,
-  `metadata`, a cache hint, ...);
-- refused: any value but null (or the row's neutral values) is a 400
-  `unsupported_parameter` naming it.
-
-A field in no row — neither OpenAI's nor one of our documented extensions — is a 400
-`unknown_parameter` naming it. (vLLM accepts unknown fields and only logs a warning; a
-misspelt `max_token` or a `guided_json` this server does not know would then be silently
-ignored, which is the failure this table exists to prevent.) A row marked honoured whose
-field the schema does not (yet) have is refused too: never silently dropped.
+`ROWS` is the single source for them (rows of field_support.py's one type, checked by its
+one loop): validation reads it, docs/gateway.md's field table is checked against it, and
+its OpenAI rows are checked against the fields of the real `openai` package's typed
+params (tests/unit/test_request_fields.py), so a field OpenAI adds shows up as a failing
+test, not as a silent no-op.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 from common.request_params import CHAT, COMPLETIONS, params_in
-from services.gateway.errors import ApiError
-
-
-class Support(enum.StrEnum):
-    HONOURED = "honoured"
-    HARMLESS = "harmless"
-    REFUSED = "refused"
-
+from services.gateway.field_support import FieldRow, FieldTable, Support
+from services.gateway.internal_request import Json
 
 H, OK, NO = Support.HONOURED, Support.HARMLESS, Support.REFUSED
+PATHS = {CHAT: "/v1/chat/completions", COMPLETIONS: "/v1/completions"}
 
 
-@dataclass(frozen=True)
-class Row:
-    name: str
-    chat: Support | None  # None: not a field of that endpoint
-    completions: Support | None
-    note: str
-    extension: bool = False  # not OpenAI's: ours (vLLM's / mlx_lm.server's spelling)
-    neutral: tuple[Any, ...] = (None,)  # values a refused field may take (= absent)
-
-    def support(self, endpoint: str) -> Support | None:
-        return self.chat if endpoint == CHAT else self.completions
+def Row(name: str, chat: Support | None, completions: Support | None, note: str, *,  # noqa: N802
+        extension: bool = False, neutral: tuple[Json, ...] = (None,)) -> FieldRow:
+    """A row in this table's columns (None: not a field of that endpoint)."""
+    where = tuple((ep, s) for ep, s in ((CHAT, chat), (COMPLETIONS, completions))
+                  if s is not None)
+    return FieldRow(name, where, note, neutral=neutral, extension=extension)
 
 
-ROWS: tuple[Row, ...] = (
+ROWS: tuple[FieldRow, ...] = (
     Row("audio", NO, None, "no audio output"),
     Row("best_of", None, NO, "`1` accepted; more candidates than returned is not done here "
         "(use `n`)", neutral=(None, 1)),
@@ -102,31 +78,13 @@ ROWS = tuple(sorted((*ROWS, *(Row(p.name, H, H, p.note(CHAT), extension=p.extens
                               for p in params_in(CHAT))),
                     key=lambda r: (r.extension, r.name)))
 
-BY_ENDPOINT: dict[str, dict[str, Row]] = {
-    ep: {r.name: r for r in ROWS if r.support(ep) is not None} for ep in (CHAT, COMPLETIONS)}
+TABLE = FieldTable(ROWS, PATHS)
+BY_ENDPOINT: dict[str, dict[str, FieldRow]] = {ep: TABLE.of(ep) for ep in PATHS}
 if len({r.name for r in ROWS}) != len(ROWS):  # one row per field
     raise ImportError("request_fields.ROWS names a field twice")
 
 
-def check(obj: Mapping[str, Any], endpoint: str, schema_fields: Mapping[str, Any]) -> None:
+def check(obj: Mapping[str, Json], endpoint: str, schema_fields: Iterable[str]) -> None:
     """Refuse, naming it, the first field of `obj` that is unknown, refused, or honoured
     by the table but absent from the schema (`schema_fields`: the pydantic model's)."""
-    rows = BY_ENDPOINT[endpoint]
-    for name, value in obj.items():
-        row = rows.get(name)
-        if row is None:
-            other = COMPLETIONS if endpoint == CHAT else CHAT
-            where = (f"; it is a field of /v1/{'chat/' if other == CHAT else ''}completions"
-                     if name in BY_ENDPOINT[other] else "")
-            raise ApiError(400, f"unknown parameter {name!r}{where}", param=name,
-                           code="unknown_parameter")
-        support = row.support(endpoint)
-        missing = support is Support.HONOURED and name not in schema_fields
-        if (support is Support.REFUSED or missing) and not _neutral(value, row):
-            raise ApiError(400, f"{name!r} is not supported by this server"
-                           + (f": {row.note}" if support is Support.REFUSED else ""),
-                           param=name, code="unsupported_parameter")
-
-
-def _neutral(value: Any, row: Row) -> bool:
-    return any(value is n or (type(value) is type(n) and value == n) for n in row.neutral)
+    TABLE.check(obj, endpoint, schema_fields=schema_fields)

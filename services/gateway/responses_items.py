@@ -21,8 +21,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from services.gateway.auth import check_api_key
 from services.gateway.errors import ApiError
-from services.gateway.openai_routes import check_api_key
 from services.gateway.responses_routes import not_found, store_of
 
 router = APIRouter()

@@ -25,9 +25,9 @@ from fastapi.responses import JSONResponse, Response
 from services.gateway import responses_schemas as schemas
 from services.gateway import responses_translate as translate
 from services.gateway.admit_wait import pick_or_wait
+from services.gateway.auth import check_api_key
 from services.gateway.errors import ApiError
 from services.gateway.generation import Final, Finish
-from services.gateway.openai_routes import check_api_key
 from services.gateway.request_path import ClientGone, admit
 from services.gateway.response_store import ResponseStore, output_as_input
 from services.gateway.responses_background import Background

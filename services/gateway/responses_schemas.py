@@ -12,15 +12,15 @@ neutral ones a 400 `unsupported_parameter` naming it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from common.request_params import RESPONSES, params_in
 from services.gateway.errors import ApiError
-from services.gateway.openai_schemas import MAX_MESSAGES, MAX_TOOLS, parse_json
-from services.gateway.request_fields import Support
+from services.gateway.field_support import FieldRow, FieldTable, Support
+from services.gateway.internal_request import Json
+from services.gateway.request_body import MAX_MESSAGES, MAX_TOOLS, parse_json
 from services.gateway.responses_tools import FunctionTool, NamespaceTool, forced_name
 from services.gateway.responses_tools import check as check_tools
 from services.gateway.sampling_params import MAX_TOP_LOGPROBS, ParamFields
@@ -30,17 +30,18 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 HARMLESS_INCLUDE = "reasoning.encrypted_content"  # Codex asks for it with store: false
 
 
-@dataclass(frozen=True)
-class Field_:
-    name: str
-    support: Support
-    note: str
-    neutral: tuple[Any, ...] = (None,)  # values a refused field may take (= absent)
-    untyped: bool = False  # sent by clients, not typed by the openai SDK's ResponseCreateParams
-    extension: bool = False  # not OpenAI's: ours, as chat spells it (common/request_params.py)
+ENDPOINT = "responses"
 
 
-FIELDS: tuple[Field_, ...] = (
+def Field_(name: str, support: Support, note: str, *, neutral: tuple[Json, ...] = (None,),  # noqa: N802
+           untyped: bool = False, extension: bool = False) -> FieldRow:
+    """A row: `neutral`, values a refused field may take (= absent); `untyped`, sent by
+    clients, not typed by the openai SDK's ResponseCreateParams; `extension`, ours."""
+    return FieldRow(name, ((ENDPOINT, support),), note, neutral=neutral, untyped=untyped,
+                    extension=extension)
+
+
+FIELDS: tuple[FieldRow, ...] = (
     Field_("model", H, "a served model's id (`GET /v1/models`)"),
     Field_("input", H, "a string, or items: `message` (input_text / output_text / refusal "
            "parts), `function_call` (with a `namespace`: "
@@ -100,9 +101,8 @@ FIELDS: tuple[Field_, ...] = (
     Field_("client_metadata", OK, "an object of strings about the client's turn (Codex sends "
            "its session and turn ids); not stored or returned", untyped=True),
 )
-BY_NAME: dict[str, Field_] = {f.name: f for f in FIELDS}
-if len(BY_NAME) != len(FIELDS):
-    raise ImportError("responses_schemas.FIELDS names a field twice")
+TABLE = FieldTable(FIELDS, {ENDPOINT: "/v1/responses"})
+BY_NAME: dict[str, FieldRow] = TABLE.of(ENDPOINT)
 
 
 class _M(BaseModel):
@@ -255,14 +255,7 @@ def validate(raw: bytes, *, max_messages: int = MAX_MESSAGES,
         if isinstance(items, list) and len(items) > most:
             raise bad(name, f"{len(items)} {name} items; at most {most} per request",
                       "too_many_items")
-    for name, value in obj.items():
-        row = BY_NAME.get(name)
-        if row is None:
-            raise bad(name, f"unknown parameter {name!r}", "unknown_parameter")
-        if row.support is NO and not any(value is n or (type(value) is type(n) and value == n)
-                                         for n in row.neutral):
-            raise bad(name, f"{name!r} is not supported by this server: {row.note}",
-                      "unsupported_parameter")
+    TABLE.check(obj, ENDPOINT, fail=bad)
     check_tools(obj.get("tools"), max_tools)
     if obj.get("truncation") == "auto":
         raise bad("truncation", "'auto' (dropping input to fit the context) is not supported; "

@@ -16,8 +16,8 @@ from services.gateway import anthropic_render as render
 from services.gateway import anthropic_schemas as s
 from services.gateway import anthropic_translate as t
 from services.gateway.errors import ApiError
+from services.gateway.field_support import Support
 from services.gateway.generation import Final, Finish, ReasoningEvent, TextEvent, ToolCallEvent
-from services.gateway.request_fields import Support
 from services.gateway.toolcalls import ToolCall
 from tests.support import internal
 from tests.support.messages_bodies import BASE, CLAUDE_CODE_FIRST, SAMPLES
@@ -44,11 +44,11 @@ def test_every_sdk_field_has_a_row_and_every_row_is_the_sdks():
         p.name for p in params_in(MESSAGES) if p.extension_in(MESSAGES)} >= {"seed", "min_p"}
     assert set(rows[s.CREATE]) == create | untyped
     assert set(rows[s.COUNT]) == count | {f.name for f in s.FIELDS
-                                          if f.untyped and f.count is not None}
+                                          if f.untyped and f.support(s.COUNT) is not None}
     for f in s.FIELDS:  # a row the schema lacks would be silently dropped
-        if f.create is not None:
+        if f.support(s.CREATE) is not None:
             assert f.name in s.MessagesRequest.model_fields, f.name
-        if f.count is not None:
+        if f.support(s.COUNT) is not None:
             assert f.name in s.CountTokensRequest.model_fields, f.name
 
 
@@ -57,7 +57,7 @@ def test_each_row_behaves_as_its_table_says(endpoint):
     for name, row in s.BY_ENDPOINT[endpoint].items():
         body = {k: v for k, v in BASE.items() if endpoint == s.CREATE or k != "max_tokens"}
         body[name] = SAMPLES[name]
-        support = row.create if endpoint == s.CREATE else row.count
+        support = row.support(endpoint)
         if support is Support.REFUSED:
             with pytest.raises(ApiError) as e:
                 s.validate(json.dumps(body).encode(), endpoint)
@@ -192,7 +192,7 @@ def test_the_docs_table_is_the_field_table():
     def col(v):
         return v.value if v is not None else "—"
 
-    assert rows == {f.name: (col(f.create), col(f.count)) for f in s.FIELDS}
+    assert rows == {f.name: (col(f.support(s.CREATE)), col(f.support(s.COUNT))) for f in s.FIELDS}
 
 
 def test_errors_under_v1_messages_take_anthropics_shape_and_no_others():

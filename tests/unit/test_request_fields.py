@@ -61,7 +61,8 @@ def docs_rows() -> dict[str, tuple[str, str, bool]]:
 def test_docs_table_is_the_code_table():
     def cell(s):
         return s.value if s else "—"
-    code = {r.name: (cell(r.chat), cell(r.completions), r.extension) for r in rf.ROWS}
+    code = {r.name: (cell(r.support(rf.CHAT)), cell(r.support(rf.COMPLETIONS)), r.extension)
+            for r in rf.ROWS}
     assert docs_rows() == code
 
 

@@ -17,9 +17,9 @@ from common.request_params import RESPONSES, params_in
 from services.gateway import responses_schemas as rs
 from services.gateway import responses_translate as rt
 from services.gateway.errors import ApiError
+from services.gateway.field_support import Support
 from services.gateway.generation import LogprobsEvent, ReasoningEvent, TextEvent, ToolCallEvent
 from services.gateway.logprobs import TokenLogprob
-from services.gateway.request_fields import Support
 from services.gateway.response_store import ResponseStore, output_as_input
 from services.gateway.responses_stream import Output, Sequencer
 from services.gateway.toolcalls import ToolCall
@@ -96,7 +96,7 @@ def test_every_sdk_field_has_a_row_and_every_row_is_an_sdk_field():
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_each_field_is_honoured_harmless_or_refused_by_name(name):
     extra = {"tools": [TOOL]} if name == "tool_choice" else {}
-    if rs.BY_NAME[name].support is Support.REFUSED:
+    if rs.BY_NAME[name].support(rs.ENDPOINT) is Support.REFUSED:
         e = refusal(**{name: SAMPLES[name]}, **extra)
         assert e.param == name and e.code == "unsupported_parameter" and name in e.message
     else:
@@ -275,4 +275,4 @@ def test_the_docs_table_is_the_field_table():
         if line.startswith("| `"):
             cells = [c.strip() for c in line.strip("|").split("|", 2)]
             rows[cells[0].split("`")[1]] = (cells[1], cells[2])
-    assert rows == {f.name: (f.support.value, f.note) for f in rs.FIELDS}
+    assert rows == {f.name: (f.support(rs.ENDPOINT).value, f.note) for f in rs.FIELDS}
