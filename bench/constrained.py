@@ -40,8 +40,8 @@ def child(trials: int) -> dict:
 
     from common.messages import PlanInsert, SeededSampling
     from common.rankspec import RankSettings
-    from services.gateway.detok import load_tokenizer
-    from services.gateway.structured import json_grammar
+    from services.gateway.core.detok import load_tokenizer
+    from services.gateway.core.structured import json_grammar
     from services.rank.engine import Engine
     from services.rank.grammar import RankGrammars
     from tests.e2e.rank_harness import model_dir

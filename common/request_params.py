@@ -4,7 +4,7 @@ A `Param` says what the parameter is (type, the value that means "off", its rang
 API where the APIs differ), where it may come from (a deployment default: `deployable`)
 and how it is spelled and documented. The layers read it rather than restate it:
 
-- the gateway's request schemas (services/gateway/sampling_params.py builds each API's
+- the gateway's request schemas (services/gateway/core/sampling_params.py builds each API's
   pydantic fields from `params_in(api)`: chat, completions, Responses and Messages);
 - the translation of Responses and Messages into the internal request (`given`);
 - the field-support tables and the docs' field tables (`note`);

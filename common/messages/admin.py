@@ -22,7 +22,7 @@ class AdminRequest:
 class AdminCode(str, enum.Enum):
     """How an admin command ended, typed: `ok`, or why not (the message is for people).
     A closed set: a value outside it fails the schema. The gateway maps each failure to
-    an HTTP status in one table (services/gateway/errors.py ADMIN_STATUS)."""
+    an HTTP status in one table (services/gateway/core/errors.py ADMIN_STATUS)."""
 
     OK = "ok"
     BAD_REQUEST = "bad_request"

@@ -41,7 +41,7 @@ class Abort:
 class ErrorCode(str, enum.Enum):
     """Why rank 0 ended a request with an error, typed (the `error` text is for people).
     A closed set: a value outside it fails the schema. The gateway maps each member to
-    an HTTP status and an OpenAI error code in one table (services/gateway/generation.py)."""
+    an HTTP status and an OpenAI error code in one table (services/gateway/core/generation.py)."""
 
     INVALID_REQUEST = "invalid_request"  # a GENERATE rank 0 refused (ids, sampling params)
     PROMPT_TOO_LONG = "prompt_too_long"  # beyond the context, or the plan's byte bound

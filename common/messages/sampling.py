@@ -32,7 +32,7 @@ class TokenBias:
 @dataclass(kw_only=True)
 class Sampling:
     """A GENERATE's. Its sender decides the seed, once: the gateway draws one at admission
-    for a request that names none (services/gateway/request_path.py); 0 where it cannot
+    for a request that names none (services/gateway/core/request_path.py); 0 where it cannot
     matter (the canary is greedy). Rank 0 checks the values (services/rank/sampling.py
     `sampling_problem`, the ranges of common/request_params.py; the gateway checks them
     first)."""
@@ -50,7 +50,7 @@ class Sampling:
     xtc_threshold: float = 0.1
     logit_bias: list[TokenBias] = field(default_factory=list, metadata=BIAS_LIST)
     # A serialized llguidance grammar ("": none), built and checked by the gateway
-    # (services/gateway/structured.py), compiled on every rank.
+    # (services/gateway/core/structured.py), compiled on every rank.
     grammar: str = field(default="", metadata=GRAMMAR)
 
     def seeded(self, seed: int) -> SeededSampling:

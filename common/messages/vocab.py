@@ -71,7 +71,7 @@ FAILED_STATES = frozenset({DeploymentState.FAILED, DeploymentState.TEARDOWN_FAIL
 class FinishReason(_Wire):
     """How a request's stream ended: its last TOKENS chunk's `finish_reason` (None on
     every other chunk). Sent by rank 0, or by the gateway for a stream it ends itself
-    (rank 0 lost, the deployment gone: services/gateway/request_stream.py `end_here`).
+    (rank 0 lost, the deployment gone: services/gateway/core/request_stream.py `end_here`).
     The APIs' own renderings ("tool_calls", Anthropic's stop reasons) are the gateway's,
     never wire values."""
 

@@ -1,5 +1,5 @@
 """`lockstep gateway [--home DIR] [--host H] [--port P] ...` — the OpenAI-compatible
-HTTP gateway (settings: services/gateway/settings.py)."""
+HTTP gateway (settings: services/gateway/core/settings.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from common.config import ConfigError
 from common.keys import KeyFileError, load_cluster_key
 from common.launcher_watch import watch_launcher
-from services.gateway import settings as gw_settings
+from services.gateway.core import settings as gw_settings
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,18 +13,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.envelope import Key
-from services.gateway import (
-    admin_api,
-    anthropic_routes,
-    console_api,
-    openai_routes,
-    responses_items,
-    responses_routes,
-)
+from services.gateway.admin import api as admin_api
+from services.gateway.admin import console_api
+from services.gateway.anthropic import routes as anthropic_routes
 from services.gateway.catch_all import CatchAll
-from services.gateway.errors import ApiError, shaped
-from services.gateway.gateway_core import Gateway
-from services.gateway.settings import GatewaySettings
+from services.gateway.core.errors import ApiError, shaped
+from services.gateway.core.gateway_core import Gateway
+from services.gateway.core.settings import GatewaySettings
+from services.gateway.openai import routes as openai_routes
+from services.gateway.responses import items as responses_items
+from services.gateway.responses import routes as responses_routes
 
 log = logging.getLogger("lockstep.gateway")
 

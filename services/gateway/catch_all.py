@@ -17,7 +17,7 @@ import traceback
 from starlette.requests import ClientDisconnect
 
 from common.frame_budget import LogLimiter
-from services.gateway.errors import ApiError, shaped
+from services.gateway.core.errors import ApiError, shaped
 
 log = logging.getLogger("lockstep.gateway.errors")
 

@@ -1,7 +1,7 @@
 """Grammar-constrained decoding on a rank: one llguidance matcher per request.
 
 The gateway compiles `response_format` / a required tool call into a serialized
-llguidance grammar (services/gateway/structured.py); the plan carries it verbatim
+llguidance grammar (services/gateway/core/structured.py); the plan carries it verbatim
 (`PlanInsert.sampling.grammar`). Every rank builds the same matcher from the same grammar
 and the same tokenizer, and advances it with the same sampled tokens, so every rank
 applies the same mask at the same step (DESIGN 5.6) without shipping masks in plans: the

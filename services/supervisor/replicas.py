@@ -4,7 +4,7 @@ hosts file in order — replica r takes the next tp×pp rank slots (a host's slo
 
 Each replica is a whole deployment (own launch secret, manifest, barrier, canary and
 verified teardown); the gateway serves them under one model name and routes between
-them (services/gateway/router.py).
+them (services/gateway/core/router.py).
 """
 
 from __future__ import annotations

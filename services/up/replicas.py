@@ -1,10 +1,10 @@
 """`lockstep up --replicas N`: N deployments of one model behind the one gateway, each on
 its own tp×pp rank slots (services/supervisor/replicas.py places them), served under one
-model name and routed between by the gateway (services/gateway/router.py).
+model name and routed between by the gateway (services/gateway/core/router.py).
 
 A replica that fails on its own is torn down with proof and redeployed here, while the
 others serve: the gateway has already resumed its in-flight requests on them
-(services/gateway/resume.py) and routes new ones around it; it rejoins once its canary
+(services/gateway/core/resume.py) and routes new ones around it; it rejoins once its canary
 passed. The restarts budget (--restarts within --restart-window, with its backoff:
 services/up/restart_budget.py) is shared by the replicas; past it a failed replica stays
 down (said once) while the others serve. One replica that cannot be torn down

@@ -21,7 +21,7 @@ from common.deployment_info import read_deployment_info
 from common.home import Paths
 from common.keys import load_cluster_key, requests_key_of
 from common.messages import Generate
-from services.gateway.request_channel import Backend
+from services.gateway.core.request_channel import Backend
 from services.rank.prefix_store import cache_index_path, read_cache_index
 from tests.gwutil import poll_until
 from tests.support import live_cluster as lc

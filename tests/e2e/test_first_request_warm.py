@@ -17,8 +17,8 @@ import re
 import pytest
 
 from common.rankspec import RankSettings
-from services.gateway.detok import load_tokenizer
-from services.gateway.tokenizers import Tokenizers, warm
+from services.gateway.core.detok import load_tokenizer
+from services.gateway.core.tokenizers import Tokenizers, warm
 from services.rank.warmup import DECODE_STEPS, ROWS, WarmReport
 from tests.e2e.rank_harness import Deployment, model_dir
 

@@ -22,7 +22,7 @@ import httpx
 import psutil
 import pytest
 
-from services.gateway.rank_link import HEARTBEAT_TIMEOUT_MS
+from services.gateway.core.rank_link import HEARTBEAT_TIMEOUT_MS
 from tests.gwutil import free_port, poll_until, sse_lines
 from tests.support.processes import interrupt, process_gone, up_argv
 

@@ -19,8 +19,8 @@ import httpx
 import jsonschema
 import pytest
 
-from services.gateway import anthropic_schemas as s
-from services.gateway.field_support import Support
+from services.gateway.anthropic import schemas as s
+from services.gateway.core.field_support import Support
 from tests.gwutil import poll_until
 from tests.support import live_cluster as lc
 from tests.support.messages_bodies import CLAUDE_CODE_FIRST, SAMPLES

@@ -17,7 +17,7 @@ import pytest
 
 from common.request_params import CHAT
 from models.tinymodel import build_model
-from services.gateway import request_fields as rf
+from services.gateway.openai import fields as rf
 from tests.gwutil import GaveUp, free_port, poll_until
 from tests.support.params import samples
 from tests.support.processes import interrupt, up_argv

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from services.gateway.detok import load_tokenizer
+from services.gateway.core.detok import load_tokenizer
 from services.rank.removals import read_removals, removals_path
 from tests.e2e.rank_harness import model_dir
 from tests.gwutil import poll_until, sse_lines

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from services.gateway.settings import GatewaySettings
+from services.gateway.core.settings import GatewaySettings
 from tests.gwutil import sse_lines
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ import pytest
 
 from common.keys import ensure_cluster_key
 from models.tinymodel import build_model
-from services.gateway.settings import GatewaySettings
+from services.gateway.core.settings import GatewaySettings
 from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
 from tests.gwutil import GatewayThread, free_port, poll_until
 

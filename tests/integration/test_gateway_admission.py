@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.config import ConfigError
-from services.gateway import settings as gw_settings
+from services.gateway.core import settings as gw_settings
 from tests.gwutil import poll_until, sse_lines
 from tests.support.fake_gateway import fake_gateway
 

@@ -14,7 +14,7 @@ import zmq.asyncio
 
 from common import messages as m
 from common.bus import Channel
-from services.gateway.request_channel import Backend
+from services.gateway.core.request_channel import Backend
 from services.rank.cache_feed import CacheFeed
 from services.rank.prefix_cache import CachePlanner
 from tests.support.bus import KEY

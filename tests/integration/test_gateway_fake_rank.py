@@ -14,7 +14,7 @@ import pytest
 
 from common.keys import ensure_cluster_key
 from common.messages import ErrorCode
-from services.gateway.settings import GatewaySettings
+from services.gateway.core.settings import GatewaySettings
 from tests.fakes.gateway_fakes import FakeSupervisor
 from tests.gwutil import GatewayThread, free_port, poll_until, sse_lines
 from tests.support.fake_gateway import fake_gateway
@@ -32,7 +32,7 @@ def env(tmp_path_factory):
                       # is never redeployed, and resume has its own tests
                       # (tests/e2e/test_resume_live.py)
                       resume_timeout=0) as g:
-        from services.gateway.detok import load_tokenizer
+        from services.gateway.core.detok import load_tokenizer
 
         tok = load_tokenizer(g.model)
         yield {"gw": g.gw, "rank": g.rank, "sup": g.sup, "tok": tok, "model": g.model.name,
@@ -230,7 +230,7 @@ def test_orphans_and_lost_finals_do_not_leak(env):
     # backend finished, consumer gone (never read its final chunk) → reaped after the grace
     rank.drop_final = False
     backend = next(iter(gw.cluster.backends.values()))
-    from services.gateway.request_channel import RequestStream
+    from services.gateway.core.request_channel import RequestStream
 
     s = RequestStream(backend, "orphan-1", 1)
     s.queue.put_nowait(type("M", (), {"body": type("T", (), {"finish_reason": "stop"})()})())

@@ -10,7 +10,7 @@ import zmq
 import zmq.asyncio
 
 from common.messages import Generate
-from services.gateway.request_channel import Backend, Unavailable
+from services.gateway.core.request_channel import Backend, Unavailable
 from tests.support.bus import KEY
 from tests.support.deployment import deployment_info
 from tests.support.ports import free_port
@@ -51,8 +51,8 @@ async def test_a_cancelled_stream_is_never_moved_by_a_resume():
     (abort-all) before it could move is refused (`Cancelled`), nothing is registered or
     sent on the new deployment; a move keeps any cancel that was set (rebind never
     clears abort_reason)."""
-    from services.gateway.refusals import Cancelled
-    from services.gateway.request_stream import RequestStream
+    from services.gateway.core.refusals import Cancelled
+    from services.gateway.core.request_stream import RequestStream
 
     ctx = zmq.asyncio.Context()
     old = Backend(ctx, deployment_info(requests_endpoint=f"tcp://127.0.0.1:{free_port()}"),

@@ -17,7 +17,7 @@ import zmq
 from common.bus import Channel, configure
 from common.keys import load_cluster_key
 from common.messages import EVENTS
-from services.gateway.cluster_view import _reject_rows
+from services.gateway.core.cluster_view import _reject_rows
 from tests.support.polling import poll_for
 from tests.support.ports import free_port
 from tests.support.processes import REPO, lockstep_env

@@ -19,8 +19,8 @@ import pytest
 from common.envelope import Key
 from common.keys import ensure_cluster_key
 from models.tinymodel import build_model
-from services.gateway.detok import load_tokenizer
-from services.gateway.settings import GatewaySettings
+from services.gateway.core.detok import load_tokenizer
+from services.gateway.core.settings import GatewaySettings
 from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
 from tests.gwutil import GatewayThread, free_port, poll_until
 from tests.support.thinker_model import thinker_model

@@ -43,7 +43,7 @@ def _through_the_gateway(rs: RunningSupervisor, home, expected_text: str) -> Non
     sockets; the official client asks for the same greedy chat completion."""
     import openai
 
-    from services.gateway.settings import GatewaySettings
+    from services.gateway.core.settings import GatewaySettings
     from tests.gwutil import GatewayThread, free_port, poll_until
 
     sk = rs.sup.sockets

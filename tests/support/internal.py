@@ -1,8 +1,8 @@
-"""Reading an internal request (services/gateway/internal_request.py) in tests."""
+"""Reading an internal request (services/gateway/core/internal_request.py) in tests."""
 
 from __future__ import annotations
 
-from services.gateway.internal_request import ChatInput, GenerationRequest, tool_name
+from services.gateway.core.internal_request import ChatInput, GenerationRequest, tool_name
 
 
 def messages(req: GenerationRequest) -> list[dict]:

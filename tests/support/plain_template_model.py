@@ -1,7 +1,7 @@
 """The embedded model with SmolLM2's chat template: one that prints each message's role
 and content and nothing else (no `tools`, no tool calls). The vocabulary and weights are
 unchanged, so ranks can serve it; the gateway writes tools into its prompt itself
-(services/gateway/tool_prompt.py)."""
+(services/gateway/core/tool_prompt.py)."""
 
 from __future__ import annotations
 

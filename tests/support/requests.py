@@ -12,7 +12,7 @@ from common.bus import Channel, configure, new_request_id
 from common.envelope import Key
 from common.keys import KeyFileError, requests_key_of
 from common.messages import REQUESTS_OUT, Generate, Tokens
-from services.gateway.admin_api import GATEWAY_FIELDS
+from services.gateway.admin.api import GATEWAY_FIELDS
 
 CLUSTER_KEYS: list[Key] = []  # cluster keys of supervisors tests started (RunningSupervisor)
 

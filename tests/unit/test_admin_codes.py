@@ -13,9 +13,9 @@ import pytest
 from common.messages import AdminCode, AdminReply, AdminRequest
 from common.messages.commands import COMMANDS, Command
 from common.schema import SchemaError, decode_into, to_wire
-from services.gateway import admin_api
-from services.gateway.errors import ADMIN_STATUS, TYPES, ApiError
-from services.gateway.metrics import Metrics
+from services.gateway.admin import api as admin_api
+from services.gateway.core.errors import ADMIN_STATUS, TYPES, ApiError
+from services.gateway.core.metrics import Metrics
 from services.supervisor import commands
 from services.supervisor.errors import AdminError
 

@@ -102,8 +102,8 @@ def test_the_cli_flags_are_the_args_fields() -> None:
 async def test_the_gateway_keeps_the_status_it_decoded_once(tmp_path) -> None:
     from common.messages import AdminCode, AdminReply, Event, EventName, EventTopic
     from common.schema import to_wire
-    from services.gateway.cluster_view import Cluster, SupervisorUnavailable
-    from services.gateway.settings import GatewaySettings
+    from services.gateway.core.cluster_view import Cluster, SupervisorUnavailable
+    from services.gateway.core.settings import GatewaySettings
     from tests.support.bus import KEY
     from tests.support.deployment import deployment_info
 

@@ -1,4 +1,4 @@
-"""services/gateway/admit_wait.py's decisions, on a stand-in gateway whose `pick` answers
+"""services/gateway/core/admit_wait.py's decisions, on a stand-in gateway whose `pick` answers
 as the real one does (503 while nothing serves, then the backends): a recorded redeploy
 is waited for, nothing coming back is refused at once, the queue bound is a 429, and
 abort-all, shutdown and the deadline end a wait with 503."""
@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.gateway import admit_wait
-from services.gateway.admit_wait import pick_or_wait
-from services.gateway.errors import ApiError
-from services.gateway.settings import GatewaySettings
+from services.gateway.core import admit_wait
+from services.gateway.core.admit_wait import pick_or_wait
+from services.gateway.core.errors import ApiError
+from services.gateway.core.settings import GatewaySettings
 
 
 class Gw:

@@ -12,13 +12,13 @@ import anthropic.types.message_create_params as create_params
 import pytest
 
 from common.request_params import MESSAGES, params_in
-from services.gateway import anthropic_render as render
-from services.gateway import anthropic_schemas as s
-from services.gateway import anthropic_translate as t
-from services.gateway.errors import ApiError
-from services.gateway.field_support import Support
-from services.gateway.generation import Final, Finish, ReasoningEvent, TextEvent, ToolCallEvent
-from services.gateway.toolcalls import ToolCall
+from services.gateway.anthropic import render
+from services.gateway.anthropic import schemas as s
+from services.gateway.anthropic import translate as t
+from services.gateway.core.errors import ApiError
+from services.gateway.core.field_support import Support
+from services.gateway.core.generation import Final, Finish, ReasoningEvent, TextEvent, ToolCallEvent
+from services.gateway.core.toolcalls import ToolCall
 from tests.support import internal
 from tests.support.messages_bodies import BASE, CLAUDE_CODE_FIRST, SAMPLES
 from tests.support.params import samples
@@ -196,8 +196,8 @@ def test_the_docs_table_is_the_field_table():
 
 
 def test_errors_under_v1_messages_take_anthropics_shape_and_no_others():
-    import services.gateway.anthropic_routes  # noqa: F401 - registers its shape
-    from services.gateway.errors import shaped
+    import services.gateway.anthropic.routes  # noqa: F401 - registers its shape
+    from services.gateway.core.errors import shaped
 
     e = ApiError(500, "internal error: KeyError", code="internal")
     for path in ("/v1/messages", "/v1/messages/count_tokens", "/v1/messages/batches"):

@@ -169,7 +169,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_module_imports_itself_round_a_circle():
     """Not even for a type: a lower module declares the Protocol it needs instead
-    (e.g. services/gateway/refusals.py's Backend, services/up/single.py's Up)."""
+    (e.g. services/gateway/core/refusals.py's Backend, services/up/single.py's Up)."""
     assert cycles(module_graph()) == []
 
 
@@ -191,3 +191,30 @@ def test_no_test_module_imports_another():
                     part.startswith("test_") for part in name.split(".")[1:]):
                 bad.append(f"{path.relative_to(ROOT)}: {name}")
     assert bad == []
+
+
+# The gateway, laid out by what it serves (issue 42): one package per API, the admin API
+# and console, and the core they share. The core imports no API; no API imports another.
+GATEWAY = "services.gateway"
+GATEWAY_APIS = ("openai", "responses", "anthropic", "admin")
+GATEWAY_ALLOWED = {
+    "core": {"core"},
+    **{api: {"core", api} for api in GATEWAY_APIS},
+}
+
+
+def test_the_gateway_core_imports_no_api_and_no_api_imports_another():
+    folder = ROOT / "services" / "gateway"
+    subpackages = {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
+    assert subpackages == set(GATEWAY_ALLOWED), subpackages
+    bad = []
+    for pkg, allowed in GATEWAY_ALLOWED.items():
+        for path in sorted((folder / pkg).rglob("*.py")):
+            package = ".".join(path.relative_to(ROOT).parts[:-1])
+            for name in imported_modules(path.read_text(encoding="utf-8"), package):
+                if not name.startswith(GATEWAY + "."):
+                    continue
+                first = name.removeprefix(GATEWAY + ".").split(".")[0]
+                if first not in allowed:
+                    bad.append(f"{path.relative_to(ROOT)}: {name}")
+    assert sorted(set(bad)) == []

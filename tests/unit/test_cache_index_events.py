@@ -1,5 +1,5 @@
 """Rank 0's prefix-cache index as events (services/rank/cache_events.py, cache_feed.py)
-and the gateway's precise index fed by them (services/gateway/cache_index.py): after
+and the gateway's precise index fed by them (services/gateway/core/cache_index.py): after
 every plan's ops, the index built from the events equals the planner's, entry for entry
 and token for token — stores, extensions of a conversation, LRU and budget evictions,
 clears, live stores — and a lost message shows as a gap that a snapshot repairs. Sizes
@@ -17,7 +17,7 @@ from common.bus import Channel
 from common.envelope import DEFAULT_MAX_SIZE, Key, Reason
 from common.messages.cache_events import ENTRY_TOKENS, MESSAGE_TOKENS
 from common.schema import decode_into
-from services.gateway.cache_index import PreciseIndex
+from services.gateway.core.cache_index import PreciseIndex
 from services.rank import cache_events
 from services.rank.cache_events import CacheEventLog
 from services.rank.cache_feed import MAX_SUBSCRIBERS, CacheFeed

@@ -1,13 +1,13 @@
-"""n > 1 (services/gateway/choices.py): one GENERATE per choice with seed + i, and the
+"""n > 1 (services/gateway/core/choices.py): one GENERATE per choice with seed + i, and the
 merged usage/outcome of the response."""
 
 from __future__ import annotations
 
 from common.messages import Generate, Sampling
 from common.request_params import SEED_MOD
-from services.gateway.choices import choice_messages, merged_final
-from services.gateway.errors import ApiError
-from services.gateway.generation import Final, Finish
+from services.gateway.core.choices import choice_messages, merged_final
+from services.gateway.core.errors import ApiError
+from services.gateway.core.generation import Final, Finish
 
 
 def test_each_choice_its_own_request_and_seed():

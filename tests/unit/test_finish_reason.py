@@ -10,7 +10,7 @@ import pytest
 
 from common.messages import FinishReason, Tokens
 from common.schema import SchemaError, decode_into, to_wire
-from services.gateway.generation import Finish
+from services.gateway.core.generation import Finish
 
 
 def chunk(reason) -> dict:

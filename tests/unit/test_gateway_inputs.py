@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from services.gateway.errors import ApiError
-from services.gateway.jsonguard import lone_surrogate, too_deep
-from services.gateway.request_body import MAX_JSON_DEPTH, parse_json
+from services.gateway.core.errors import ApiError
+from services.gateway.core.jsonguard import lone_surrogate, too_deep
+from services.gateway.core.request_body import MAX_JSON_DEPTH, parse_json
 
 
 def nest(depth: int, inner: str = "1") -> bytes:

@@ -1,11 +1,11 @@
-"""The gateway's verdict on its link to rank 0 (services/gateway/rank_link.py), pure:
+"""The gateway's verdict on its link to rank 0 (services/gateway/core/rank_link.py), pure:
 monitor events and `now` in, a typed state out."""
 
 from __future__ import annotations
 
 import zmq
 
-from services.gateway.rank_link import DEALER_OPTIONS, Link, LinkState
+from services.gateway.core.rank_link import DEALER_OPTIONS, Link, LinkState
 
 EP = "tcp://10.0.0.2:5555"
 

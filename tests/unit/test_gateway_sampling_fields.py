@@ -11,12 +11,12 @@ import pytest
 
 from common.messages import Generate, Sampling, SeededSampling, TokenBias, Tokens
 from common.sampling_defaults import Origin, SamplingDefaults
-from services.gateway import logprobs as lp
-from services.gateway.detok import load_tokenizer
-from services.gateway.errors import ApiError
-from services.gateway.openai_schemas import ChatRequest, CompletionRequest, validate
-from services.gateway.openai_translate import from_chat, from_completion
-from services.gateway.sampling_params import sampling_for
+from services.gateway.core import logprobs as lp
+from services.gateway.core.detok import load_tokenizer
+from services.gateway.core.errors import ApiError
+from services.gateway.core.sampling_params import sampling_for
+from services.gateway.openai.schemas import ChatRequest, CompletionRequest, validate
+from services.gateway.openai.translate import from_chat, from_completion
 from services.rank.sampling import sampling_problem, top_logprobs_problem
 from tests.e2e.rank_harness import model_dir
 

@@ -1,4 +1,4 @@
-"""The gateway's grammars for structured output (services/gateway/structured.py), with the
+"""The gateway's grammars for structured output (services/gateway/core/structured.py), with the
 embedded model's tokenizer: each request shape gives the grammar the ranks will compile,
 text that obeys it is accepted to the end, and every schema llguidance cannot compile is
 a 400 naming the field it came from."""
@@ -11,12 +11,12 @@ from dataclasses import replace
 import llguidance as llg
 import pytest
 
-from services.gateway import structured
-from services.gateway.detok import load_tokenizer
-from services.gateway.errors import ApiError
-from services.gateway.internal_request import GenerationRequest
-from services.gateway.openai_schemas import ChatRequest
-from services.gateway.openai_translate import from_chat
+from services.gateway.core import structured
+from services.gateway.core.detok import load_tokenizer
+from services.gateway.core.errors import ApiError
+from services.gateway.core.internal_request import GenerationRequest
+from services.gateway.openai.schemas import ChatRequest
+from services.gateway.openai.translate import from_chat
 from services.rank.grammar import RankGrammars
 from tests.e2e.rank_harness import model_dir
 

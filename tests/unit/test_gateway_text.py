@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.tinymodel import build_model
-from services.gateway.detok import load_tokenizer
-from services.gateway.errors import ApiError
-from services.gateway.openai_schemas import ChatRequest, CompletionRequest, validate
-from services.gateway.stops import StopMatcher
+from services.gateway.core.detok import load_tokenizer
+from services.gateway.core.errors import ApiError
+from services.gateway.core.stops import StopMatcher
+from services.gateway.openai.schemas import ChatRequest, CompletionRequest, validate
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_validation_errors_name_the_parameter():
 
 
 def test_incomplete_utf8_tail_is_exact(tok):
-    from services.gateway.detok import incomplete_utf8_tail
+    from services.gateway.core.detok import incomplete_utf8_tail
 
     assert incomplete_utf8_tail("東".encode()[:2]) and incomplete_utf8_tail(b"ab\xf0\x9f\x9a")
     assert not incomplete_utf8_tail("東".encode()) and not incomplete_utf8_tail(b"abc")
@@ -114,7 +114,7 @@ def test_incomplete_utf8_tail_is_exact(tok):
 def test_a_model_without_a_chat_template_is_a_400_not_a_500(tmp_path):
     import shutil
 
-    from services.gateway.prompts import prompt_ids
+    from services.gateway.core.prompts import prompt_ids
 
     src = build_model(tmp_path / "src", preset="tiny")
     bare = tmp_path / "bare"
@@ -123,7 +123,7 @@ def test_a_model_without_a_chat_template_is_a_400_not_a_500(tmp_path):
     cfg.pop("chat_template", None)
     (bare / "tokenizer_config.json").write_text(json.dumps(cfg))
     (bare / "chat_template.jinja").unlink(missing_ok=True)
-    from services.gateway.openai_translate import from_chat, from_completion
+    from services.gateway.openai.translate import from_chat, from_completion
 
     req = ChatRequest.model_validate({"model": "bare", "messages": [{"role": "user", "content": "hi"}]})
     with pytest.raises(ApiError) as err:
@@ -139,7 +139,7 @@ def test_a_model_without_a_chat_template_is_a_400_not_a_500(tmp_path):
 def test_token_limit_is_capped_by_the_context_and_the_wire():
     from common.envelope import Key, Signer
     from common.messages import Generate
-    from services.gateway.prompts import MAX_TOKENS, token_limit
+    from services.gateway.core.prompts import MAX_TOKENS, token_limit
 
     assert token_limit(None, 512, 8192, 100) == 512  # the gateway's default
     assert token_limit(10**20, 512, 8192, 100) == 8092  # what the context leaves

@@ -3,8 +3,8 @@ the same in a body and in the include_usage chunk."""
 
 from __future__ import annotations
 
-from services.gateway.generation import Final, Finish
-from services.gateway.streaming import Shape
+from services.gateway.core.generation import Final, Finish
+from services.gateway.core.streaming import Shape
 
 
 def test_usage_carries_cached_tokens_in_openais_shape():

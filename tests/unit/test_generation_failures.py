@@ -1,4 +1,4 @@
-"""How a stream ends when its deployment fails (services/gateway/generation.py), on a
+"""How a stream ends when its deployment fails (services/gateway/core/generation.py), on a
 stand-in stream and tokenizer: with resume off, a failure code ends with the rank_lost
 error (502 `backend_error`), never a bare `abort`; a client's cancel stays `abort`; and a
 resume that raises (anything, a CancelledError included) still ends the stream with a
@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from common.messages import ErrorCode, FinishReason, Tokens
-from services.gateway.generation import EndEvent, Finish, Generation
-from services.gateway.resume import Resumer
+from services.gateway.core.generation import EndEvent, Finish, Generation
+from services.gateway.core.resume import Resumer
 
 
 class Detok:

@@ -1,4 +1,4 @@
-"""A resumed request reads as an unfaulted one (services/gateway/generation.py): with the
+"""A resumed request reads as an unfaulted one (services/gateway/core/generation.py): with the
 embedded model's real tokenizer (a thinking variant with its tool-call parser), the same
 tokens are delivered once straight and once cut by a deployment failure after every k
 of them, the rest coming from a continuation; every k must give the client exactly the
@@ -20,8 +20,8 @@ import pytest
 
 from common.messages import ErrorCode, FinishReason, Generate, Tokens
 from models.tinymodel import build_model
-from services.gateway.detok import load_tokenizer
-from services.gateway.generation import (
+from services.gateway.core.detok import load_tokenizer
+from services.gateway.core.generation import (
     KEEPALIVE,
     EndEvent,
     Finish,
@@ -31,8 +31,8 @@ from services.gateway.generation import (
     TextEvent,
     ToolCallEvent,
 )
-from services.gateway.output_parser import OutputParser
-from services.gateway.resume import Outcome, Result, Resumer
+from services.gateway.core.output_parser import OutputParser
+from services.gateway.core.resume import Outcome, Result, Resumer
 from tests.support.thinker_model import thinker_model
 
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {

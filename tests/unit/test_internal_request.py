@@ -9,15 +9,13 @@ import ast
 import json
 from pathlib import Path
 
-from services.gateway import (
-    anthropic_schemas,
-    anthropic_translate,
-    openai_schemas,
-    openai_translate,
-    responses_schemas,
-    responses_translate,
-)
-from services.gateway.internal_request import ChatInput, GenerationRequest
+from services.gateway.anthropic import schemas as anthropic_schemas
+from services.gateway.anthropic import translate as anthropic_translate
+from services.gateway.core.internal_request import ChatInput, GenerationRequest
+from services.gateway.openai import schemas as openai_schemas
+from services.gateway.openai import translate as openai_translate
+from services.gateway.responses import schemas as responses_schemas
+from services.gateway.responses import translate as responses_translate
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -83,8 +81,9 @@ def test_the_same_question_through_chat_messages_and_responses_is_one_internal_r
 
 
 # The modules a request passes through from its route to rank 0: none may say `Any`.
-PATH = ("internal_request", "openai_translate", "anthropic_translate", "responses_translate",
-        "request_path", "prompts", "sampling_params", "structured")
+PATH = ("core/internal_request", "openai/translate", "anthropic/translate",
+        "responses/translate", "core/request_path", "core/prompts", "core/sampling_params",
+        "core/structured")
 
 
 def _any_annotations(path: Path) -> list[str]:

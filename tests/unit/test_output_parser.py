@@ -1,4 +1,4 @@
-"""Model output → content, reasoning and tool calls (services/gateway/output_parser.py),
+"""Model output → content, reasoning and tool calls (services/gateway/core/output_parser.py),
 with mlx-lm's own tool parsers chosen from the chat template as mlx_lm.server chooses,
 and reasoning markers kept by the detokenizer even when they are special tokens."""
 
@@ -11,9 +11,9 @@ import shutil
 import pytest
 
 from models.tinymodel import build_model
-from services.gateway.chat_format import ChatFormat
-from services.gateway.detok import load_tokenizer
-from services.gateway.output_parser import MAX_ENVELOPE, OutputParser
+from services.gateway.core.chat_format import ChatFormat
+from services.gateway.core.detok import load_tokenizer
+from services.gateway.core.output_parser import MAX_ENVELOPE, OutputParser
 from tests.support.thinker_model import thinker_model
 
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {

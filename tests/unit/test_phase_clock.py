@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 from common.deployment_info import DeploymentInfo, RankInfo
 from common.messages import Backend, DeploymentState, PhaseTimes, Telemetry
 from common.schema import decode_into, to_wire
-from services.gateway.metrics import Metrics
+from services.gateway.core.metrics import Metrics
 from services.rank.phase_clock import LoopPhase, PhaseClock
 from services.supervisor.deployment import RankState
 

@@ -10,8 +10,8 @@ import pytest
 
 from common.messages import ErrorCode, Tokens
 from common.schema import SchemaError, decode_into, to_wire
-from services.gateway.errors import TYPES
-from services.gateway.generation import NO_CODE, rank_error
+from services.gateway.core.errors import TYPES
+from services.gateway.core.generation import NO_CODE, rank_error
 from services.rank.errors import StepCause, step_cause
 from services.rank.watchdog_thread import Leave, may_ask
 from services.rank.watchdogs import Inside, Where

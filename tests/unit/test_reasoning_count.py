@@ -3,8 +3,8 @@ one-token and several-token markers, a block the prompt opened, tokens in any ch
 
 from __future__ import annotations
 
-from services.gateway.chat_format import ChatFormat
-from services.gateway.reasoning_count import ReasoningCounter, for_format
+from services.gateway.core.chat_format import ChatFormat
+from services.gateway.core.reasoning_count import ReasoningCounter, for_format
 
 START, END = 5, 6
 

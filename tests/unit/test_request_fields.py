@@ -1,4 +1,4 @@
-"""The request-field table (services/gateway/request_fields.py) is complete by
+"""The request-field table (services/gateway/openai/fields.py) is complete by
 construction: its OpenAI rows are exactly the fields of the real `openai` package's typed
 params, docs/gateway.md's table is exactly it, and every honoured row is a field the
 schema reads (a row ahead of the code is refused at run time, and fails here)."""
@@ -13,9 +13,9 @@ import typing_extensions
 from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
 
-from services.gateway import request_fields as rf
-from services.gateway.errors import ApiError
-from services.gateway.openai_schemas import ChatRequest, CompletionRequest, validate
+from services.gateway.core.errors import ApiError
+from services.gateway.openai import fields as rf
+from services.gateway.openai.schemas import ChatRequest, CompletionRequest, validate
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = {rf.CHAT: ChatRequest, rf.COMPLETIONS: CompletionRequest}

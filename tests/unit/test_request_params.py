@@ -15,15 +15,13 @@ import pytest
 from common import request_params as rp
 from common import sampling_defaults
 from common.messages import Sampling
-from services.gateway import (
-    anthropic_schemas,
-    anthropic_translate,
-    openai_schemas,
-    openai_translate,
-    responses_schemas,
-    responses_translate,
-)
-from services.gateway.errors import ApiError
+from services.gateway.anthropic import schemas as anthropic_schemas
+from services.gateway.anthropic import translate as anthropic_translate
+from services.gateway.core.errors import ApiError
+from services.gateway.openai import schemas as openai_schemas
+from services.gateway.openai import translate as openai_translate
+from services.gateway.responses import schemas as responses_schemas
+from services.gateway.responses import translate as responses_translate
 from services.rank.sampling import sampling_problem
 from tests.support.params import samples
 
@@ -142,7 +140,7 @@ def test_bounds_read_as_intervals(bounds, text):
 
 @pytest.mark.parametrize("api", rp.APIS)
 def test_logit_bias_reaches_every_api_and_is_checked_at_admission(api):
-    from services.gateway.sampling_params import logit_bias
+    from services.gateway.core.sampling_params import logit_bias
 
     req = parse(api, logit_bias={"5": 100, "1": -2.5})
     assert req.params["logit_bias"] == {"5": 100, "1": -2.5}  # the internal request carries it

@@ -14,15 +14,15 @@ from openai.types.responses.response_create_params import (
 )
 
 from common.request_params import RESPONSES, params_in
-from services.gateway import responses_schemas as rs
-from services.gateway import responses_translate as rt
-from services.gateway.errors import ApiError
-from services.gateway.field_support import Support
-from services.gateway.generation import LogprobsEvent, ReasoningEvent, TextEvent, ToolCallEvent
-from services.gateway.logprobs import TokenLogprob
-from services.gateway.response_store import ResponseStore, output_as_input
-from services.gateway.responses_stream import Output, Sequencer
-from services.gateway.toolcalls import ToolCall
+from services.gateway.core.errors import ApiError
+from services.gateway.core.field_support import Support
+from services.gateway.core.generation import LogprobsEvent, ReasoningEvent, TextEvent, ToolCallEvent
+from services.gateway.core.logprobs import TokenLogprob
+from services.gateway.core.toolcalls import ToolCall
+from services.gateway.responses import schemas as rs
+from services.gateway.responses import translate as rt
+from services.gateway.responses.store import ResponseStore, output_as_input
+from services.gateway.responses.stream import Output, Sequencer
 from tests.support import internal
 from tests.support.params import samples
 

@@ -15,15 +15,15 @@ from openai.types.responses import (
     ResponseOutputItemAddedEvent,
 )
 
-from services.gateway import responses_schemas as rs
-from services.gateway import responses_translate as rt
-from services.gateway.errors import ApiError
-from services.gateway.generation import ToolCallEvent
-from services.gateway.response_store import output_as_input
-from services.gateway.responses_items import listed
-from services.gateway.responses_stream import Output, Sequencer
-from services.gateway.responses_tools import namespaced
-from services.gateway.toolcalls import ToolCall
+from services.gateway.core.errors import ApiError
+from services.gateway.core.generation import ToolCallEvent
+from services.gateway.core.toolcalls import ToolCall
+from services.gateway.responses import schemas as rs
+from services.gateway.responses import translate as rt
+from services.gateway.responses.items import listed
+from services.gateway.responses.store import output_as_input
+from services.gateway.responses.stream import Output, Sequencer
+from services.gateway.responses.tools import namespaced
 from tests.support import internal
 
 

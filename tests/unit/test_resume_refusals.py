@@ -1,4 +1,4 @@
-"""A continuation refused in-band (services/gateway/resume.py REFUSED: the new rank 0 at
+"""A continuation refused in-band (services/gateway/core/resume.py REFUSED: the new rank 0 at
 its bound, or not serving yet) is not an answer for the client: wanted again only while
 it has produced no token, sent again under a new id to a deployment with room first,
 within the first failure's deadline, and not counted as a resume (resume_max)."""
@@ -10,8 +10,8 @@ import collections
 from types import SimpleNamespace
 
 from common.messages import ErrorCode, Generate
-from services.gateway import resume as resume_mod
-from services.gateway.resume import Outcome, Resumer
+from services.gateway.core import resume as resume_mod
+from services.gateway.core.resume import Outcome, Resumer
 
 
 class FakeBackend:

@@ -1,4 +1,4 @@
-"""Where a continuation goes and what it weighs (services/gateway/resume.py, router.py,
+"""Where a continuation goes and what it weighs (services/gateway/core/resume.py, router.py,
 app.Gateway.pick), on stand-in backends with the real bound check, stream and router:
 
 - a continuation is routed by the same cache-aware rule as a new request, on prompt +
@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import pytest
 
 from common.messages import ErrorCode, Generate
-from services.gateway.errors import ApiError
-from services.gateway.gateway_core import Gateway
-from services.gateway.request_channel import Backend
-from services.gateway.request_stream import RequestStream
-from services.gateway.resume import Outcome, Resumer
-from services.gateway.router import DECODE_COST, Router, load
+from services.gateway.core.errors import ApiError
+from services.gateway.core.gateway_core import Gateway
+from services.gateway.core.request_channel import Backend
+from services.gateway.core.request_stream import RequestStream
+from services.gateway.core.resume import Outcome, Resumer
+from services.gateway.core.router import DECODE_COST, Router, load
 
 
 class Replica:

@@ -1,5 +1,5 @@
-"""The replica router's rule (services/gateway/router.py) and the approximate index
-(services/gateway/route_index.py), on plain backends: the rule is a pure function of
+"""The replica router's rule (services/gateway/core/router.py) and the approximate index
+(services/gateway/core/route_index.py), on plain backends: the rule is a pure function of
 each replica's streams, its index and the routed counts."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from services.gateway.route_index import RoutedIndex
-from services.gateway.router import DECODE_COST, Reason, Router, load
+from services.gateway.core.route_index import RoutedIndex
+from services.gateway.core.router import DECODE_COST, Reason, Router, load
 
 
 @dataclass

@@ -13,7 +13,7 @@ import pytest
 from common.config import ENV_PREFIX
 from common.rank_env import HostBlasSettings
 from common.rankspec import ENV_OVERRIDES, RankSettings
-from services.gateway.settings import GatewaySettings
+from services.gateway.core.settings import GatewaySettings
 from services.rank.seams import SeamSettings
 from services.reaper.__main__ import ReaperSettings
 from services.supervisor import settings as supervisor_settings

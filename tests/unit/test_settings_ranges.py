@@ -12,7 +12,7 @@ import pytest
 from common.config import ConfigError, load_settings
 from common.rank_env import HostBlasSettings
 from common.rankspec import ENV_OVERRIDES, RankSettings
-from services.gateway import settings as gw_settings
+from services.gateway.core import settings as gw_settings
 from services.rank.seams import TestSeams
 from services.reaper.__main__ import ReaperSettings
 from services.supervisor import settings as sup_settings

@@ -1,4 +1,4 @@
-"""The gateway's per-stream queue (services/gateway/request_stream.py StreamQueue): a
+"""The gateway's per-stream queue (services/gateway/core/request_stream.py StreamQueue): a
 consumer cancelled while it waits (the client left) must not leave the next waiter (the
 drain that took the stream over) deaf to the final chunk."""
 
@@ -9,7 +9,7 @@ import time
 import types
 
 from common.messages import ErrorCode, Tokens
-from services.gateway.request_stream import RequestStream, StreamQueue
+from services.gateway.core.request_stream import RequestStream, StreamQueue
 
 
 def test_a_cancelled_waiter_does_not_deafen_the_next_one():

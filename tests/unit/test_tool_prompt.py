@@ -1,4 +1,4 @@
-"""Tools for a model whose chat template has none (services/gateway/tool_prompt.py): the
+"""Tools for a model whose chat template has none (services/gateway/core/tool_prompt.py): the
 tool list and the tool turns reach the prompt as text in json_tools's form, the calls
 come back parsed, and tool_choice can force one — instead of the tools vanishing from the
 prompt (a silent no-op) and a tool loop failing in the template."""
@@ -9,13 +9,13 @@ import jinja2
 import pytest
 
 from models.tinymodel import build_model
-from services.gateway import tool_prompt
-from services.gateway.detok import load_tokenizer
-from services.gateway.openai_schemas import ChatRequest
-from services.gateway.openai_translate import from_chat
-from services.gateway.output_parser import OutputParser
-from services.gateway.prompts import prompt_ids
-from services.gateway.structured import tool_call_grammar, tool_format
+from services.gateway.core import tool_prompt
+from services.gateway.core.detok import load_tokenizer
+from services.gateway.core.output_parser import OutputParser
+from services.gateway.core.prompts import prompt_ids
+from services.gateway.core.structured import tool_call_grammar, tool_format
+from services.gateway.openai.schemas import ChatRequest
+from services.gateway.openai.translate import from_chat
 from tests.support.plain_template_model import plain_template_model
 
 WEATHER = {"type": "function", "function": {

@@ -1,0 +1,1 @@
+"""What every API shares: admission, routing, streams, resume, prompts, grammar, sampling."""

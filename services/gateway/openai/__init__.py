@@ -1,0 +1,1 @@
+"""OpenAI's chat and text completions (and /v1/models)."""
