@@ -41,6 +41,7 @@ INHERITED = frozenset({ports.RANGE_ENV, TEST_RANGE_ENV, "LOCKSTEP_CACHE"})
 Ready = Literal["banner", "ready", "started"]
 Stop = Literal["proof", "test"]
 
+
 @dataclass(frozen=True)
 class UpOptions:
     """What `lockstep up` is started with, and how the helper waits for it and ends it.
@@ -80,6 +81,8 @@ class UpOptions:
                 *(a for name, value in flags for a in (name, str(value))), *self.extra]
 
     def environ(self) -> dict[str, str]:
+        """This environment without the caller's LOCKSTEP_* settings, the repository on
+        PYTHONPATH, then `env`."""
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("LOCKSTEP_") or k in INHERITED}
         env["PYTHONPATH"] = str(REPO)
