@@ -6,11 +6,10 @@ gateway, so rank 0's bound is reached while this gateway's is not."""
 
 from __future__ import annotations
 
-import os
 import secrets
-import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -21,54 +20,45 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.bus import Channel, configure
 from common.keys import load_cluster_key, requests_key_of
 from common.messages import REQUESTS_OUT, Abort, ErrorCode, Generate, Sampling, Tokens, TokensBatch
-from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
-from tests.support.processes import interrupt, up_argv
+from tests.gwutil import poll_until, sse_lines
 from tests.support.requests import supervisor_record
+from tests.support.up_cluster import UpCluster, UpOptions, up_fixture
 
-ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_BOUND = 2
 RANK_BOUND = 3
 LONG = 400  # tokens; at 0.02 s a step ≥ 8 s: still running while the test acts
 HELD = 3000  # the second gateway's streams: ≥ 60 s, aborted by the test (its gateway's
 # first stream waits for that gateway's tokenizer, a few seconds on a loaded machine)
 
+up = up_fixture(UpOptions(tp=1, ready="ready", env={
+    "LOCKSTEP_MAX_INFLIGHT": str(GATEWAY_BOUND), "LOCKSTEP_MAX_OPEN_REQUESTS": str(RANK_BOUND),
+    "LOCKSTEP_OVERLOAD_RETRY_AFTER_S": "3",
+    "LOCKSTEP_RANK_TEST_SEAMS": "true", "LOCKSTEP_TEST_STEP_DELAY_S": "0.02"}))
+
+
+@dataclass(frozen=True)
+class Live:
+    url: str
+    home: Path
+    dep: dict  # the one deployment, as the admin API showed it once ready
+    model: str
+
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    home = tmp_path_factory.mktemp("uphome")
-    port = free_port()
-    env = {**os.environ, "LOCKSTEP_MAX_INFLIGHT": str(GATEWAY_BOUND),
-           "LOCKSTEP_MAX_OPEN_REQUESTS": str(RANK_BOUND), "LOCKSTEP_OVERLOAD_RETRY_AFTER_S": "3",
-           "LOCKSTEP_RANK_TEST_SEAMS": "true", "LOCKSTEP_TEST_STEP_DELAY_S": "0.02"}
-    out = home / "up.out"
-    with open(out, "wb") as log:
-        proc = subprocess.Popen(up_argv(home, port, "--tp", "1"), cwd=ROOT, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def ready():
-            if proc.poll() is not None:
-                raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
-            return httpx.get(url + "/ready", timeout=5).status_code == 200
-        poll_until(ready, 240, "lockstep up to be ready", interval=0.5)
-        hdr = {"authorization": f"Bearer {(home / 'admin.token').read_text().strip()}"}
-        deps = httpx.get(url + "/admin/api/cluster/deployments", headers=hdr,
-                         timeout=10).json()["deployments"]
-        dep = next(d for d in deps if d["state"] == "serving")
-        yield {"url": url, "home": home, "dep": dep, "model": dep["model"]}
-    finally:
-        interrupt(proc, 90)
+def live(up: UpCluster) -> Live:
+    dep = next(d for d in up.deployments() if d["state"] == "serving")
+    return Live(up.url, up.home, dep, dep["model"])
 
 
 class SecondGateway:
     """A signed DEALER straight to rank 0's requests socket."""
 
-    def __init__(self, live) -> None:
-        key = requests_key_of(supervisor_record(live["dep"]), load_cluster_key(live["home"] / "keys" / "cluster.key"))
+    def __init__(self, live: Live) -> None:
+        key = requests_key_of(supervisor_record(live.dep), load_cluster_key(live.home / "keys" / "cluster.key"))
         self.ch = Channel("test", "requests", sender="gateway-2", send_key=key, accept=REQUESTS_OUT)
         self.ctx = zmq.Context()
         self.sock = configure(self.ctx.socket(zmq.DEALER))
-        self.sock.connect(live["dep"]["requests_endpoint"])
+        self.sock.connect(live.dep["requests_endpoint"])
         self.got: dict[str, list[Tokens]] = {}
 
     def send(self, body) -> None:
@@ -97,15 +87,15 @@ class SecondGateway:
 
 
 class HeldStream(threading.Thread):
-    def __init__(self, live) -> None:
+    def __init__(self, live: Live) -> None:
         super().__init__(daemon=True)
         self.live, self.tokens, self.status = live, 0, None
         self.stop = threading.Event()
 
     def run(self) -> None:
-        body = {"model": self.live["model"], "prompt": "hello", "max_tokens": HELD,
+        body = {"model": self.live.model, "prompt": "hello", "max_tokens": HELD,
                 "stream": True, "temperature": 0}
-        with httpx.stream("POST", self.live["url"] + "/v1/completions", json=body,
+        with httpx.stream("POST", self.live.url + "/v1/completions", json=body,
                           timeout=60) as r:
             self.status = r.status_code
             for kind, d in sse_lines(r):
@@ -115,16 +105,16 @@ class HeldStream(threading.Thread):
                     return  # leaving the with-block closes the connection: an ABORT
 
 
-def overloads(live) -> dict[str, float]:
-    text = httpx.get(live["url"] + "/metrics", timeout=10).text
+def overloads(live: Live) -> dict[str, float]:
+    text = httpx.get(live.url + "/metrics", timeout=10).text
     return {s.labels["bound"]: s.value for fam in text_string_to_metric_families(text)
             if fam.name == "lockstep_gateway_overloaded" for s in fam.samples
             if s.name.endswith("_total")}
 
 
-def post(live, **kw) -> httpx.Response:
-    return httpx.post(live["url"] + "/v1/completions", timeout=60,
-                      json={"model": live["model"], "prompt": "hi", "max_tokens": 4, **kw})
+def post(live: Live, **kw) -> httpx.Response:
+    return httpx.post(live.url + "/v1/completions", timeout=60,
+                      json={"model": live.model, "prompt": "hi", "max_tokens": 4, **kw})
 
 
 @pytest.mark.timeout(240)

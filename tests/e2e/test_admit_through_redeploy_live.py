@@ -14,15 +14,14 @@ import concurrent.futures
 import json
 import os
 import signal
-import subprocess
 
 import httpx
 import psutil
 import pytest
 
 from common.home import Paths
-from tests.gwutil import free_port, poll_until
-from tests.support.processes import REPO, interrupt, kill_group, lockstep_env, up_argv
+from tests.gwutil import poll_until
+from tests.support.up_cluster import UpOptions, up_cluster
 
 READY_S = 240.0
 
@@ -58,16 +57,10 @@ def ask(url: str, i: int) -> tuple[int, str]:
 @pytest.mark.parametrize("admit_wait", ["default", "0"])
 def test_requests_sent_during_a_redeploy_wait_for_it(tmp_path, admit_wait):
     env = {} if admit_wait == "default" else {"LOCKSTEP_ADMIT_WAIT": admit_wait}
-    port, out = free_port(), tmp_path / "up.out"
-    with open(out, "wb") as log:
-        proc = subprocess.Popen(up_argv(tmp_path, port, "--tp", "2", "--restarts", "1"),
-                                cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=lockstep_env(**env))
-    url, record = f"http://127.0.0.1:{port}", Paths(tmp_path).redeploy_file
-    try:
-        poll_until(lambda: proc.poll() is None and "Press Ctrl-C" in out.read_text(),
-                   READY_S, "lockstep up to serve", interval=0.1)
-        first = rank_pids(tmp_path)
+    with up_cluster(tmp_path, UpOptions(tp=2, restarts=1, env=env, ready_s=READY_S)) as c:
+        url, out, record = c.url, c.out, Paths(c.home).redeploy_file
+        first = rank_pids(c.home)
+        c.pids |= set(first)
         assert record.exists()  # from the first serving on: a failure is redeployed
         os.kill(first[-1], signal.SIGKILL)
         poll_until(lambda: httpx.get(url + "/ready", timeout=10).status_code == 503, 60,
@@ -76,11 +69,12 @@ def test_requests_sent_during_a_redeploy_wait_for_it(tmp_path, admit_wait):
             got = list(pool.map(lambda i: ask(url, i), range(8)))
         if admit_wait == "0":  # today's behaviour: refused at once
             assert [s for s, _ in got] == [503] * 8, got
-            assert {c for _, c in got} == {"model_not_ready"}, got
+            assert {code for _, code in got} == {"model_not_ready"}, got
             return
         assert [s for s, _ in got] == [200] * 8, got
         assert all(text for _, text in got), got
-        second = rank_pids(tmp_path)
+        second = rank_pids(c.home)
+        c.pids |= set(second)
         assert len(second) == 2 and not set(second) & set(first)  # served by the redeploy
         assert record.exists()  # the promise stands
 
@@ -93,7 +87,4 @@ def test_requests_sent_during_a_redeploy_wait_for_it(tmp_path, admit_wait):
         r = httpx.post(url + "/v1/completions", timeout=30,
                        json={"model": "tiny", "prompt": "x", "max_tokens": 2})
         assert "admit_wait" not in r.json()["error"]["message"]  # not the end of a wait
-        assert proc.poll() is None
-    finally:
-        interrupt(proc, 120)
-        kill_group(proc)
+        assert c.proc.poll() is None

@@ -12,12 +12,10 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.gwutil import GaveUp, free_port, poll_until
+from tests.gwutil import poll_until
 from tests.support.probes import (
     NO_EOS,
     PROBES,
@@ -27,54 +25,32 @@ from tests.support.probes import (
     run_probes,
     stream_chat,
 )
-from tests.support.processes import REPO, interrupt, up_argv
+from tests.support.processes import REPO
+from tests.support.up_cluster import UpCluster, UpOptions, up_cluster
 
 pytestmark = pytest.mark.soak
+READY_S = 600.0  # the bench preset, larger than tiny, is built before it is deployed
 
 
-def _boot(tmp: Path, *extra: str) -> dict:
-    home, port, out = tmp / "home", free_port(), tmp / "up.out"
-    log = open(out, "wb")  # noqa: SIM115 - closed by _stop
-    proc = subprocess.Popen(up_argv(home, port, *extra), cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-    def banner() -> bool:
-        if proc.poll() is not None:
-            raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
-        return "Press Ctrl-C" in out.read_text()
-    poll_until(banner, 600, "lockstep up's banner", interval=0.2)
-    hdr = {"Authorization": f"Bearer {(home / 'admin.token').read_text().strip()}"}
-    url = f"http://127.0.0.1:{port}"
-    deps = httpx.get(url + "/admin/api/cluster/deployments", headers=hdr,
-                     timeout=10).json()["deployments"]
-    return {"proc": proc, "log": log, "url": url, "hdr": hdr, "out": out,
-            "dep": next(d for d in deps if d["state"] == "serving")}
-
-
-def _stop(c: dict) -> None:
-    interrupt(c["proc"], 120)
-    c["log"].close()
-    assert c["proc"].returncode == 0, c["out"].read_text()[-3000:]
+def _serving(c: UpCluster) -> dict:
+    return next(d for d in c.deployments() if d["state"] == "serving")
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("split", [("--tp", "1", "--pp", "1"), ("--tp", "1", "--pp", "2")],
-                         ids=["one-rank", "pp2"])
-def test_probes_identical_on_the_bench_preset(tmp_path, split):
-    c = _boot(tmp_path, "--model", "bench", *split)
-    try:
-        model, dep = c["dep"]["model"], c["dep"]["deployment_id"]
-        assert c["dep"]["determinism"] == "on"
+@pytest.mark.parametrize("pp", [1, 2], ids=["one-rank", "pp2"])
+def test_probes_identical_on_the_bench_preset(tmp_path, pp):
+    with up_cluster(tmp_path, UpOptions(model="bench", tp=1, pp=pp, ready_s=READY_S)) as c:
+        serving = _serving(c)
+        model, dep = serving["model"], serving["deployment_id"]
+        assert serving["determinism"] == "on"
         alone = {}
         for kind in PROBES:
-            clear_cache(c["url"], c["hdr"], dep)
-            alone.update(run_probes(c["url"], model, [kind]))
-        clear_cache(c["url"], c["hdr"], dep)
-        assert_same(run_probes(c["url"], model, list(PROBES), companions=6), alone,
+            clear_cache(c.url, c.hdr, dep)
+            alone.update(run_probes(c.url, model, [kind]))
+        clear_cache(c.url, c.hdr, dep)
+        assert_same(run_probes(c.url, model, list(PROBES), companions=6), alone,
                     "beside six companions")
-        assert_same(run_probes(c["url"], model, list(PROBES)), alone, "from the prefix cache")
-    finally:
-        _stop(c)
+        assert_same(run_probes(c.url, model, list(PROBES)), alone, "from the prefix cache")
 
 
 @pytest.mark.timeout(1200)
@@ -82,30 +58,29 @@ def test_a_long_prompt_chunked_by_load_equals_it_prefilled_alone(tmp_path):
     """--prefill-long-prompt 64: while streams decode, rank 0 sizes the probe's prompt
     chunks from its step times (services/rank/prefill_policy.py); alone, nothing decodes
     and it prefills in chunks of 512."""
-    c = _boot(tmp_path, "--tp", "2", "--prefill-long-prompt", "64")
-    try:
-        model, dep = c["dep"]["model"], c["dep"]["deployment_id"]
+    opts = UpOptions(tp=2, extra=("--prefill-long-prompt", "64"), ready_s=READY_S)
+    with up_cluster(tmp_path, opts) as c:
+        dep_info = _serving(c)
+        model, dep = dep_info["model"], dep_info["deployment_id"]
         prompt = " ".join(f"Line {i}: the mill turns and the river runs." for i in range(120))
-        alone = run_probes(c["url"], model, ["greedy"], prompt=prompt)
-        clear_cache(c["url"], c["hdr"], dep)
+        alone = run_probes(c.url, model, ["greedy"], prompt=prompt)
+        clear_cache(c.url, c.hdr, dep)
         out: dict = {}
         lock = threading.Lock()
-        busy = [threading.Thread(target=stream_chat, args=(c["url"], {
+        busy = [threading.Thread(target=stream_chat, args=(c.url, {
             "model": model, "stream": True, "max_tokens": 300, "temperature": 0,
             "logit_bias": NO_EOS, "messages": [{"role": "user", "content": f"count {i}"}]},
             out, f"busy{i}", lock), daemon=True) for i in range(4)]
         for t in busy:
             t.start()
         poll_until(lambda: len(out.get("progress") or {}) == 4, 60, "four streams decoding")
-        stream_chat(c["url"], probe_body(model, "greedy", prompt=prompt), out, "greedy", lock)
+        stream_chat(c.url, probe_body(model, "greedy", prompt=prompt), out, "greedy", lock)
         assert "error" not in out["greedy"], out["greedy"]
         assert all(k not in out for k in ("busy0", "busy1", "busy2", "busy3")), \
             "a stream ended before the probe: its prefill may not have been load-sized"
         for t in busy:
             t.join(240)
         assert_same({"greedy": out["greedy"]}, alone, "prefilled in load-sized chunks")
-    finally:
-        _stop(c)
 
 
 @pytest.mark.timeout(3600)

@@ -20,70 +20,45 @@ import sys
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
-from tests.gwutil import GaveUp, free_port, poll_until, sse_lines
-from tests.support.processes import interrupt, process_gone, up_argv
+from tests.gwutil import poll_until, sse_lines
+from tests.support.up_cluster import UpCluster, UpOptions, up_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(600)
+# rank 0 sleeps 20 ms a step (test seam): turn 5 is surely mid-stream at the kill
+OPTIONS = UpOptions(tp=2, restarts=2, extra=("--prompt-cache-disk-bytes", str(256 << 20)),
+                    env={"LOCKSTEP_PEER_ABORT_GRACE": "1", "LOCKSTEP_RANK_TEST_SEAMS": "true",
+                         "LOCKSTEP_TEST_STEP_DELAY_S": "0.02"})
 
 
-class Up:
-    def __init__(self, tmp: Path, home: Path, name: str) -> None:
-        self.port, self.out = free_port(), tmp / f"{name}.out"
-        # rank 0 sleeps 20 ms a step (test seam): turn 5 is surely mid-stream at the kill
-        env = {**os.environ, "LOCKSTEP_PEER_ABORT_GRACE": "1",
-               "LOCKSTEP_RANK_TEST_SEAMS": "true", "LOCKSTEP_TEST_STEP_DELAY_S": "0.02"}
-        self.log = open(self.out, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            up_argv(home, self.port, "--tp", "2", "--restarts", "2",
-                    "--prompt-cache-disk-bytes", str(256 << 20)),
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-            env=env)
-        self.url = f"http://127.0.0.1:{self.port}"
-        poll_until(self._banner, 240, "lockstep up's banner", interval=0.2)
-        token = (home / "admin.token").read_text().strip()
-        self.hdr = {"Authorization": f"Bearer {token}"}
+def serving(up: UpCluster) -> dict | None:
+    return next((d for d in up.deployments() if d["state"] == "serving"), None)
 
-    def _banner(self) -> bool:
-        if self.proc.poll() is not None:
-            raise GaveUp(f"lockstep up exited: {self.out.read_text()[-3000:]}")
-        return "Press Ctrl-C" in self.out.read_text()
 
-    def serving(self) -> dict | None:
-        deps = httpx.get(self.url + "/admin/api/cluster/deployments", headers=self.hdr,
-                         timeout=10).json()["deployments"]
-        return next((d for d in deps if d["state"] == "serving"), None)
+def chat(up: UpCluster, messages: list[dict], **kw) -> tuple[str, int, int]:
+    text, prompt_tokens, cached, _ = chat_logprobs(up, messages, **kw)
+    return text, prompt_tokens, cached
 
-    def chat(self, messages: list[dict], **kw) -> tuple[str, int, int]:
-        text, prompt_tokens, cached, _ = self.chat_logprobs(messages, **kw)
-        return text, prompt_tokens, cached
 
-    def chat_logprobs(self, messages: list[dict], **kw) -> tuple[str, int, int, list]:
-        """The reply's text, prompt and cached tokens, and every token's logprob and top
-        logprobs (compared exactly: determinism)."""
-        body = {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 8,
-                "logprobs": True, "top_logprobs": 2, **kw}
-        r = httpx.post(self.url + "/v1/chat/completions", json=body, timeout=120)
-        assert r.status_code == 200, r.text
-        j = r.json()
-        cached = (j["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-        lps = [(t["token"], t["logprob"], [(x["token"], x["logprob"]) for x in t["top_logprobs"]])
-               for t in j["choices"][0]["logprobs"]["content"]]
-        return j["choices"][0]["message"]["content"], j["usage"]["prompt_tokens"], cached, lps
+def chat_logprobs(up: UpCluster, messages: list[dict], **kw) -> tuple[str, int, int, list]:
+    """The reply's text, prompt and cached tokens, and every token's logprob and top
+    logprobs (compared exactly: determinism)."""
+    body = {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 8,
+            "logprobs": True, "top_logprobs": 2, **kw}
+    r = httpx.post(up.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    j = r.json()
+    cached = (j["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    lps = [(t["token"], t["logprob"], [(x["token"], x["logprob"]) for x in t["top_logprobs"]])
+           for t in j["choices"][0]["logprobs"]["content"]]
+    return j["choices"][0]["message"]["content"], j["usage"]["prompt_tokens"], cached, lps
 
-    def rank0_cache(self) -> dict:
-        dep = self.serving()
-        return dep and next(r for r in dep["ranks"] if r["rank"] == 0)["cache"]
 
-    def stop(self) -> None:
-        tree = [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
-        interrupt(self.proc, 120)
-        self.log.close()
-        assert self.proc.returncode == 0, self.out.read_text()[-3000:]
-        poll_until(lambda: all(process_gone(p) for p in tree), 20, "every process gone")
+def rank0_cache(up: UpCluster) -> dict:
+    dep = serving(up)
+    return dep and next(r for r in dep["ranks"] if r["rank"] == 0)["cache"]
 
 
 def turn(i: int) -> dict:
@@ -96,7 +71,7 @@ MAX5 = 48
 NO_EOS = {"0": -100, "2": -100}  # the tiny preset's EOS ids: turn 5 runs to MAX5
 
 
-def stream_killing(up: Up, messages: list[dict], victim: int) -> str:
+def stream_killing(up: UpCluster, messages: list[dict], victim: int) -> str:
     """Turn 5, streamed; rank `victim` SIGKILLed once 5 chunks arrived. Its text."""
     body = {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": MAX5,
             "logit_bias": NO_EOS, "stream": True}
@@ -123,31 +98,31 @@ def test_a_conversation_outlives_a_killed_rank_and_a_restart(tmp_path):
     msgs: list[dict] = []
     prompts: list[int] = []
 
-    def say(up: Up, i: int) -> int:
+    def say(up: UpCluster, i: int) -> int:
         msgs.append(turn(i))
-        text, prompt_tokens, cached = up.chat(msgs)
+        text, prompt_tokens, cached = chat(up, msgs)
         msgs.append({"role": "assistant", "content": text})
         prompts.append(prompt_tokens)
         return cached
 
-    up = Up(tmp_path, home, "first")
-    try:
+    with up_cluster(tmp_path / "first", OPTIONS, home=home) as up:
         for i in range(4):
             say(up, i)
-        dep = up.serving()
+        dep = serving(up)
         victim = next(r for r in dep["ranks"] if r["rank"] == 1)["pid"]
+        up.pids.add(victim)
         msgs.append(turn(4))
         resumed = stream_killing(up, msgs, victim)
-        d2 = up.serving()
+        d2 = serving(up)
         assert d2 is not None and d2["job_id"] != dep["job_id"]
         resumes = httpx.get(up.url + "/admin/api/cluster/status", headers=up.hdr,
                             timeout=10).json()["gateway"]["recent_resumes"]
         assert len(resumes) == 1, resumes
         # the continuation was the redeployed ranks' first request: the history it
         # started from came from disk (rank 0 loaded it), not a prefill
-        poll_until(lambda: (up.rank0_cache() or {}).get("disk_hits", 0) >= 1, 10,
+        poll_until(lambda: (rank0_cache(up) or {}).get("disk_hits", 0) >= 1, 10,
                    "rank 0's telemetry counting the disk hit")
-        again, p5, cached5 = up.chat(msgs, max_tokens=MAX5, logit_bias=NO_EOS)
+        again, p5, cached5 = chat(up, msgs, max_tokens=MAX5, logit_bias=NO_EOS)
         assert again == resumed and cached5 >= prompts[3]
         msgs.append({"role": "assistant", "content": again})
         prompts.append(p5)
@@ -165,25 +140,20 @@ def test_a_conversation_outlives_a_killed_rank_and_a_restart(tmp_path):
         assert "; disk " in status.stdout, status.stdout + status.stderr
         for i in range(5, 8):
             say(up, i)
-    finally:
-        up.stop()
     assert len(list((home / "kvcache").glob("*/*-rank1/*.safetensors"))) >= 1
 
-    up = Up(tmp_path, home, "second")
-    try:
+    with up_cluster(tmp_path / "second", OPTIONS, home=home) as up:
         msgs.append(turn(8))
-        text9, p9, cached9, lp9 = up.chat_logprobs(msgs, max_tokens=24, logit_bias=NO_EOS)
+        text9, p9, cached9, lp9 = chat_logprobs(up, msgs, max_tokens=24, logit_bias=NO_EOS)
         assert cached9 >= prompts[7]  # the 8 turns before it, read back from disk
-        dep = up.serving()
+        dep = serving(up)
         r = httpx.post(up.url + f"/admin/api/cluster/deployments/{dep['deployment_id']}"
                        "/cache-clear", headers=up.hdr, timeout=30)
         assert r.status_code == 200, r.text
         poll_until(lambda: not list((home / "kvcache").glob("*/*/*.safetensors")), 10,
                    "both tiers empty, on every rank's disk")
-        cold, p9_cold, cached_cold, lp_cold = up.chat_logprobs(msgs, max_tokens=24,
-                                                               logit_bias=NO_EOS)
+        cold, p9_cold, cached_cold, lp_cold = chat_logprobs(up, msgs, max_tokens=24,
+                                                            logit_bias=NO_EOS)
         # from disk or cold: the same text and the same logprobs, bit for bit
         assert (cold, p9_cold, cached_cold) == (text9, p9, 0)
         assert lp_cold == lp9 and len(lp9) == 24
-    finally:
-        up.stop()

@@ -16,17 +16,16 @@ import signal
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
 from services.gateway.core.rank_link import HEARTBEAT_TIMEOUT_MS
-from tests.gwutil import free_port, poll_until, sse_lines
-from tests.support.processes import interrupt, process_gone, up_argv
+from tests.gwutil import poll_until, sse_lines
+from tests.support.processes import process_gone
+from tests.support.up_cluster import UpCluster, UpOptions, up_cluster
 
-ROOT = Path(__file__).resolve().parents[2]
 FAIL_WITHIN_S = 5.0  # from the kill to the error at the client: the supervisor has no part
 # Only the link's close event is this fast: ZMTP heartbeats alone would take their timeout.
 assert FAIL_WITHIN_S < HEARTBEAT_TIMEOUT_MS / 1000, "the bound must tell the close from heartbeats"
@@ -107,25 +106,23 @@ class Running:
 
 @pytest.mark.timeout(420)
 def test_rank0_killed_with_the_supervisor_frozen_fails_streams_at_once(tmp_path):
-    port = free_port()
-    out = tmp_path / "up.out"
-    with open(out, "wb") as log:
-        # the fail path under test: no resume (LOCKSTEP_RESUME_TIMEOUT=0) and no wait for
-        # the redeploy (LOCKSTEP_ADMIT_WAIT=0): the in-band failure and the 503 at once
-        up = subprocess.Popen(up_argv(tmp_path / "home", port, "--restarts", "1"), cwd=ROOT,
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, "LOCKSTEP_RESUME_TIMEOUT": "0",
-                                   "LOCKSTEP_ADMIT_WAIT": "0"})
-    url = f"http://127.0.0.1:{port}"
-    text = lambda: out.read_text(errors="replace")  # noqa: E731
+    # the fail path under test: no resume (LOCKSTEP_RESUME_TIMEOUT=0) and no wait for the
+    # redeploy (LOCKSTEP_ADMIT_WAIT=0): the in-band failure and the 503 at once
+    opts = UpOptions(restarts=1, env={"LOCKSTEP_RESUME_TIMEOUT": "0", "LOCKSTEP_ADMIT_WAIT": "0"})
+    with up_cluster(tmp_path, opts) as c:
+        _rank0_lost(c)
+
+
+def _rank0_lost(c: UpCluster) -> None:
+    up, url, hdr, text = c.proc, c.url, c.hdr, c.text
     sup: int | None = None
     try:
-        poll_until(lambda: text().count("Press Ctrl-C") == 1, 240, "the first banner", 0.5)
-        hdr = {"authorization": "Bearer " + (tmp_path / "home/admin.token").read_text().strip()}
+        assert c.banners() == 1, text()[-3000:]
         deps = httpx.get(url + "/admin/api/cluster/deployments", headers=hdr,
                          timeout=10).json()["deployments"]
         first = next(d for d in deps if d["state"] == "serving")
         rank0 = next(r["pid"] for r in first["ranks"] if r["rank"] == 0)
+        c.pids |= {r["pid"] for r in first["ranks"]}
         model = first["model"]
         sup = _supervisor_pid(up)
 
@@ -170,7 +167,7 @@ def test_rank0_killed_with_the_supervisor_frozen_fails_streams_at_once(tmp_path)
 
         os.kill(sup, signal.SIGCONT)
         sup = None
-        poll_until(lambda: text().count("Press Ctrl-C") == 2, 240, "the redeploy's banner", 0.5)
+        poll_until(lambda: c.running() and c.banners() == 2, 240, "the redeploy's banner", 0.5)
         poll_until(lambda: process_gone(rank0), 30, "the killed rank 0 to be reaped")
         r = httpx.post(url + "/v1/completions", timeout=60, json={**body, "max_tokens": 4})
         assert r.status_code == 200, r.text
@@ -178,4 +175,3 @@ def test_rank0_killed_with_the_supervisor_frozen_fails_streams_at_once(tmp_path)
     finally:
         if sup is not None:
             os.kill(sup, signal.SIGCONT)
-        interrupt(up, 90)

@@ -6,9 +6,9 @@ kwargs, and /v1/models. One deployment for the module."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -18,11 +18,9 @@ import pytest
 from common.request_params import CHAT
 from models.tinymodel import build_model
 from services.gateway.openai import fields as rf
-from tests.gwutil import GaveUp, free_port, poll_until
 from tests.support.params import samples
-from tests.support.processes import interrupt, up_argv
+from tests.support.up_cluster import UpOptions, up_cluster
 
-ROOT = Path(__file__).resolve().parents[2]
 REPO_ID = "acme/tiny-chat"
 REV = "89abcdef0123456789abcdef0123456789abcdef"
 MSGS = [{"role": "user", "content": "Tell me about the red train."}]
@@ -95,39 +93,31 @@ def fake_hf_cache(root: Path) -> Path:
     return repo / "snapshots" / REV
 
 
+@dataclass(frozen=True)
+class Live:
+    url: str
+    snap: Path  # the model's snapshot in the fake HF cache
+
+
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    home = tmp_path_factory.mktemp("uphome")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     hf = tmp_path_factory.mktemp("hf")
     snap = fake_hf_cache(hf)
-    port = free_port()
-    env = {**os.environ, "HF_HOME": str(hf), "HF_HUB_OFFLINE": "1"}
-    env.pop("HF_HUB_CACHE", None)
-    log = open(home / "up.out", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(up_argv(home, port, "--model", REPO_ID), cwd=ROOT, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def ready():
-            if proc.poll() is not None:
-                raise GaveUp(f"lockstep up exited: {(home / 'up.out').read_text()[-3000:]}")
-            return httpx.get(url + "/ready", timeout=5).status_code == 200
-        poll_until(ready, 240, "lockstep up to be ready", interval=0.1)
-        yield {"url": url, "snap": snap, "proc": proc}
-    finally:
-        interrupt(proc, 90)
-        log.close()
+    opts = UpOptions(model=REPO_ID, ready="ready", env={
+        "HF_HOME": str(hf), "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": None})
+    with up_cluster(tmp_path_factory.mktemp("up"), opts) as up:
+        yield Live(up.url, snap)
 
 
-def client(live) -> openai.OpenAI:
-    return openai.OpenAI(base_url=live["url"] + "/v1", api_key="none", max_retries=0, timeout=60)
+def client(live: Live) -> openai.OpenAI:
+    return openai.OpenAI(base_url=live.url + "/v1", api_key="none", max_retries=0, timeout=60)
 
 
-def post(live, endpoint: str, extra: dict) -> httpx.Response:
+def post(live: Live, endpoint: str, extra: dict) -> httpx.Response:
     base = ({"model": REPO_ID, "messages": MSGS} if endpoint == rf.CHAT
             else {"model": REPO_ID, "prompt": "the red train"})
     path = "/v1/chat/completions" if endpoint == rf.CHAT else "/v1/completions"
-    return httpx.post(live["url"] + path, json={"max_tokens": 2, **base, **extra}, timeout=60)
+    return httpx.post(live.url + path, json={"max_tokens": 2, **base, **extra}, timeout=60)
 
 
 @pytest.mark.timeout(60)
@@ -135,8 +125,8 @@ def test_models_lists_the_repo_id(live):
     models = client(live).models.list().data
     assert [m.id for m in models] == [REPO_ID]
     assert models[0].owned_by == "acme"
-    assert models[0].created == int((live["snap"] / "config.json").stat().st_mtime)
-    by_path = client(live).completions.create(model=str(live["snap"]), prompt="hi", max_tokens=2)
+    assert models[0].created == int((live.snap / "config.json").stat().st_mtime)
+    by_path = client(live).completions.create(model=str(live.snap), prompt="hi", max_tokens=2)
     assert by_path.model == REPO_ID  # the directory names it too; answered with its id
     with pytest.raises(openai.NotFoundError):
         client(live).completions.create(model="acme/other", prompt="hi", max_tokens=2)

@@ -25,7 +25,7 @@ import pytest
 from tests.gwutil import poll_until
 from tests.support.processes import process_gone
 from tests.support.stream_fault import chat_stream, streams_with_fault
-from tests.support.up_cluster import UpCluster, up_cluster
+from tests.support.up_cluster import UpCluster, UpOptions, up_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_EOS = {"0": -100, "2": -100}  # the tiny preset's EOS ids: streams run to max_tokens
@@ -39,20 +39,15 @@ def cluster(tmp_path_factory):
     # when the fault comes
     env = {"LOCKSTEP_PEER_ABORT_GRACE": "1", "LOCKSTEP_RANK_TEST_SEAMS": "true",
            "LOCKSTEP_TEST_STEP_DELAY_S": "0.01"}
-    with up_cluster(tmp_path_factory.mktemp("replicas"), "--tp", "1", "--replicas", "2",
-                    "--restarts", "4", env=env) as c:
+    with up_cluster(tmp_path_factory.mktemp("replicas"),
+                    UpOptions(tp=1, replicas=2, restarts=4, env=env)) as c:
         yield c
         # every replica's ranks, old and new, must be gone once up stopped
-        c.pids |= {r["pid"] for d in _deployments(c) for r in d["ranks"]}
-
-
-def _deployments(c: UpCluster) -> list[dict]:
-    return httpx.get(c.url + "/admin/api/cluster/deployments", headers=c.hdr,
-                     timeout=10).json()["deployments"]
+        c.pids |= {r["pid"] for d in c.deployments() for r in d["ranks"]}
 
 
 def _serving(c: UpCluster) -> list[dict]:
-    return sorted((d for d in _deployments(c) if d["state"] == "serving"),
+    return sorted((d for d in c.deployments() if d["state"] == "serving"),
                   key=lambda d: d["replica"])
 
 
@@ -236,4 +231,4 @@ def test_an_unloaded_replica_drains_its_streams_and_new_requests_go_to_the_other
     for i in range(4):  # every stream ran to its end, the drained ones included
         assert got[i][1:] == ("length", []), (i, got[i])
     assert [d["deployment_id"] for d in _serving(c)] == [other]
-    assert victim not in {d["deployment_id"] for d in _deployments(c) if d["state"] == "serving"}
+    assert victim not in {d["deployment_id"] for d in c.deployments() if d["state"] == "serving"}

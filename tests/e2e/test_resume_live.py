@@ -25,7 +25,16 @@ import pytest
 
 from tests.gwutil import poll_until, sse_lines
 from tests.support.processes import process_gone
-from tests.support.resume_live import MSG, NO_EOS, boot, fault, resumes, serving, stop
+from tests.support.resume_live import (
+    MSG,
+    NO_EOS,
+    Fault,
+    fault,
+    resume_options,
+    resumes,
+    serving,
+)
+from tests.support.up_cluster import UpCluster, up_cluster, up_fixture
 
 LONG_JSON = {"type": "json_schema", "json_schema": {"name": "n", "schema": {
     "type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"},
@@ -93,28 +102,32 @@ def _run_all(url: str, during=None, at: int = 3) -> dict:
     return {k: got[k] for k in KINDS}
 
 
-def _check_resumed(c: dict, reference: dict, got: dict, before: float, pids: list[int]) -> None:
+def _check_resumed(c: UpCluster, reference: dict, got: dict, before: float,
+                   faults: list[Fault]) -> None:
+    [f] = faults  # one fault, injected once every stream streamed
     for kind in KINDS:
         assert got[kind] == reference[kind], (kind, got[kind], reference[kind])
     assert resumes(c) - before == STREAMS  # each stream resumed exactly once
     # what the console shows on the failed deployment's incident row
-    gw = httpx.get(c["url"] + "/admin/api/cluster/status", headers=c["hdr"], timeout=10).json()
-    assert gw["gateway"]["resumed"][c["faulted"]] == STREAMS, gw["gateway"]
-    poll_until(lambda: all(process_gone(p) for p in pids), 60, "the dead launch's ranks gone")
-    for p in pids:  # a stopped rank was SIGKILLed by the teardown, not left stopped
+    gw = httpx.get(c.url + "/admin/api/cluster/status", headers=c.hdr, timeout=10).json()
+    assert gw["gateway"]["resumed"][f.deployment_id] == STREAMS, gw["gateway"]
+    poll_until(lambda: all(process_gone(p) for p in f.pids), 60, "the dead launch's ranks gone")
+    for p in f.pids:  # a stopped rank was SIGKILLed by the teardown, not left stopped
         assert not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
 
 
+tp2 = up_fixture(resume_options(tp=2))
+
+
 @pytest.fixture(scope="module")
-def tp2(tmp_path_factory):
-    c = boot(tmp_path_factory.mktemp("resume-tp2"), "--tp", "2")
-    c["reference"] = _run_all(c["url"])
-    for kind, res in c["reference"].items():
+def tp2_reference(tp2: UpCluster) -> dict:
+    """The unfaulted run on the TP=2 cluster, before any fault."""
+    reference = _run_all(tp2.url)
+    for kind, res in reference.items():
         assert "error" not in res, (kind, res)
         assert all(f == "length" for _, f, _ in res.values()) or kind == "json", (kind, res)
         assert all(len(lp) >= 100 for _, _, lp in res.values()), (kind, res)
-    yield c
-    stop(c)
+    return reference
 
 
 @pytest.mark.timeout(300)
@@ -123,28 +136,25 @@ def tp2(tmp_path_factory):
     (1, signal.SIGSTOP, 3), pytest.param(1, signal.SIGKILL, 250, marks=pytest.mark.soak)],
     ids=["kill-follower-k1", "kill-follower-k37", "kill-rank0", "stop-follower",
          "kill-follower-k250"])
-def test_tp2_streams_survive_a_rank_fault_token_for_token(tp2, rank, sig, at):
+def test_tp2_streams_survive_a_rank_fault_token_for_token(tp2, tp2_reference, rank, sig, at):
     """Text, finish and every token's logprob equal the unfaulted run's (determinism:
     the continuation's prompt + k tokens prefilled give decode's bits), the fault at
     k = `at` tokens into every stream."""
-    before, pids = resumes(tp2), []
+    before, faults = resumes(tp2), []
 
     def inject():
-        pids.extend(fault(tp2, rank, sig))
-    got = _run_all(tp2["url"], inject, at)
-    _check_resumed(tp2, tp2["reference"], got, before, pids)
+        faults.append(fault(tp2, rank, sig))
+    got = _run_all(tp2.url, inject, at)
+    _check_resumed(tp2, tp2_reference, got, before, faults)
 
 
 @pytest.mark.timeout(300)
 def test_pp2_streams_survive_a_follower_killed(tmp_path):
-    c = boot(tmp_path, "--tp", "1", "--pp", "2")
-    try:
-        reference = _run_all(c["url"])
-        before, pids = resumes(c), []
-        got = _run_all(c["url"], lambda: pids.extend(fault(c, 1, signal.SIGKILL)))
-        _check_resumed(c, reference, got, before, pids)
-    finally:
-        stop(c)
+    with up_cluster(tmp_path, resume_options(tp=1, pp=2)) as c:
+        reference = _run_all(c.url)
+        before, faults = resumes(c), []
+        got = _run_all(c.url, lambda: faults.append(fault(c, 1, signal.SIGKILL)))
+        _check_resumed(c, reference, got, before, faults)
 
 
 @pytest.mark.timeout(300)
@@ -152,13 +162,13 @@ def test_a_client_gone_during_recovery_is_not_resumed(tp2):
     before = resumes(tp2)
     body = {"model": "tiny", "messages": MSG, "stream": True, **KINDS["greedy"]}
     pids: list[int] = []
-    with httpx.stream("POST", tp2["url"] + "/v1/chat/completions", json=body, timeout=120) as r:
+    with httpx.stream("POST", tp2.url + "/v1/chat/completions", json=body, timeout=120) as r:
         n = 0
         for what, data in sse_lines(r):
             if what == "data" and data != "[DONE]":
                 n += 1
             if n == 5:
-                pids = fault(tp2, 1, signal.SIGKILL)
+                pids = fault(tp2, 1, signal.SIGKILL).pids
                 break
         # the response is closed here, while the deployment is down: the client is gone
     poll_until(lambda: all(process_gone(p) for p in pids), 60, "the dead launch's ranks gone")
@@ -168,8 +178,8 @@ def test_a_client_gone_during_recovery_is_not_resumed(tp2):
     assert resumes(tp2) == before
     poll_until(lambda: all(r["active"] == 0 for r in serving(tp2)["ranks"]), 20,
                "every rank idle")
-    assert json.loads(httpx.get(tp2["url"] + "/admin/api/cluster/deployments",
-                                headers=tp2["hdr"], timeout=10).text)
+    assert json.loads(httpx.get(tp2.url + "/admin/api/cluster/deployments",
+                                headers=tp2.hdr, timeout=10).text)
 
 
 @pytest.mark.timeout(300)
@@ -178,28 +188,25 @@ def test_a_follower_back_within_the_grace_resumes_on_the_same_deployment(tmp_pat
     abort stage ended the streams, its peer answers again, and it serves on. The streams
     resume there (rank 0's STATS: peers_ok again) — not after resume_timeout, not on
     a redeploy — and equal the unfaulted run."""
-    c = boot(tmp_path, "--tp", "2", grace=30)
-    try:
-        reference = _run_all(c["url"])
+    with up_cluster(tmp_path, resume_options(tp=2, grace=30)) as c:
+        reference = _run_all(c.url)
         before, dep, pids = resumes(c), serving(c), []
 
         def stop_then_continue():
-            pids.extend(fault(c, 1, signal.SIGSTOP))
+            pids.extend(fault(c, 1, signal.SIGSTOP).pids)
 
             def waiting():  # the abort stage ended them: they wait to resume
-                st = httpx.get(c["url"] + "/admin/api/cluster/status", headers=c["hdr"],
+                st = httpx.get(c.url + "/admin/api/cluster/status", headers=c.hdr,
                                timeout=10).json()
                 return st["gateway"]["resuming"] == STREAMS
             try:
                 poll_until(waiting, 60, "every stream waiting to resume")
             finally:
                 os.kill(pids[1], signal.SIGCONT)
-        got = _run_all(c["url"], stop_then_continue)
+        got = _run_all(c.url, stop_then_continue)
         for kind in KINDS:
             assert got[kind] == reference[kind], (kind, got[kind], reference[kind])
         assert resumes(c) - before == STREAMS
         after = serving(c)
         assert after["job_id"] == dep["job_id"]  # the same launch serves on
         assert [r["pid"] for r in after["ranks"]] == pids
-    finally:
-        stop(c)

@@ -33,7 +33,8 @@ import pytest
 
 from tests.gwutil import GaveUp, poll_until, sse_lines
 from tests.support.processes import process_gone
-from tests.support.resume_live import MSG, NO_EOS, boot, fault, resumes, serving, stop
+from tests.support.resume_live import MSG, NO_EOS, fault, resume_options, resumes, serving
+from tests.support.up_cluster import UpCluster, up_fixture
 
 MAX = 160  # tokens per request: far past where the fault lands, short enough to be cheap
 CHAT = {"model": "tiny", "messages": MSG, "temperature": 0, "max_tokens": MAX,
@@ -42,20 +43,16 @@ KINDS = ("chat", "logprobs", "messages", "responses")
 LP_TOL = 1e-3  # a resumed token's logprob comes from a prefill, not a decode step
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = boot(tmp_path_factory.mktemp("resume-more"), "--tp", "2")
-    yield c
-    stop(c)
+cluster = up_fixture(resume_options(tp=2))
 
 
-def _status(c: dict) -> dict:
-    return httpx.get(c["url"] + "/admin/api/cluster/status", headers=c["hdr"],
+def _status(c: UpCluster) -> dict:
+    return httpx.get(c.url + "/admin/api/cluster/status", headers=c.hdr,
                      timeout=10).json()["gateway"]
 
 
-def _gave_up(c: dict) -> float:
-    text = httpx.get(c["url"] + "/metrics", timeout=10).text
+def _gave_up(c: UpCluster) -> float:
+    text = httpx.get(c.url + "/metrics", timeout=10).text
     return sum(float(v) for v in re.findall(
         r"^lockstep_gateway_resume_gave_up_total\{[^}]*\} (\S+)$", text, re.M))
 
@@ -63,8 +60,8 @@ def _gave_up(c: dict) -> float:
 # --- the four requests; each returns what its client saw and bumps `seen[kind]` per delta
 
 
-def _chat(c: dict, seen: dict) -> dict:
-    r = httpx.post(c["url"] + "/v1/chat/completions", json=CHAT, timeout=240)
+def _chat(c: UpCluster, seen: dict) -> dict:
+    r = httpx.post(c.url + "/v1/chat/completions", json=CHAT, timeout=240)
     assert r.status_code == 200, r.text
     body = r.json()
     ch = body["choices"][0]
@@ -74,11 +71,11 @@ def _chat(c: dict, seen: dict) -> dict:
             "where": (r.headers["x-lockstep-deployment"], r.headers["x-lockstep-resumed"])}
 
 
-def _logprobs(c: dict, seen: dict) -> dict:
+def _logprobs(c: UpCluster, seen: dict) -> dict:
     body = {**CHAT, "stream": True, "logprobs": True, "top_logprobs": 2,
             "stream_options": {"include_usage": True}}
     text, lps, finish, usage = [], [], None, None
-    with httpx.stream("POST", c["url"] + "/v1/chat/completions", json=body, timeout=240) as r:
+    with httpx.stream("POST", c.url + "/v1/chat/completions", json=body, timeout=240) as r:
         assert r.status_code == 200, r.read()
         for what, data in sse_lines(r):
             if what != "data" or data == "[DONE]":
@@ -94,8 +91,8 @@ def _logprobs(c: dict, seen: dict) -> dict:
             "completion_tokens": usage["completion_tokens"]}
 
 
-def _messages(c: dict, seen: dict) -> dict:
-    client = anthropic.Anthropic(base_url=c["url"], api_key="none", max_retries=0, timeout=240)
+def _messages(c: UpCluster, seen: dict) -> dict:
+    client = anthropic.Anthropic(base_url=c.url, api_key="none", max_retries=0, timeout=240)
     with client.messages.stream(model="tiny", messages=MSG, max_tokens=MAX,
                                 extra_body={"temperature": 0}) as s:
         for _ in s.text_stream:
@@ -105,8 +102,8 @@ def _messages(c: dict, seen: dict) -> dict:
             "finish": m.stop_reason, "tokens": m.usage.output_tokens}
 
 
-def _responses(c: dict, seen: dict) -> dict:
-    client = openai.OpenAI(base_url=c["url"] + "/v1", api_key="none", max_retries=0,
+def _responses(c: UpCluster, seen: dict) -> dict:
+    client = openai.OpenAI(base_url=c.url + "/v1", api_key="none", max_retries=0,
                            timeout=240)
     # create(stream=True), not responses.stream: that helper wants response.completed,
     # and a response cut at max_output_tokens ends with response.incomplete (as OpenAI's)
@@ -127,7 +124,7 @@ def _responses(c: dict, seen: dict) -> dict:
 RUN = {"chat": _chat, "logprobs": _logprobs, "messages": _messages, "responses": _responses}
 
 
-def _run_four(c: dict, inject=None) -> dict:
+def _run_four(c: UpCluster, inject=None) -> dict:
     """The four at once; `inject()` once every stream streamed and all four are admitted."""
     got: dict = {}
     seen: dict = {}
@@ -167,7 +164,7 @@ def four(cluster):
     assert reference["messages"]["finish"] == "max_tokens", reference["messages"]
     assert reference["responses"]["finish"] == ("incomplete", "max_output_tokens")
     before, pids = resumes(cluster), []
-    got = _run_four(cluster, lambda: pids.extend(fault(cluster, 1, signal.SIGKILL)))
+    got = _run_four(cluster, lambda: pids.extend(fault(cluster, 1, signal.SIGKILL).pids))
     # each of the four resumed exactly once: each was in flight when the follower died
     assert resumes(cluster) - before == len(KINDS)
     poll_until(lambda: all(process_gone(p) for p in pids), 60, "the dead launch's ranks gone")
@@ -218,7 +215,7 @@ def test_abort_all_ends_requests_waiting_to_resume(cluster):
     def stream(i: int) -> None:
         finish, n = None, 0
         try:
-            with httpx.stream("POST", c["url"] + "/v1/chat/completions", json=body,
+            with httpx.stream("POST", c.url + "/v1/chat/completions", json=body,
                               timeout=120) as r:
                 for what, data in sse_lines(r):
                     if what != "data" or data == "[DONE]":
@@ -240,16 +237,16 @@ def test_abort_all_ends_requests_waiting_to_resume(cluster):
             raise GaveUp(f"a stream ended before the fault: {got}")
         return len(seen) == 2 and min(seen.values()) >= 3
     poll_until(streaming, 60, "both streams streaming")
-    pids = fault(c, 1, signal.SIGKILL)
+    pids = fault(c, 1, signal.SIGKILL).pids
     # proven waiting: the gateway holds both as resuming, and no redeploy serves yet
     poll_until(lambda: _status(c)["resuming"] == 2, 30, "both streams waiting to resume")
-    deps = httpx.get(c["url"] + "/admin/api/cluster/deployments", headers=c["hdr"],
+    deps = httpx.get(c.url + "/admin/api/cluster/deployments", headers=c.hdr,
                      timeout=10).json()["deployments"]
     assert not [d for d in deps if d["state"] == "serving"
                 and any(r["pid"] not in pids for r in d["ranks"])], deps
     # the dead follower never acks: it counts as zero because it is observed gone, and
     # rank 0 acks the abort (or leaves on its peer's loss): zero active, on evidence
-    r = httpx.post(c["url"] + "/admin/api/cluster/abort-all", headers=c["hdr"],
+    r = httpx.post(c.url + "/admin/api/cluster/abort-all", headers=c.hdr,
                    json={"timeout_s": 30}, timeout=60)
     assert r.status_code == 200, r.text
     reply = r.json()

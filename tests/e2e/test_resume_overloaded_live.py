@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from tests.support.stream_fault import chat_stream, streams_with_fault
-from tests.support.up_cluster import UpCluster, up_cluster
+from tests.support.up_cluster import UpCluster, UpOptions, up_cluster
 
 NO_EOS = {"0": -100, "2": -100}  # the tiny preset's EOS ids: streams run to max_tokens
 BOUND = 2  # rank 0's open requests
@@ -42,8 +42,8 @@ def cluster(tmp_path_factory):
     env = {"LOCKSTEP_MAX_OPEN_REQUESTS": str(BOUND),
            "LOCKSTEP_PEER_ABORT_GRACE": "1", "LOCKSTEP_RANK_TEST_SEAMS": "true",
            "LOCKSTEP_TEST_STEP_DELAY_S": "0.01"}
-    with up_cluster(tmp_path_factory.mktemp("resume-overloaded"), "--tp", "1", "--replicas",
-                    "2", "--restarts", "4", env=env) as c:
+    with up_cluster(tmp_path_factory.mktemp("resume-overloaded"),
+                    UpOptions(tp=1, replicas=2, restarts=4, env=env)) as c:
         yield c
 
 

@@ -16,7 +16,9 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -28,9 +30,9 @@ from common.rank_env import find_openblas
 from models.gguf_model import WheelMissing, build_smollm2
 from models.gguf_model.convert import default_weights
 from models.gguf_model.wheel import FETCH_COMMAND, cache_dir
-from tests.gwutil import GaveUp, free_port, poll_until
+from tests.gwutil import free_port
 from tests.support import agent_clients
-from tests.support.processes import interrupt
+from tests.support.up_cluster import UpOptions, up_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_S = 300.0
@@ -75,43 +77,32 @@ def reference(model_dir) -> dict[str, str]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@dataclass(frozen=True)
+class Live:
+    url: str
+    out: Path  # up's output
+    client: openai.OpenAI
+
+
 @pytest.fixture(scope="module")
-def live(tmp_path_factory, model_dir):
-    home = tmp_path_factory.mktemp("smolhome")
-    (home / "models").mkdir()
-    os.symlink(model_dir, home / "models" / "smollm2")  # the default, already built
-    port = free_port()
-    argv = [sys.executable, "-m", "services", "up", "--home", str(home), "--port", str(port),
-            "--admin-port", "0", "--events-port", "0", "--control-port", "0",
-            "--report-port", "0", "--reaper-events-port", "0"]  # no --model, no --tp/--pp
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCKSTEP_TP", "LOCKSTEP_PP")}
-    out = home / "up.out"
-    log = open(out, "wb")  # noqa: SIM115
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def banner():
-            if proc.poll() is not None:
-                raise GaveUp(f"lockstep up exited: {out.read_text()[-3000:]}")
-            return "Press Ctrl-C" in out.read_text()
-        poll_until(banner, READY_S, "lockstep up's banner", interval=0.1)
-        yield {"url": url, "out": out, "client": openai.OpenAI(base_url=url + "/v1",
-                                                               api_key="unused")}
-    finally:
-        interrupt(proc, 90)
-        log.close()
+def live(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Live]:
+    tmp = tmp_path_factory.mktemp("smol")
+    (tmp / "home" / "models").mkdir(parents=True)
+    os.symlink(model_dir, tmp / "home" / "models" / "smollm2")  # the default, already built
+    # no --model, no --tp/--pp (and no LOCKSTEP_TP/PP: the helper passes none on)
+    with up_cluster(tmp, UpOptions(model=None, ready_s=READY_S)) as up:
+        yield Live(up.url, up.out, openai.OpenAI(base_url=up.url + "/v1", api_key="unused"))
 
 
-def chat(live, messages, **kw) -> dict:
-    r = httpx.post(live["url"] + "/v1/chat/completions", timeout=120,
+def chat(live: Live, messages, **kw) -> dict:
+    r = httpx.post(live.url + "/v1/chat/completions", timeout=120,
                    json={"model": "smollm2", "messages": messages, "temperature": 0, **kw})
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]
 
 
 def test_banner_names_the_model_and_its_pipeline(live):
-    text = live["out"].read_text()
+    text = live.out.read_text()
     assert "lockstep is serving smollm2 (" in text and "tp=1, pp=2" in text, text[-2000:]
 
 
@@ -124,7 +115,7 @@ def test_pp2_greedy_is_the_one_rank_text_and_paris(live, reference):
 
 def test_stream_through_the_openai_client(live):
     parts, finish = [], None
-    for chunk in live["client"].chat.completions.create(
+    for chunk in live.client.chat.completions.create(
             model="smollm2", messages=[{"role": "user", "content": CAPITAL}], stream=True,
             max_tokens=16, temperature=0):
         if chunk.choices:
@@ -155,7 +146,7 @@ def _banner_curl(text: str) -> tuple[str, dict]:
 
 
 def test_the_banners_own_curl_names_paris_at_the_default_settings(live):
-    text = live["out"].read_text()
+    text = live.out.read_text()
     url, body = _banner_curl(text)
     assert "temperature" not in body  # the user's first request names no sampling
     assert "sampling defaults (a request's own values win): temperature 0 (operator)" in text
@@ -165,7 +156,7 @@ def test_the_banners_own_curl_names_paris_at_the_default_settings(live):
         assert r.status_code == 200, r.text
         answers.append(r.json()["choices"][0]["message"]["content"])
     assert all("Paris" in a for a in answers), answers
-    model = httpx.get(live["url"] + "/v1/models", timeout=10).json()["data"][0]
+    model = httpx.get(live.url + "/v1/models", timeout=10).json()["data"][0]
     assert model["sampling_defaults"]["temperature"] == 0.0
     assert model["sampling_defaults"]["origin"]["temperature"] == "operator"
     assert model["sampling_defaults"]["origin"]["top_p"] == "server"
@@ -188,7 +179,7 @@ def test_a_tool_loop_through_the_openai_client_on_a_template_without_tools(live)
     """SmolLM2's template has no tools: the gateway writes them into the prompt (they cost
     prompt tokens), a forced call comes back parsed, and the loop's next turn (the
     assistant's call, the tool's result) renders and is answered, not refused."""
-    c, msgs = live["client"], [{"role": "user", "content": ASK}]
+    c, msgs = live.client, [{"role": "user", "content": ASK}]
     bare = c.chat.completions.create(model="smollm2", messages=msgs, max_tokens=1,
                                      temperature=0)
     first = c.chat.completions.create(
@@ -211,7 +202,7 @@ def test_a_tool_loop_through_the_openai_client_on_a_template_without_tools(live)
 def test_a_tool_loop_through_the_anthropic_client_on_a_template_without_tools(live):
     import anthropic
 
-    c = anthropic.Anthropic(base_url=live["url"], api_key="unused")
+    c = anthropic.Anthropic(base_url=live.url, api_key="unused")
     tool = {"name": "get_weather", "description": WEATHER["function"]["description"],
             "input_schema": WEATHER["function"]["parameters"]}
     msgs = [{"role": "user", "content": ASK}]
@@ -241,11 +232,11 @@ def test_claude_code_two_turns_against_the_default_model(live, tmp_path):
     cache for at least the first turn's prompt."""
     why = agent_clients.missing()
     assert why is None, why
-    first = agent_clients.claude(live["url"], "smollm2", ONE_WORD, tmp_path, "--tools", "")
+    first = agent_clients.claude(live.url, "smollm2", ONE_WORD, tmp_path, "--tools", "")
     assert first["is_error"] is False and first["stop_reason"] == "end_turn", first
     assert "Paris" in first["result"], first["result"]
     prompt_1 = first["usage"]["input_tokens"] + first["usage"]["cache_read_input_tokens"]
-    second = agent_clients.claude(live["url"], "smollm2", "And of Germany?", tmp_path,
+    second = agent_clients.claude(live.url, "smollm2", "And of Germany?", tmp_path,
                                   "--tools", "", "--continue")
     assert second["is_error"] is False and "Berlin" in second["result"], second["result"]
     assert second["usage"]["cache_read_input_tokens"] >= prompt_1, second["usage"]
@@ -269,10 +260,10 @@ def test_codex_two_turns_against_the_default_model(live, tmp_path):
     brief = tmp_path / "instructions.md"
     brief.write_text("You are Codex, a coding agent. Answer the user briefly.\n")
     trim = ("-c", f"model_instructions_file={brief}", *agent_clients.CODEX_SMALL_CONTEXT)
-    first = agent_clients.codex(live["url"], "smollm2", ONE_WORD, tmp_path, *trim)
+    first = agent_clients.codex(live.url, "smollm2", ONE_WORD, tmp_path, *trim)
     assert first["returncode"] == 0, first["stderr"]
     assert "Paris" in first["message"], first["events"]
-    second = agent_clients.codex(live["url"], "smollm2", "And of Germany?", tmp_path, *trim,
+    second = agent_clients.codex(live.url, "smollm2", "And of Germany?", tmp_path, *trim,
                                  resume=True)
     assert second["returncode"] == 0, second["stderr"]
     assert "Berlin" in second["message"], second["events"]
@@ -285,12 +276,9 @@ def test_a_split_the_model_cannot_take_is_refused_before_anything_starts(tmp_pat
     (home / "models").mkdir(parents=True)
     os.symlink(model_dir, home / "models" / "smollm2")
     port = free_port()
-    argv = [sys.executable, "-m", "services", "up", "--home", str(home), "--port", str(port),
-            "--admin-port", "0", "--events-port", "0", "--control-port", "0",
-            "--report-port", "0", "--reaper-events-port", "0", "--tp", "2"]
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCKSTEP_TP", "LOCKSTEP_PP")}
-    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120,
-                         start_new_session=True)
+    opts = UpOptions(model=None, tp=2)  # run to its end: refused, not booted
+    out = subprocess.run(opts.argv(home, port), cwd=ROOT, capture_output=True, text=True,
+                         env=opts.environ(), timeout=120, start_new_session=True)
     said = out.stdout + out.stderr
     assert out.returncode == 1, said
     assert ("cannot serve smollm2: 9 heads, 3 KV heads, MLP size 1536, 30 layers: tp=2 does "
@@ -309,8 +297,9 @@ def test_a_split_the_model_cannot_take_is_refused_before_anything_starts(tmp_pat
     # a hosts file with fewer rank slots than the split: refused the same way
     hosts = tmp_path / "hosts.json"
     hosts.write_text(json.dumps({"hosts": [{"ssh": "localhost", "ips": ["127.0.0.1"]}]}))
-    out = subprocess.run([*argv[:-2], "--hosts", str(hosts)], cwd=ROOT, capture_output=True,
-                         text=True, env=env, timeout=120, start_new_session=True)
+    opts = UpOptions(model=None, hosts=hosts)
+    out = subprocess.run(opts.argv(home, port), cwd=ROOT, capture_output=True, text=True,
+                         env=opts.environ(), timeout=120, start_new_session=True)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "provide 1 rank slot(s) but the plan needs 2" in out.stderr, out.stderr
     assert "started" not in out.stdout + out.stderr

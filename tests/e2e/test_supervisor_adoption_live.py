@@ -8,30 +8,23 @@ outside: psutil, the HTTP API, `admin status`, `up`'s output."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import psutil
-import pytest
 
 from common.home import Paths
 from common.procs import identify
-from tests.gwutil import free_port, poll_until
-from tests.support.processes import (
-    REPO,
-    interrupt,
-    kill_group,
-    lockstep_env,
-    process_gone,
-    up_argv,
-)
+from tests.gwutil import poll_until
+from tests.support.processes import REPO, process_gone
+from tests.support.up_cluster import UpCluster, UpOptions, up_cluster, up_fixture
 
 READY_S, STREAM_S = 240.0, 180.0
 BODY = {"model": "tiny", "prompt": "hello there my friend", "max_tokens": 200,
@@ -73,41 +66,22 @@ def status(home: Path) -> dict:
     return json.loads(out.stdout)["data"]
 
 
-@contextlib.contextmanager
-def running_up(home: Path, *args: str, **env: str):
-    """`lockstep up` (TP=2 tiny) with `args` and LOCKSTEP_* `env`, ready; stopped after."""
-    port = free_port()
-    out = home / "up.out"
-    with open(out, "wb") as log:
-        proc = subprocess.Popen(up_argv(home, port, "--tp", "2", *args), cwd=REPO, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env=lockstep_env(**env))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        poll_until(lambda: proc.poll() is None and httpx.get(url + "/ready", timeout=5)
-                   .status_code == 200, READY_S, "lockstep up to be ready", interval=0.1)
-        yield proc, url, home, out
-    finally:
-        interrupt(proc, 120)
-        kill_group(proc)
+TP2 = UpOptions(tp=2, ready="ready", ready_s=READY_S)
 
-
-@pytest.fixture
-def up(tmp_path):
-    with running_up(tmp_path) as u:
-        yield u
+up = up_fixture(TP2, scope="function")
 
 
 def manifests(home: Path) -> list[Path]:
     return list(Paths(home).manifests.glob("*.json"))
 
 
-def test_a_killed_supervisor_is_restarted_and_adopts_the_running_ranks(up):
-    proc, url, home, out = up
+def test_a_killed_supervisor_is_restarted_and_adopts_the_running_ranks(up: UpCluster):
+    proc, url, home, out = up.proc, up.url, up.home, up.out
     prompts = [f"story number {i}: once upon a time" for i in range(4)]
     unfaulted = [stream(url, p) for p in prompts]
     assert all(f == "length" for _, _, f in unfaulted)
     before_ranks = ranks(home)
+    up.pids |= before_ranks
     assert len(before_ranks) == 2
     old_sup = supervisor_pid(home)
     epoch_before = status(home)["cancel_epoch"]
@@ -159,9 +133,11 @@ def test_with_restarts_disabled_the_ranks_end_by_their_watchdog_and_are_reaped(t
     parent) is gone and, with no lease after the adopt window, exit on their own; the
     reaper then removes the launch; `up`, the gateway and the reaper keep running until
     Ctrl-C, which still ends everything with proof."""
-    with running_up(tmp_path, "--supervisor-restarts", "0", "--adopt-window", "3") as u:
-        proc, url, home, out = u
+    opts = replace(TP2, extra=("--supervisor-restarts", "0", "--adopt-window", "3"))
+    with up_cluster(tmp_path, opts) as u:
+        proc, url, home, out = u.proc, u.url, u.home, u.out
         rank_pids = ranks(home)
+        u.pids |= rank_pids
         assert len(rank_pids) == 2 and len(manifests(home)) == 1
         sup = supervisor_pid(home)
         os.kill(sup, signal.SIGKILL)
@@ -179,8 +155,7 @@ def test_with_restarts_disabled_the_ranks_end_by_their_watchdog_and_are_reaped(t
             assert "launcher_lost" in log, log[-2000:]
         reaper = (logs / "reaper.log").read_text(errors="replace")
         assert "reaped" in reaper, reaper[-2000:]
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(120) == 0, out.read_text()[-3000:]
+        # leaving: Ctrl-C, exit 0, every process gone (the helper's stop proof)
 
 
 def test_a_launch_whose_proof_fails_is_not_adopted_but_torn_down_and_redeployed(tmp_path):
@@ -188,10 +163,12 @@ def test_a_launch_whose_proof_fails_is_not_adopted_but_torn_down_and_redeployed(
     on disk): the ranks' proofs, made with the real secret, do not verify under it, so the
     restarted supervisor does not adopt them: it counts the rejection, tears the launch
     down with proof and `up` redeploys; the next request is served by new ranks."""
-    with running_up(tmp_path, "--adopt-window", "30", LOCKSTEP_ADOPT_TIMEOUT="5") as u:
-        proc, url, home, out = u
+    opts = replace(TP2, extra=("--adopt-window", "30"), env={"LOCKSTEP_ADOPT_TIMEOUT": "5"})
+    with up_cluster(tmp_path, opts) as u:
+        proc, url, home, out = u.proc, u.url, u.home, u.out
         unfaulted = stream(url, "a forged proof")
         old_ranks = ranks(home)
+        u.pids |= old_ranks
         [manifest] = manifests(home)
         secret_path = Path(json.loads(manifest.read_text())["secret_path"])
         secret_path.write_text(secret_path.read_text()[::-1])  # same shape, another secret
@@ -201,6 +178,7 @@ def test_a_launch_whose_proof_fails_is_not_adopted_but_torn_down_and_redeployed(
                    "the unproven ranks to be torn down")
         poll_until(lambda: httpx.get(url + "/ready", timeout=5).status_code == 200 and
                    len(ranks(home) - old_ranks) == 2, READY_S, "the redeploy to serve")
+        u.pids |= ranks(home)
         assert stream(url, "a forged proof") == unfaulted  # new ranks, the same answer
         st = status(home)
         rows = {(r["socket"], r["reason"]): r["count"] for r in st["rejections"]

@@ -25,9 +25,10 @@ import pytest
 from common.home import Paths
 from common.procs import ProcessIdentity, identify, is_alive, signal_identity, snapshot_children
 from tests.gwutil import free_port, poll_until
-from tests.support.processes import up_argv
+from tests.support.up_cluster import UpOptions
 
 ROOT = Path(__file__).resolve().parents[2]
+OPTIONS = UpOptions()  # tiny, up's default split (TP=2)
 # generous: with two test workers the machine may be saturated while ranks stop
 STOP_DEADLINE = {"sighup": 90.0, "hangup_only": 90.0, "closed_stdout": 90.0, "sigkill": 60.0}
 
@@ -107,9 +108,11 @@ def test_nothing_outlives_up(tmp_path, how):
     err = open(tmp_path / "up.err", "wb")  # noqa: SIM115 - closed in finally
     term = Terminal() if how in ("sighup", "hangup_only") else None
     out = term.slave if term else subprocess.PIPE if how == "closed_stdout" else err
-    proc = subprocess.Popen(up_argv(home, port), cwd=ROOT, stdout=out,
+    # booted by hand, not by tests/support/up_cluster.py: its stdout is what is tested
+    # (a pty hung up, a pipe closed), and so is its end
+    proc = subprocess.Popen(OPTIONS.argv(home, port), cwd=ROOT, stdout=out,
                             stderr=term.slave if term else err, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, env=OPTIONS.environ())
     if term is not None:
         os.close(term.slave)
     up_log = lambda: (paths.logs / "up.log").read_text(errors="replace")  # noqa: E731
@@ -170,9 +173,10 @@ def test_up_sigkilled_while_its_ranks_load_leaves_nothing(tmp_path):
     home, port = tmp_path / "home", free_port()
     paths = Paths(home)
     with open(tmp_path / "up.out", "wb") as out:
-        proc = subprocess.Popen(up_argv(home, port), cwd=ROOT, stdout=out,
+        # by hand: it is killed before it serves, which is what is tested
+        proc = subprocess.Popen(OPTIONS.argv(home, port), cwd=ROOT, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, env=OPTIONS.environ())
     up_log = lambda: (paths.logs / "up.log").read_text(errors="replace")  # noqa: E731
     tree: list[ProcessIdentity] = []
     try:

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 import httpx
-import psutil
 import pytest
 
-from tests.gwutil import GaveUp, free_port, poll_until
-from tests.support.processes import REPO, interrupt, process_gone, up_argv
+from tests.gwutil import poll_until
+from tests.support.up_cluster import UpCluster, UpOptions, up_cluster
 
 # Step 3 kills the third deployment inside the window that began when the second
 # redeploy did: the window must outlast a redeploy (load + canary) on a loaded machine.
@@ -30,46 +28,30 @@ from tests.support.processes import REPO, interrupt, process_gone, up_argv
 WINDOW_S = 15.0
 
 
-def _deps(c: dict) -> list[dict]:
-    return httpx.get(c["url"] + "/admin/api/cluster/deployments", headers=c["hdr"],
-                     timeout=10).json()["deployments"]
-
-
-def _serving(c: dict, other_than: str | None = None) -> dict | None:
-    return next((d for d in _deps(c) if d["state"] == "serving"
+def _serving(c: UpCluster, other_than: str | None = None) -> dict | None:
+    return next((d for d in c.deployments() if d["state"] == "serving"
                  and d["deployment_id"] != other_than), None)
 
 
-def _kill_rank0(c: dict, dep: dict) -> None:
+def _kill_rank0(c: UpCluster, dep: dict) -> None:
     pid = next(r["pid"] for r in dep["ranks"] if r["rank"] == 0)
-    c["pids"].add(pid)
+    c.pids.add(pid)
     os.kill(pid, signal.SIGKILL)
 
 
-def _chat(c: dict) -> httpx.Response:
-    return httpx.post(c["url"] + "/v1/chat/completions", timeout=60, json={
+def _chat(c: UpCluster) -> httpx.Response:
+    return httpx.post(c.url + "/v1/chat/completions", timeout=60, json={
         "model": "tiny", "max_tokens": 4, "temperature": 0,
         "messages": [{"role": "user", "content": "hello"}]})
 
 
 @pytest.mark.timeout(420)
 def test_redeploys_are_a_rate_and_past_it_up_waits_for_the_operator(tmp_path):
-    home, port, out = tmp_path / "home", free_port(), tmp_path / "up.out"
-    log = open(out, "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        up_argv(home, port, "--tp", "1", "--restarts", "1", "--restart-window", str(WINDOW_S),
-                "--restart-backoff", "0.5"),
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "LOCKSTEP_PEER_ABORT_GRACE": "1"})
-    text = lambda: out.read_text(errors="replace")  # noqa: E731
-    c = {"url": f"http://127.0.0.1:{port}", "pids": set()}
-    try:
-        def banner() -> bool:
-            if proc.poll() is not None:
-                raise GaveUp(f"lockstep up exited: {text()[-3000:]}")
-            return "Press Ctrl-C" in text()
-        poll_until(banner, 240, "lockstep up's banner", interval=0.2)
-        c["hdr"] = {"Authorization": f"Bearer {(home / 'admin.token').read_text().strip()}"}
+    opts = UpOptions(tp=1, restarts=1, extra=("--restart-window", str(WINDOW_S),
+                                              "--restart-backoff", "0.5"),
+                     env={"LOCKSTEP_PEER_ABORT_GRACE": "1"}, gone_s=30)
+    with up_cluster(tmp_path, opts) as c:
+        proc, text = c.proc, c.text
         first = _serving(c)
         # 1: a failure, redeployed
         _kill_rank0(c, first)
@@ -86,7 +68,7 @@ def test_redeploys_are_a_rate_and_past_it_up_waits_for_the_operator(tmp_path):
         _kill_rank0(c, third)
         poll_until(lambda: "restarts exhausted" in text(), 60, "up saying restarts exhausted")
         assert proc.poll() is None, text()[-3000:]
-        r = httpx.get(c["url"] + "/ready", timeout=10)
+        r = httpx.get(c.url + "/ready", timeout=10)
         assert r.status_code == 503, r.text
         r = _chat(c)
         assert r.status_code == 503, r.text
@@ -97,22 +79,15 @@ def test_redeploys_are_a_rate_and_past_it_up_waits_for_the_operator(tmp_path):
         time.sleep(WINDOW_S + 1)  # no redeploy comes on its own, even after the window
         assert _serving(c) is None and proc.poll() is None
         # the operator deploys it again: served, and up watches it
-        r = httpx.post(c["url"] + "/admin/api/cluster/deployments", headers=c["hdr"],
+        r = httpx.post(c.url + "/admin/api/cluster/deployments", headers=c.hdr,
                        json={"model_path": first["model_path"], "tp": 1, "pp": 1},
                        timeout=60)
         assert r.status_code in (200, 202), r.text
         fourth = poll_until(lambda: _serving(c), 120, "the operator's deployment serving")
         poll_until(lambda: f"serving again as {fourth['deployment_id']}" in text(), 30,
                    "up taking the new deployment over")
-        poll_until(lambda: httpx.get(c["url"] + "/ready", timeout=10).status_code == 200, 60,
+        poll_until(lambda: httpx.get(c.url + "/ready", timeout=10).status_code == 200, 60,
                    "/ready again")
         assert _chat(c).status_code == 200
-        c["pids"] |= {r["pid"] for r in fourth["ranks"]}
-        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-        interrupt(proc, 120)
-        assert proc.returncode == 0, text()[-3000:]
-        poll_until(lambda: all(process_gone(p) for p in [*tree, *c["pids"]]), 30,
-                   "every process of up and every rank gone")
-    finally:
-        interrupt(proc, 30)
-        log.close()
+        c.pids |= {r["pid"] for r in fourth["ranks"]}
+        # leaving: Ctrl-C, exit 0, every process of up and every rank gone (the helper)

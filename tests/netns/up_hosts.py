@@ -18,7 +18,8 @@ from tests.netns.hosts import REPO_ROOT, NetnsCluster
 from tests.netns.remote_support import hosts_doc
 from tests.support.polling import poll_for
 from tests.support.ports import free_port
-from tests.support.processes import lockstep_env, process_gone, up_argv
+from tests.support.processes import process_gone
+from tests.support.up_cluster import UpOptions
 
 A, B = 0, 1
 GRACE_S = 2.0  # peer_abort_grace: rank 0's verdict comes well inside an 8 s cut
@@ -87,15 +88,16 @@ def start(c: NetnsCluster, tmp_path: Path, restarts: int, *, resume_timeout: flo
     hosts_file = tmp_path / "hosts.json"
     hosts_file.write_text(json.dumps(doc))
     port = free_port()
-    env = lockstep_env(None, LOCKSTEP_RANK_TEST_SEAMS="1", LOCKSTEP_SSH_CONNECT_TIMEOUT="3",
-                       LOCKSTEP_PEER_ABORT_GRACE=str(GRACE_S), LOCKSTEP_REMOTE_POLL_S="0.3",
-                       LOCKSTEP_RESUME_TIMEOUT=f"{resume_timeout:g}", **(env_extra or {}))
+    opts = UpOptions(hosts=hosts_file, restarts=restarts, extra=extra, env={
+        "LOCKSTEP_RANK_TEST_SEAMS": "1", "LOCKSTEP_SSH_CONNECT_TIMEOUT": "3",
+        "LOCKSTEP_PEER_ABORT_GRACE": str(GRACE_S), "LOCKSTEP_REMOTE_POLL_S": "0.3",
+        "LOCKSTEP_RESUME_TIMEOUT": f"{resume_timeout:g}", **(env_extra or {})})
     out = tmp_path / "up.out"
+    # started here, not by up_cluster's context manager: the partition tests wait for
+    # the n-th banner themselves and heal the cut link before the stop below
     with open(out, "wb") as log:
-        proc = subprocess.Popen(
-            up_argv(home, port, "--hosts", str(hosts_file), "--restarts", str(restarts), *extra),
-            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+        proc = subprocess.Popen(opts.argv(home, port), cwd=REPO_ROOT, env=opts.environ(),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return Up(proc, out, home, f"http://127.0.0.1:{port}")
 
 

@@ -4,7 +4,8 @@ supervisor, reaper and gateway processes serving the random-weight "tiny" model 
 "tiny-pp" at PP=2. test_gateway_live, test_console_browser_live, test_messages_live,
 test_responses_live, test_structured_live, test_sampling_live, test_cache_index_live and
 faults/test_rogue_secret_grep and test_determinism_live use it through the `live_cluster` fixture
-(tests/conftest.py), which runs them one after another; tests that kill ranks, unload a
+(tests/conftest.py), which runs them one after another; `up` is started by
+tests/support/up_cluster.py, the boot helper every live test uses; tests that kill ranks, unload a
 deployment, stop `up` or need other settings keep a cluster of their own.
 
 Each test starts and ends on a clean cluster: the same two deployments serving, nothing
@@ -15,6 +16,7 @@ secret file is removed and no file under its home holds a launch secret."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -35,14 +37,16 @@ from common.messages import REQUESTS_OUT, Stats, StatsRequest
 from common.procs import ProcessIdentity, snapshot_children
 from common.rpc_client import SyncRpcClient
 from services.rank.removals import read_removals, removals_path
-from tests.gwutil import GaveUp, free_port, poll_until
-from tests.support.processes import REPO, kill_group, process_gone, up_argv
+from tests.gwutil import GaveUp, poll_until
+from tests.support.processes import kill_group, process_gone
 from tests.support.requests import supervisor_record
+from tests.support.up_cluster import UpOptions, up_cluster
 
 TP_MODEL, PP_MODEL = "tiny", "tiny-pp"
 READY_S = 240.0
 IDLE_S = 30.0  # for a test's streams to drain after it (rank 0 answers aborts within a step)
 STOP_S = 120.0
+UP_OPTIONS = UpOptions(tp=2, ready="started", stop="test")  # `up`'s own deployment: TP=2
 
 
 @dataclass
@@ -59,6 +63,7 @@ class LiveCluster:
     deps: dict[str, dict] = field(default_factory=dict)  # model -> DeploymentInfo at boot
     stopped: bool = False
     _stop_error: BaseException | None = None
+    _exit: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # up_cluster's
 
     @property
     def hdr(self) -> dict[str, str]:
@@ -68,16 +73,16 @@ class LiveCluster:
 
     @classmethod
     def start(cls, home: Path) -> LiveCluster:
-        port = free_port()
-        out = home / "up.out"
-        with open(out, "wb") as log:
-            proc = subprocess.Popen(up_argv(home, port, "--tp", "2"), cwd=REPO, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        c = cls(home, port, proc, f"http://127.0.0.1:{port}", out)
+        # Started by the one boot helper, but waited for and stopped here: the first
+        # requests ever go right after /ready, and the stop proves more (ports, secrets).
+        stack = contextlib.ExitStack()
+        up = stack.enter_context(up_cluster(home, UP_OPTIONS, home=home))
+        c = cls(home, up.port, up.proc, up.url, up.out, _exit=stack)
         try:
             c._boot()
         except BaseException:
-            kill_group(proc)
+            kill_group(up.proc)
+            stack.close()
             raise
         return c
 
@@ -165,6 +170,7 @@ class LiveCluster:
         finally:
             if self.proc.poll() is None:
                 kill_group(self.proc)
+            self._exit.close()
 
     def _stop_with_proof(self) -> None:
         tree = snapshot_children(self.proc.pid)

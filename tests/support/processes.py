@@ -58,15 +58,6 @@ def reaper_once(home: Path, *args: str, timeout: float = 60,
                           text=True, timeout=timeout)
 
 
-def up_argv(home: Path, port: int, *extra: str) -> list[str]:
-    """`lockstep up` serving HTTP on `port`, its internal sockets on free ports."""
-    return [sys.executable, "-m", "services", "up", "--home", str(home), "--port", str(port),
-            "--admin-port", "0", "--events-port", "0", "--control-port", "0",
-            "--report-port", "0", "--reaper-events-port", "0",
-            # the random preset unless a test names a model: the default (SmolLM2) is slow
-            *([] if "--model" in extra else ["--model", "tiny"]), *extra]
-
-
 def interrupt(proc: subprocess.Popen, timeout: float) -> None:
     """Ctrl-C for a child leading its own session: SIGINT, then (if it has not exited
     within `timeout`) SIGKILL to its process group."""
