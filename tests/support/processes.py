@@ -12,7 +12,9 @@ from pathlib import Path
 
 import psutil
 
+from common import ports
 from common.procs import START_TIME_TOLERANCE, start_time_of
+from tests.support.ports import TEST_RANGE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,10 +41,17 @@ def netns_of(pid: int) -> str:
                           text=True, timeout=10).stdout.strip()
 
 
+# LOCKSTEP_* settings a child keeps: the port slice of this worker (tests/conftest.py:
+# else a supervisor it starts could hand a rank a port the test drew) and where the model
+# wheel is cached; any other is the caller's shell, not the test's.
+INHERITED = frozenset({ports.RANGE_ENV, TEST_RANGE_ENV, "LOCKSTEP_CACHE"})
+
+
 def lockstep_env(home: Path | None = None, **extra: str) -> dict[str, str]:
-    """This environment without any LOCKSTEP_* setting, the repository on PYTHONPATH,
-    LOCKSTEP_HOME if given, then `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKSTEP_")}
+    """This environment without any LOCKSTEP_* setting but INHERITED, the repository on
+    PYTHONPATH, LOCKSTEP_HOME if given, then `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("LOCKSTEP_") or k in INHERITED}
     env["PYTHONPATH"] = str(REPO)
     if home is not None:
         env["LOCKSTEP_HOME"] = str(home)

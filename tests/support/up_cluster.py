@@ -27,16 +27,12 @@ import httpx
 import psutil
 import pytest
 
-from common import ports
 from tests.gwutil import GaveUp
 from tests.support.polling import poll_for
-from tests.support.ports import TEST_RANGE_ENV, free_port
-from tests.support.processes import REPO, interrupt, kill_group, process_gone
+from tests.support.ports import free_port
+from tests.support.processes import INHERITED, REPO, interrupt, kill_group, process_gone
 
 BANNER = "Press Ctrl-C"
-# LOCKSTEP_* settings a child keeps: the port slice of this worker (tests/conftest.py) and
-# where the model wheel is cached; any other is the caller's shell, not the test's.
-INHERITED = frozenset({ports.RANGE_ENV, TEST_RANGE_ENV, "LOCKSTEP_CACHE"})
 
 Ready = Literal["banner", "ready", "started"]
 Stop = Literal["proof", "test"]
