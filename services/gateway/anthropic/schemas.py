@@ -2,7 +2,7 @@
 field accounted for, validated strictly, and translated into the one request form the
 gateway serves (`openai_schemas.ChatRequest`), so generation is never written twice.
 
-`FIELDS` is the single table, as request_fields.ROWS is for OpenAI's: validation reads
+`FIELDS` is the single table, as openai/fields.py ROWS is for OpenAI's: validation reads
 it, docs/gateway.md's Messages table follows it, and tests/unit/test_anthropic_messages.py
 checks it against the fields the installed `anthropic` SDK types (plus the sampling
 fields the 2.x SDK no longer types but clients still send). A field in no row is a 400

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from services.gateway.core.errors import ApiError
 from services.gateway.core.request_body import MAX_MESSAGES, MAX_STOPS, MAX_TOOLS, parse_json
 from services.gateway.core.sampling_params import MAX_TOP_LOGPROBS, SamplingFields
-from services.gateway.openai import fields as request_fields
+from services.gateway.openai import fields
 
 MAX_N = 16  # choices per request: each is its own request on rank 0
 
@@ -73,7 +73,7 @@ class _Sampling(SamplingFields, _Strict):
 
 
 class ChatRequest(_Sampling):
-    ENDPOINT: ClassVar[str] = request_fields.CHAT
+    ENDPOINT: ClassVar[str] = fields.CHAT
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[Tool] | None = None
@@ -85,7 +85,7 @@ class ChatRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = Field(default=None, min_length=1, max_length=64)
     modalities: list[Literal["text"]] | None = None
-    # Harmless (request_fields.ROWS): typed, so a malformed one is still a 400.
+    # Harmless (fields.ROWS): typed, so a malformed one is still a 400.
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
@@ -100,7 +100,7 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    ENDPOINT: ClassVar[str] = request_fields.COMPLETIONS
+    ENDPOINT: ClassVar[str] = fields.COMPLETIONS
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool | None = False
     best_of: int | None = Field(default=None, ge=1)
@@ -123,7 +123,7 @@ def validate(cls: type[_Sampling], raw: bytes, *, max_messages: int = MAX_MESSAG
         if isinstance(items, list) and len(items) > most:
             raise ApiError(400, f"{len(items)} {name}; at most {most} per request",
                            param=name, code="too_many_items")
-    request_fields.check(obj, cls.ENDPOINT, cls.model_fields)  # unknown / refused: by name
+    fields.check(obj, cls.ENDPOINT, cls.model_fields)  # unknown / refused: by name
     try:
         req = cls.model_validate(obj)
     except ValidationError as exc:

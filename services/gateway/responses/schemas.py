@@ -2,7 +2,7 @@
 strictly; responses/translate.py turns one into the request form the gateway serves
 (`openai_schemas.ChatRequest`), so generation is never written twice.
 
-`FIELDS` is the single table, as request_fields.ROWS is for chat: validation reads it,
+`FIELDS` is the single table, as openai/fields.py ROWS is for chat: validation reads it,
 docs/gateway.md's Responses table follows it, and tests/unit/test_responses.py checks it
 against the fields the installed `openai` SDK types (`ResponseCreateParams`; a row
 marked `untyped` is a field clients send that the SDK does not type). A field in
