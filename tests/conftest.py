@@ -75,7 +75,11 @@ def pytest_configure(config: pytest.Config) -> None:
     again: the test's own draws (tests/support/ports.py) take the lower half, and its
     subprocesses (up, supervisor, host agents) inherit the upper as LOCKSTEP_PORT_RANGE,
     so a supervisor never hands a rank the port a test drew for a gateway not yet bound."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # gw0, gw1, ...; gw0 alone
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
+    if worker is None:
+        if getattr(config.option, "numprocesses", None):
+            return  # xdist's controller: its workers inherit its environment, so not here
+        worker = "gw0"  # one process (-n0): the whole range is its own
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     span = ports.listen_range(ports.ephemeral_range())
     if ports.RANGE_ENV in os.environ or span is None:

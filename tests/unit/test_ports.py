@@ -97,3 +97,18 @@ def test_a_tests_own_ports_and_its_subprocesses_never_overlap():
     theirs = ports.configured_range()
     assert own and theirs and (own[1] < theirs[0] or theirs[1] < own[0]), (own, theirs)
     assert all(own[0] <= p <= own[1] for p in free_ports(8))
+
+
+def test_each_xdist_worker_draws_from_its_own_slice():
+    """Worker i of n holds the i-th n-th of the range (both halves): the controller must
+    not set one slice every worker inherits."""
+    from tests.support.ports import TEST_RANGE_ENV
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    span = ports.listen_range(ports.ephemeral_range())
+    assert span is not None
+    width = (span[1] - span[0] + 1) // count
+    low = span[0] + int(worker[2:]) * width
+    own = ports.configured_range({ports.RANGE_ENV: os.environ[TEST_RANGE_ENV]})
+    theirs = ports.configured_range()
+    assert own and theirs and (own[0], theirs[1]) == (low, low + width - 1), (worker, own, theirs)
