@@ -1,7 +1,8 @@
 """Suite-wide settings. Hypothesis runs derandomized and without its example database, so
 `make test` draws the same examples on every machine and every run (a failure prints
 its reproduction blob). HYPOTHESIS_PROFILE=explore draws new examples each run. The live
-cluster the read-only e2e modules share: `live_cluster` (tests/support/live_cluster.py)."""
+cluster the read-only e2e modules share: `live_cluster` (tests/support/live_cluster.py), and
+`live`, its typed view (LiveView)."""
 
 from __future__ import annotations
 
@@ -145,3 +146,13 @@ def live_cluster(_live_cluster_session, request):
     finally:
         if request.node is _users(request.session)[-1]:
             c.stop()
+
+
+@pytest.fixture
+def live(live_cluster):
+    """The shared cluster as its tests read it: typed (LiveView), about its TP=2 deployment.
+    A module about both deployments overrides it, parametrized (test_sampling_live); a
+    module on a cluster of its own defines its own `live`."""
+    from tests.support.live_cluster import live_view
+
+    return live_view(live_cluster)

@@ -10,6 +10,7 @@ module's tmp dir."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -27,77 +28,70 @@ def shots(tmp_path_factory):
     return tmp_path_factory.mktemp("screenshots")
 
 
-@pytest.fixture
-def live(live_cluster, shots):
-    c = live_cluster
-    return {"proc": c.proc, "home": c.home, "url": c.url, "out": c.out, "shots": shots,
-            "token": c.token, "link": c.link, "hdr": c.hdr, "dep": c.deps[lc.TP_MODEL]}
-
-
 @pytest.fixture(scope="module")
 def browser():
     with open_browser() as drv:
         yield drv
 
 
-def shot(live, drv, name: str):
-    return _shot(live["shots"], drv, name)
+def shot(shots: Path, drv, name: str):
+    return _shot(shots, drv, name)
 
 
 @pytest.mark.timeout(60)
 def test_page_is_static_and_strict(live):
-    r = httpx.get(live["url"] + "/admin/", timeout=10)
+    r = httpx.get(live.url + "/admin/", timeout=10)
     assert r.status_code == 200
     csp = r.headers["content-security-policy"]
     assert "default-src 'self'" in csp and "script-src 'self'" in csp, csp
     assert "<script src=\"/admin/console.js\"" in r.text
     assert "<script>" not in r.text and " on" + "click" not in r.text  # no inline script
-    assert live["token"] not in r.text
-    js = httpx.get(live["url"] + "/admin/console.js", timeout=10)
+    assert live.token not in r.text
+    js = httpx.get(live.url + "/admin/console.js", timeout=10)
     assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
-    assert httpx.get(live["url"] + "/admin/secret.txt", timeout=10).status_code == 404
-    assert httpx.get(live["url"] + "/admin/api/requests", timeout=10).status_code == 401
-    abort = live["url"] + "/admin/api/requests/nope/abort"
+    assert httpx.get(live.url + "/admin/secret.txt", timeout=10).status_code == 404
+    assert httpx.get(live.url + "/admin/api/requests", timeout=10).status_code == 401
+    abort = live.url + "/admin/api/requests/nope/abort"
     assert httpx.post(abort, timeout=10).status_code == 401
-    r = httpx.post(abort, headers=live["hdr"], timeout=10)
+    r = httpx.post(abort, headers=live.hdr, timeout=10)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
 
 
 @pytest.mark.timeout(60)
-def test_wrong_token_shows_login(live, browser):
-    browser.get(live["url"] + "/admin/#token=not-the-token")
+def test_wrong_token_shows_login(live, browser, shots):
+    browser.get(live.url + "/admin/#token=not-the-token")
     poll_until(lambda: browser.execute_script(
         "return !document.querySelector('#login').hidden && "
         "document.querySelector('#login-error').textContent"), 15, "the login form")
     assert browser.execute_script("return location.hash") == ""
     assert browser.execute_script("return sessionStorage.length") == 0  # dropped on 401
-    shot(live, browser, "login")
+    shot(shots, browser, "login")
 
 
 @pytest.mark.timeout(60)
-def test_login_from_fragment_shows_serving(live, browser):
-    dep = live["dep"]
-    assert live["link"] == live["url"] + "/admin/#token=" + live["token"]
-    assert live["token"] not in (live["home"] / "runtime" / "logs" / "up.log").read_text()
-    browser.get(live["link"])
+def test_login_from_fragment_shows_serving(live, browser, shots):
+    dep = live.dep
+    assert live.link == live.url + "/admin/#token=" + live.token
+    assert live.token not in (live.home / "runtime" / "logs" / "up.log").read_text()
+    browser.get(live.link)
     poll_until(lambda: (cells(browser, "#deployments", dep["deployment_id"]) or [""] * 6)[5]
                == "serving", 15, "the deployment serving on the page")
     poll_until(lambda: ranks_serving(browser, dep["deployment_id"], 2), 15,
                "both ranks serving on the page")
     assert browser.execute_script("return location.hash") == ""  # off the address bar
-    assert live["token"] not in browser.current_url
+    assert live.token not in browser.current_url
     row = cells(browser, "#deployments", dep["deployment_id"])
     assert row[1] == dep["model"] and row[2] == "2×1", row
     assert "launching → loading → canary → serving" in row[6], row
     rank1 = cells(browser, "#ranks", f"{dep['deployment_id']}/1")
     assert rank1[3] == str(dep["ranks"][1]["pid"]) and rank1[8] != "0", rank1  # pid, memory
-    shot(live, browser, "serving")
+    shot(shots, browser, "serving")
 
 
-def _long_stream(live, sink: dict) -> None:
-    body = {"model": live["dep"]["model"], "prompt": "the long road", "max_tokens": 3000,
+def _long_stream(live: lc.LiveView, sink: dict) -> None:
+    body = {"model": live.dep["model"], "prompt": "the long road", "max_tokens": 3000,
             "temperature": 0, "stream": True}
-    with httpx.stream("POST", live["url"] + "/v1/completions", json=body, timeout=120) as resp:
+    with httpx.stream("POST", live.url + "/v1/completions", json=body, timeout=120) as resp:
         sink["rid"] = resp.headers["x-lockstep-request-id"]
         for kind, d in sse_lines(resp):
             if kind == "data" and d != "[DONE]" and d["choices"]:
@@ -108,7 +102,7 @@ def _long_stream(live, sink: dict) -> None:
 
 
 @pytest.mark.timeout(90)
-def test_abort_from_the_requests_table(live, browser):
+def test_abort_from_the_requests_table(live, browser, shots):
     from selenium.webdriver.common.by import By
 
     sink: dict = {}
@@ -118,13 +112,13 @@ def test_abort_from_the_requests_table(live, browser):
     poll_until(lambda: (row := cells(browser, "#requests", rid)) and int(row[6]) > 0, 20,
                "the stream in the requests table, generating")
     row = cells(browser, "#requests", rid)
-    assert row[1] == live["dep"]["model"] and int(row[4]) > 0 and row[9] == "running", row
-    shot(live, browser, "request")
+    assert row[1] == live.dep["model"] and int(row[4]) > 0 and row[9] == "running", row
+    shot(shots, browser, "request")
     browser.find_element(By.CSS_SELECTOR, f'#requests tr[data-rid="{rid}"] button.abort').click()
     t.join(30)
     assert sink.get("done") and sink.get("finish") == "abort", sink
     recs = poll_until(lambda: (lambda r: r if len(r) == 2 else None)(
-        lc.removals(live["home"], live["dep"], rid)), 15, "every rank's removal record of the aborted request")
+        live.removals(rid)), 15, "every rank's removal record of the aborted request")
     assert {r["reason"] for r in recs.values()} == {"abort"}, recs
     assert len({r["step"] for r in recs.values()}) == 1, recs  # the same step on every rank
     poll_until(lambda: cells(browser, "#requests", rid) is None, 10, "the row gone")
@@ -165,12 +159,12 @@ SCALE_STUB = r"""
 
 
 @pytest.mark.timeout(60)
-def test_page_stays_usable_with_8_deployments_and_64_requests(live, browser):
+def test_page_stays_usable_with_8_deployments_and_64_requests(live, browser, shots):
     sid = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument",
                                   {"source": SCALE_STUB})["identifier"]
     try:
         browser.get("about:blank")  # a new document (the same URL but its fragment is not)
-        browser.get(live["url"] + "/admin/#token=stub")
+        browser.get(live.url + "/admin/#token=stub")
         count = "return document.querySelectorAll(arguments[0] + ' tbody tr').length"
         poll_until(lambda: browser.execute_script(count, "#requests") == 64, 15, "64 request rows")
         assert browser.execute_script(count, "#deployments") == 8
@@ -184,6 +178,6 @@ def test_page_stays_usable_with_8_deployments_and_64_requests(live, browser):
         assert browser.execute_script("return window.__b === document.querySelector("
                                       "'#requests tr[data-rid=\"r-7-7\"] button.abort') "
                                       "&& document.contains(window.__b)")
-        shot(live, browser, "scale")
+        shot(shots, browser, "scale")
     finally:
         browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": sid})

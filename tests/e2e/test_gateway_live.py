@@ -17,62 +17,40 @@ from tests.gwutil import poll_until, sse_lines
 from tests.support import live_cluster as lc
 
 
-@pytest.fixture
-def live(live_cluster):
-    c = live_cluster
-    dep = c.deps[lc.TP_MODEL]
-    return {"proc": c.proc, "home": c.home, "url": c.url, "out": c.out,
-            "ready_body": c.ready_body, "burst": c.burst, "token": c.token, "hdr": c.hdr,
-            "dep": dep, "model": dep["model"]}
-
-
-def client(live) -> openai.OpenAI:
-    return openai.OpenAI(base_url=live["url"] + "/v1", api_key="none", max_retries=0, timeout=60)
-
-
-def rank0_stats(live):
-    return lc.rank0_stats(live["home"], live["dep"])
-
-
-def removals(live, rid: str) -> dict[int, dict]:
-    return lc.removals(live["home"], live["dep"], rid)
-
-
-def gateway_active(live) -> int:
-    st = httpx.get(live["url"] + "/admin/api/cluster/status", headers=live["hdr"], timeout=10)
-    return st.json()["gateway"]["active"]
+def client(live: lc.LiveView) -> openai.OpenAI:
+    return openai.OpenAI(base_url=live.url + "/v1", api_key="none", max_retries=0, timeout=60)
 
 
 @pytest.mark.timeout(60)
 def test_a_burst_right_after_ready_is_all_served(live):
     """Issue 12 part 3: the tokenizer is loaded before /ready, once; the first concurrent
     requests all succeed (they got 503 from a lazy-import race)."""
-    assert [d["tokenizer"] for d in live["ready_body"]["deployments"]] == ["loaded"]
-    assert len(live["burst"]) == 8
-    assert all(status == 200 for status, _ in live["burst"]), live["burst"]
+    assert [d["tokenizer"] for d in live.cluster.ready_body["deployments"]] == ["loaded"]
+    assert len(live.cluster.burst) == 8
+    assert all(status == 200 for status, _ in live.cluster.burst), live.cluster.burst
 
 
 @pytest.mark.timeout(60)
 def test_up_ready_and_completion(live):
-    out = live["out"].read_text()
-    assert live["url"] in out and "curl " in out and f'"model": "{live["model"]}"' in out
-    assert live["dep"]["tp"] == 2 and live["dep"]["world_size"] == 2
-    r = httpx.post(live["url"] + "/v1/completions", timeout=60,
-                   json={"model": live["model"], "prompt": "the cat", "max_tokens": 8})
+    out = live.cluster.out.read_text()
+    assert live.url in out and "curl " in out and f'"model": "{live.model}"' in out
+    assert live.dep["tp"] == 2 and live.dep["world_size"] == 2
+    r = httpx.post(live.url + "/v1/completions", timeout=60,
+                   json={"model": live.model, "prompt": "the cat", "max_tokens": 8})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
-    assert (live["home"] / "admin.token").stat().st_mode & 0o777 == 0o600
-    assert (live["home"] / "keys" / "cluster.key").stat().st_mode & 0o777 == 0o600
+    assert (live.home / "admin.token").stat().st_mode & 0o777 == 0o600
+    assert (live.home / "keys" / "cluster.key").stat().st_mode & 0o777 == 0o600
 
 
-def _phase_seconds(live) -> dict[tuple[str, str], float]:
+def _phase_seconds(live: lc.LiveView) -> dict[tuple[str, str], float]:
     """(rank, phase) → lockstep_rank_phase_seconds_total of the TP=2 deployment, from the
     gateway's /metrics."""
     out = {}
-    for ln in httpx.get(live["url"] + "/metrics", timeout=10).text.splitlines():
+    for ln in httpx.get(live.url + "/metrics", timeout=10).text.splitlines():
         if ln.startswith("lockstep_rank_phase_seconds_total{"):
             head, value = ln.rsplit(" ", 1)
             labels = dict(part.split("=", 1) for part in head[head.index("{") + 1:-1].split(","))
-            if labels["deployment"].strip('"') == live["dep"]["deployment_id"]:
+            if labels["deployment"].strip('"') == live.dep_id:
                 out[labels["rank"].strip('"'), labels["phase"].strip('"')] = float(value)
     return out
 
@@ -83,8 +61,8 @@ def test_rank_phase_counters_move_end_to_end(live):
     out of the gateway's /metrics; a few tokens move rank 0's step and token sending and
     the follower's plan applying and step."""
     before = _phase_seconds(live)
-    r = httpx.post(live["url"] + "/v1/completions", timeout=60,
-                   json={"model": live["model"], "prompt": "the phase clock", "max_tokens": 6})
+    r = httpx.post(live.url + "/v1/completions", timeout=60,
+                   json={"model": live.model, "prompt": "the phase clock", "max_tokens": 6})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
     moved = [("0", "step"), ("0", "sign_send_tokens"), ("0", "sign_send_plan"), ("0", "plan"),
              ("0", "emit"), ("0", "drain"), ("1", "step"), ("1", "plan")]
@@ -100,7 +78,7 @@ def test_rank_phase_counters_move_end_to_end(live):
 
 @pytest.mark.timeout(120)
 def test_openai_client_live(live):
-    c, m = client(live), live["model"]
+    c, m = client(live), live.model
     assert m in [x.id for x in c.models.list().data]
     msgs = [{"role": "user", "content": "Tell me about the red train."}]
     r = c.chat.completions.create(model=m, messages=msgs, temperature=0, max_tokens=24)
@@ -127,12 +105,12 @@ def test_openai_client_live(live):
         c.chat.completions.create(model=m, messages=msgs, n=17)
 
 
-def _stream(live, prompt: str, max_tokens: int, sink: dict, key: str, stop_after: int | None = None,
-            probe=None) -> None:
-    body = {"model": live["model"], "prompt": prompt, "max_tokens": max_tokens,
+def _stream(live: lc.LiveView, prompt: str, max_tokens: int, sink: dict, key: str,
+            stop_after: int | None = None, probe=None) -> None:
+    body = {"model": live.model, "prompt": prompt, "max_tokens": max_tokens,
             "temperature": 0, "stream": True}
     text = []
-    with httpx.stream("POST", live["url"] + "/v1/completions", json=body, timeout=120) as resp:
+    with httpx.stream("POST", live.url + "/v1/completions", json=body, timeout=120) as resp:
         sink[key + ".rid"] = resp.headers["x-lockstep-request-id"]
         for kind, d in sse_lines(resp):
             if kind != "data" or d == "[DONE]":
@@ -149,12 +127,12 @@ def _stream(live, prompt: str, max_tokens: int, sink: dict, key: str, stop_after
 PROMPTS = {"a": "the cat reads", "b": "a farmer builds the map", "c": "our team answers"}
 
 
-def _run_concurrently(live, with_victim: bool) -> dict:
+def _run_concurrently(live: lc.LiveView, with_victim: bool) -> dict:
     sink: dict = {}
     threads = [threading.Thread(target=_stream, args=(live, p, 48, sink, k)) for k, p in PROMPTS.items()]
     if with_victim:
         threads.append(threading.Thread(target=_stream, args=(
-            live, "the river", 400, sink, "victim", 8, lambda: rank0_stats(live).step)))
+            live, "the river", 400, sink, "victim", 8, lambda: live.rank0_stats().step)))
     for t in threads:
         t.start()
     for t in threads:
@@ -167,7 +145,7 @@ def test_disconnect_mid_stream_live(live):
     undisturbed = _run_concurrently(live, with_victim=False)
     disturbed = _run_concurrently(live, with_victim=True)
     rid = disturbed["victim.rid"]
-    recs = poll_until(lambda: (lambda r: r if len(r) == 2 else None)(removals(live, rid)), 15,
+    recs = poll_until(lambda: (lambda r: r if len(r) == 2 else None)(live.removals(rid)), 15,
                       "every rank's removal record of the disconnected request")
     print("removal records", recs, "step at close", disturbed["victim.step_at_close"])
     steps = {r["step"] for r in recs.values()}
@@ -177,7 +155,7 @@ def test_disconnect_mid_stream_live(live):
     # 2-core host (8 was exceeded in CI, 18 seen under load); what this proves is one
     # removal step on every rank, long before the request's cap
     assert steps.pop() - disturbed["victim.step_at_close"] <= 32, (recs, disturbed)
-    poll_until(lambda: gateway_active(live) == 0, 10, "gateway active back to 0")
+    poll_until(lambda: live.gateway_active() == 0, 10, "gateway active back to 0")
     for k in PROMPTS:
         assert disturbed[k] == undisturbed[k], k
         assert disturbed[k + ".finish"] == "length"
@@ -190,9 +168,9 @@ def test_abort_all_under_load_live(live):
                for i in range(8)]
     for t in threads:
         t.start()
-    poll_until(lambda: rank0_stats(live).active >= 8, 30, "8 active requests on rank 0")
+    poll_until(lambda: live.rank0_stats().active >= 8, 30, "8 active requests on rank 0")
     t0 = time.monotonic()
-    r = httpx.post(live["url"] + "/admin/api/cluster/abort-all", headers=live["hdr"],
+    r = httpx.post(live.url + "/admin/api/cluster/abort-all", headers=live.hdr,
                    json={"timeout_s": 15}, timeout=60)
     elapsed = time.monotonic() - t0
     assert r.status_code == 200, r.text
@@ -203,12 +181,12 @@ def test_abort_all_under_load_live(live):
     for t in threads:
         t.join(30)
     assert all(sink.get(f"{i}.finish") == "abort" for i in range(8)), sink
-    assert rank0_stats(live).active == 0
+    assert live.rank0_stats().active == 0
 
 
 @pytest.mark.timeout(60)
 def test_bad_input_live(live):
-    u, m = live["url"], live["model"]
+    u, m = live.url, live.model
 
     def post(path, body, headers=None):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -242,17 +220,17 @@ def test_bad_input_live(live):
 
 @pytest.mark.timeout(60)
 def test_admin_routes_live(live):
-    u, h = live["url"] + "/admin/api/cluster", live["hdr"]
+    u, h = live.url + "/admin/api/cluster", live.hdr
     st = httpx.get(u + "/status", headers=h, timeout=30).json()
     assert st["supervisor"]["pid"] and st["gateway"]["active"] == 0
     assert st["gateway"]["events_seen"] > 0  # the deploy's events reached the gateway
-    metrics = httpx.get(live["url"] + "/metrics", timeout=10).text
+    metrics = httpx.get(live.url + "/metrics", timeout=10).text
     assert not [ln for ln in metrics.splitlines()
                 if ln.startswith('lockstep_bus_rejected_total{') and 'service="gateway"' in ln]
     sel = httpx.post(u + "/backend-selection", headers=h, timeout=30,
                      json={"hosts": [{"ssh": "127.0.0.1"}], "backend": "auto"})
     assert sel.status_code == 200 and "backend" in sel.json()
-    dep_id = live["dep"]["deployment_id"]
+    dep_id = live.dep_id
     prev = httpx.post(u + "/replan", headers=h, timeout=30,
                       json={"deployment_id": dep_id, "backend": "ring"})
     assert prev.status_code == 200 and prev.json()["signature"]
@@ -263,4 +241,4 @@ def test_admin_routes_live(live):
     assert reap.status_code == 200 and "reaped" in reap.json()
     missing = httpx.post(u + "/deployments/nope/unload", headers=h, json={}, timeout=30)
     assert missing.status_code == 404
-    assert httpx.get(live["url"] + "/ready", timeout=10).status_code == 200  # untouched
+    assert httpx.get(live.url + "/ready", timeout=10).status_code == 200  # untouched

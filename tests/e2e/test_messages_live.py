@@ -32,29 +32,13 @@ TOOLS = [{"name": "get_weather", "description": "the weather in a city",
           "input_schema": WEATHER}]
 
 
-@pytest.fixture
-def live(live_cluster):
-    c = live_cluster
-    client = anthropic.Anthropic(base_url=c.url, api_key="none", max_retries=0, timeout=120)
-    return {"client": client, "home": c.home, "url": c.url, "hdr": c.hdr,
-            "deps": {m: d["deployment_id"] for m, d in c.deps.items()}, "dep": c.deps[lc.TP_MODEL]}
-
-
-def rank0_stats(live):
-    return lc.rank0_stats(live["home"], live["dep"])
-
-
-def removals(live, rid: str) -> dict[int, dict]:
-    return lc.removals(live["home"], live["dep"], rid)
-
-
 def text_of(message) -> str:
     return "".join(b.text for b in message.content if b.type == "text")
 
 
 @pytest.mark.timeout(120)
 def test_create_stream_and_count_tokens(live):
-    c = live["client"]
+    c = live.anthropic
     m = c.messages.create(model="tiny", messages=MSGS, max_tokens=12, system="You are terse.",
                           extra_body={"temperature": 0})
     assert m.type == "message" and m.role == "assistant" and m.id.startswith("msg_")
@@ -81,7 +65,7 @@ def test_create_stream_and_count_tokens(live):
 
 @pytest.mark.timeout(120)
 def test_forced_tool_use_then_tool_result(live):
-    c = live["client"]
+    c = live.anthropic
     for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
         m = c.messages.create(model="tiny", messages=MSGS, max_tokens=120, tools=TOOLS,
                               tool_choice={**choice, "disable_parallel_tool_use": True},
@@ -110,13 +94,13 @@ def test_forced_tool_use_then_tool_result(live):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_structured_output_on_tp_and_pp(live, mode):
-    raw = live["client"].messages.with_raw_response.create(
+    raw = live.anthropic.messages.with_raw_response.create(
         model=MODES[mode], messages=MSGS, max_tokens=120, extra_body={"temperature": 0.9},
         output_config={"format": {"type": "json_schema", "schema": PERSON}})
     m = raw.parse()
     assert m.stop_reason == "end_turn", m
     jsonschema.validate(json.loads(text_of(m)), PERSON)
-    lc.ranks_agree(live["home"], live["deps"][MODES[mode]], raw.headers["x-lockstep-request-id"])
+    lc.ranks_agree(live.home, live.dep_ids[MODES[mode]], raw.headers["x-lockstep-request-id"])
 
 
 @pytest.mark.timeout(120)
@@ -126,13 +110,13 @@ def test_the_field_table_walked_against_the_server(live):
         body = {"model": "tiny", "messages": MSGS, "max_tokens": 2}
         if name not in body:
             body[name] = SAMPLES[name]
-        r = httpx.post(live["url"] + "/v1/messages", json=body, timeout=60)
+        r = httpx.post(live.url + "/v1/messages", json=body, timeout=60)
         want = 400 if row.support(s.CREATE) is Support.REFUSED else 200
         named = r.status_code != 400 or r.json()["error"]["message"].startswith(name)
         if r.status_code != want or not named:
             wrong.append((name, row.support(s.CREATE).value, r.status_code, r.text[:200]))
     assert not wrong, "\n".join(map(str, wrong))
-    c = live["client"]
+    c = live.anthropic
     with pytest.raises(anthropic.BadRequestError) as e:  # no thinking mode in this model
         c.messages.create(model="tiny", messages=MSGS, max_tokens=2000,
                           thinking={"type": "enabled", "budget_tokens": 1024})
@@ -164,20 +148,20 @@ def test_disconnect_mid_stream_removed_on_every_rank(live):
             "temperature": 0}
 
     def victim() -> None:
-        with httpx.stream("POST", live["url"] + "/v1/messages", json=body, timeout=120) as r:
+        with httpx.stream("POST", live.url + "/v1/messages", json=body, timeout=120) as r:
             sink["rid"] = r.headers["x-lockstep-request-id"]
             deltas = 0
             for line in r.iter_lines():
                 deltas += line.startswith("event: content_block_delta")
                 if deltas >= 8:
-                    sink["step_at_close"] = rank0_stats(live).step
+                    sink["step_at_close"] = live.rank0_stats().step
                     break  # leaving the block closes the connection mid-stream
 
     t = threading.Thread(target=victim)
     t.start()
     t.join(120)
     rid = sink["rid"]
-    recs = poll_until(lambda: (lambda r: r if len(r) == 2 else None)(removals(live, rid)), 15,
+    recs = poll_until(lambda: (lambda r: r if len(r) == 2 else None)(live.removals(rid)), 15,
                       "every rank's removal record of the disconnected request")
     steps = {r["step"] for r in recs.values()}
     assert len(steps) == 1, recs  # the same step on every rank
@@ -186,7 +170,7 @@ def test_disconnect_mid_stream_removed_on_every_rank(live):
     # 2-core host (8 was exceeded in CI, 18 seen under load); what this proves is one
     # removal step on every rank, long before the request's cap
     assert steps.pop() - sink["step_at_close"] <= 32, (recs, sink)
-    assert rank0_stats(live).active == 0
+    assert live.rank0_stats().active == 0
 
 
 @pytest.mark.timeout(120)
@@ -195,7 +179,7 @@ def test_claude_codes_first_request_streams(live):
     line, cache_control, a mid-conversation system message, adaptive thinking, effort,
     context_management, 32000 max_tokens; answered as an Anthropic stream."""
     body = {**CLAUDE_CODE_FIRST, "model": "tiny", "max_tokens": 32000, "temperature": 0}
-    with httpx.stream("POST", live["url"] + "/v1/messages?beta=true", json=body, timeout=120,
+    with httpx.stream("POST", live.url + "/v1/messages?beta=true", json=body, timeout=120,
                       headers={"anthropic-version": "2023-06-01", "anthropic-beta":
                                "claude-code-20250219,context-management-2025-06-27"}) as r:
         assert r.status_code == 200, r.read()

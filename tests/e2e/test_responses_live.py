@@ -34,21 +34,14 @@ TOOLS = [{"type": "function", "name": "get_weather", "parameters": WEATHER, "str
 FORMAT = {"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}}
 
 
-@pytest.fixture
-def live(live_cluster):
-    c = live_cluster
-    client = openai.OpenAI(base_url=c.url + "/v1", api_key="none", max_retries=0, timeout=120)
-    return {"client": client, "home": c.home, "deps": c.deps, "url": c.url, "hdr": c.hdr}
-
-
-def removal_records(live, mode: str, rid: str) -> list[dict]:
+def removal_records(live: lc.LiveView, mode: str, rid: str) -> list[dict]:
     """Both ranks' removal record of `rid`, equal in every field the ranks share."""
-    return lc.ranks_agree(live["home"], live["deps"][MODES[mode]]["deployment_id"], rid)
+    return lc.ranks_agree(live.home, live.dep_ids[MODES[mode]], rid)
 
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_structured_output_is_schema_valid_and_ranks_agree(live, mode):
-    c = live["client"]
+    c = live.openai
     for kw in ({"temperature": 0}, {"temperature": 0.9, "top_p": 0.9}):
         r = c.responses.create(model=MODES[mode], input="Describe a person as JSON.",
                                text=FORMAT, max_output_tokens=120, **kw)
@@ -64,13 +57,13 @@ class Person(pydantic.BaseModel):
 
 def test_sdk_parse_with_a_pydantic_text_format(live):
     """`client.responses.parse(text_format=...)`, as the Agents SDK's output types use it."""
-    r = live["client"].responses.parse(model=MODES["tp"], input="Describe a person.",
-                                       text_format=Person, max_output_tokens=120, temperature=0)
+    r = live.openai.responses.parse(model=MODES["tp"], input="Describe a person.",
+                                    text_format=Person, max_output_tokens=120, temperature=0)
     assert r.status == "completed" and isinstance(r.output_parsed, Person), r.output
 
 
 def test_stream_accumulator_rebuilds_the_final_response(live):
-    c = live["client"]
+    c = live.openai
     with c.responses.stream(model=MODES["tp"], input="Describe a person as JSON.", text=FORMAT,
                             max_output_tokens=120, temperature=0) as s:
         events = list(s)
@@ -97,7 +90,7 @@ def test_stream_accumulator_rebuilds_the_final_response(live):
 
 
 def test_two_step_tool_loop_and_a_cached_chain(live):
-    c = live["client"]
+    c = live.openai
     first = c.responses.create(model=MODES["tp"], input="What is the weather in Paris?",
                                instructions="Use the tools.", tools=TOOLS, temperature=0,
                                tool_choice={"type": "function", "name": "get_weather"},
@@ -128,7 +121,7 @@ def test_two_step_tool_loop_and_a_cached_chain(live):
 
 
 def test_refusals_name_the_parameter(live):
-    c = live["client"]
+    c = live.openai
     for kw, param in (({"background": True, "stream": True}, "stream"),
                       ({"conversation": "conv_1"}, "conversation"),
                       ({"reasoning": {"effort": "high"}}, "reasoning"),  # no thinking mode
@@ -143,8 +136,7 @@ def test_refusals_name_the_parameter(live):
 
 @pytest.mark.timeout(180)
 def test_disconnect_mid_stream_is_removed_on_every_rank(live):
-    c = live["client"]
-    dep = live["deps"][MODES["tp"]]
+    c = live.openai
     seen: dict = {}
 
     def victim() -> None:
@@ -163,7 +155,7 @@ def test_disconnect_mid_stream_is_removed_on_every_rank(live):
                 seen["rid"] = ev.response.id
             deltas += ev.type == "response.output_text.delta"
             if deltas >= 8:
-                seen["step_at_close"] = lc.rank0_stats(live["home"], dep).step
+                seen["step_at_close"] = live.cluster.rank0_stats(MODES["tp"]).step
                 stream.close()  # the client leaves mid-stream
                 return
 
@@ -186,7 +178,7 @@ def test_disconnect_mid_stream_is_removed_on_every_rank(live):
 
 @pytest.mark.timeout(180)
 def test_background_cancel_is_removed_on_every_rank(live):
-    c = live["client"]
+    c = live.openai
     r = c.responses.create(model=MODES["pp"], input="Tell a long story.", background=True,
                            max_output_tokens=1500, temperature=0)
     assert r.status == "in_progress" and r.background is True

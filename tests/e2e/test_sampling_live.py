@@ -27,7 +27,7 @@ N = 12
 
 
 MODES = {"tp": lc.TP_MODEL, "pp": lc.PP_MODEL}
-RIDS: dict[str, list[str]] = {mode: [] for mode in MODES}  # every request, per mode
+RIDS: dict[str, list[str]] = {model: [] for model in MODES.values()}  # every request, per model
 
 
 @functools.cache
@@ -36,32 +36,28 @@ def tokenizer():
 
 
 @pytest.fixture(params=list(MODES))
-def live(request, live_cluster):
-    mode = request.param
-    c = live_cluster
-    client = openai.OpenAI(base_url=c.url + "/v1", api_key="none", max_retries=0, timeout=120)
-    return {"mode": mode, "client": client, "model": MODES[mode], "url": c.url,
-            "home": c.home, "dep": c.deps[MODES[mode]]["deployment_id"], "tok": tokenizer(),
-            "rids": RIDS[mode]}
+def live(request, live_cluster) -> lc.LiveView:
+    """The shared cluster's typed view about the TP=2 deployment, then the PP=2 one."""
+    return lc.live_view(live_cluster, MODES[request.param])
 
 
-def completion(live, **kw):
+def completion(live: lc.LiveView, **kw):
     """A completion (greedy unless told), its request id kept for the agreement check."""
-    args = {"model": live["model"], "prompt": PROMPT, "max_tokens": N, "temperature": 0, **kw}
-    raw = live["client"].completions.with_raw_response.create(**args)
-    live["rids"].append(raw.headers["x-lockstep-request-id"])
+    args = {"model": live.model, "prompt": PROMPT, "max_tokens": N, "temperature": 0, **kw}
+    raw = live.openai.completions.with_raw_response.create(**args)
+    RIDS[live.model].append(raw.headers["x-lockstep-request-id"])
     return raw.parse().choices[0]
 
 
-def chat(live, **kw):
-    args = {"model": live["model"], "messages": [{"role": "user", "content": PROMPT}],
+def chat(live: lc.LiveView, **kw):
+    args = {"model": live.model, "messages": [{"role": "user", "content": PROMPT}],
             "max_tokens": N, "temperature": 0, **kw}
-    raw = live["client"].chat.completions.with_raw_response.create(**args)
-    live["rids"].append(raw.headers["x-lockstep-request-id"])
+    raw = live.openai.chat.completions.with_raw_response.create(**args)
+    RIDS[live.model].append(raw.headers["x-lockstep-request-id"])
     return raw.parse().choices[0]
 
 
-def tokens_of(live, **kw) -> list[str]:
+def tokens_of(live: lc.LiveView, **kw) -> list[str]:
     """A completion's tokens (their strings, from `logprobs: 0`)."""
     return completion(live, logprobs=0, **kw).logprobs.tokens
 
@@ -72,11 +68,11 @@ def events(r: httpx.Response) -> list[dict]:
 
 @pytest.mark.timeout(300)
 def test_logit_bias_forces_and_bans_tokens(live):
-    dog = live["tok"].encode(" dog")[0]
+    dog = tokenizer().encode(" dog")[0]
     forced = completion(live, logit_bias={str(dog): 100})
     assert forced.text == " dog" * N
     base = tokens_of(live)
-    first = live["tok"].encode(base[0])[0]
+    first = tokenizer().encode(base[0])[0]
     banned = tokens_of(live, logit_bias={str(first): -100})
     assert banned[0] != base[0]
 
@@ -127,10 +123,10 @@ def test_chat_logprobs_streamed_and_not(live):
     assert raw.decode("utf-8", errors="replace") == ch.message.content
     assert chat(live).logprobs is None  # not asked: null
 
-    r = httpx.post(live["url"] + "/v1/chat/completions", timeout=120, json={
-        "model": live["model"], "messages": [{"role": "user", "content": PROMPT}],
+    r = httpx.post(live.url + "/v1/chat/completions", timeout=120, json={
+        "model": live.model, "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": N, "temperature": 0, "stream": True, "logprobs": True, "top_logprobs": k})
-    live["rids"].append(r.headers["x-lockstep-request-id"])
+    RIDS[live.model].append(r.headers["x-lockstep-request-id"])
     streamed = [e for c in events(r) for ch_ in c["choices"] if ch_["logprobs"]
                 for e in ch_["logprobs"]["content"]]
     assert streamed == [e.model_dump() for e in content]
@@ -151,10 +147,10 @@ def test_completion_logprobs_streamed_and_not(live):
     hot = completion(live, logprobs=1, temperature=1.0, seed=3).logprobs
     assert all(math.isfinite(x) and x <= 0 for x in hot.token_logprobs)
 
-    r = httpx.post(live["url"] + "/v1/completions", timeout=120, json={
-        "model": live["model"], "prompt": PROMPT, "max_tokens": N, "temperature": 0,
+    r = httpx.post(live.url + "/v1/completions", timeout=120, json={
+        "model": live.model, "prompt": PROMPT, "max_tokens": N, "temperature": 0,
         "stream": True, "logprobs": 2})
-    live["rids"].append(r.headers["x-lockstep-request-id"])
+    RIDS[live.model].append(r.headers["x-lockstep-request-id"])
     parts = [ch_["logprobs"] for c in events(r) for ch_ in c["choices"] if ch_["logprobs"]]
     assert sum((p["tokens"] for p in parts), []) == lp.tokens
     assert sum((p["text_offset"] for p in parts), []) == lp.text_offset
@@ -162,9 +158,9 @@ def test_completion_logprobs_streamed_and_not(live):
 
 @pytest.mark.timeout(120)
 def test_every_field_at_once_and_bad_values(live):
-    c = live["client"]
+    c = live.openai
     kw = {"temperature": 0.9, "seed": 11, "presence_penalty": 0.5, "frequency_penalty": 0.3,
-          "logit_bias": {str(live["tok"].encode(" dog")[0]): 3},
+          "logit_bias": {str(tokenizer().encode(" dog")[0]): 3},
           "extra_body": {"top_k": 20, "min_p": 0.02, "repetition_penalty": 1.2,
                          "repetition_context_size": 8}}
     a, b = completion(live, **kw), completion(live, **kw)
@@ -175,7 +171,7 @@ def test_every_field_at_once_and_bad_values(live):
                        ({"logit_bias": {"99999": 1}}, "logit_bias"),
                        ({"logprobs": 21}, "logprobs")):
         with pytest.raises(openai.BadRequestError) as ei:
-            c.completions.create(model=live["model"], prompt=PROMPT, max_tokens=2, **bad)
+            c.completions.create(model=live.model, prompt=PROMPT, max_tokens=2, **bad)
         assert ei.value.body["param"] == param
 
 
@@ -191,12 +187,12 @@ def test_xtc_excludes_top_choices_reproducibly_and_is_refused_out_of_range(live)
     assert a.text == b.text and a.text != plain.text
     half = {**kw, "extra_body": {"xtc_probability": 0.5, "xtc_threshold": 0.01}}
     assert completion(live, **half).text == completion(live, **half).text
-    url, msgs = live["url"], [{"role": "user", "content": PROMPT}]
+    url, msgs = live.url, [{"role": "user", "content": PROMPT}]
     for path, body, shape in (
             ("/v1/chat/completions", {"messages": msgs}, "openai"),
             ("/v1/responses", {"input": PROMPT}, "openai"),
             ("/v1/messages", {"messages": msgs, "max_tokens": 4}, "anthropic")):
-        r = httpx.post(url + path, json={"model": live["model"], "xtc_threshold": 0.7, **body},
+        r = httpx.post(url + path, json={"model": live.model, "xtc_threshold": 0.7, **body},
                        timeout=30)
         assert r.status_code == 400, (path, r.text)
         err = r.json()["error"]
@@ -216,17 +212,17 @@ def test_tokens_identical_on_every_rank(live):
         for r in (0, 1):
             path = removals_path_of(live, r)
             out[r] = {rec["request_id"]: rec for rec in read_removals(path)}
-        return out if all(rid in out[r] for r in (0, 1) for rid in live["rids"]) else None
+        return out if all(rid in out[r] for r in (0, 1) for rid in RIDS[live.model]) else None
 
     recs = poll_until(records, 30, "both ranks' removal records of every request")
-    assert len(live["rids"]) >= 20
-    for rid in live["rids"]:
+    assert len(RIDS[live.model]) >= 20
+    for rid in RIDS[live.model]:
         a, b = recs[0][rid], recs[1][rid]
         assert (a["tokens_sha"], a["n_tokens"], a["step"]) == \
             (b["tokens_sha"], b["n_tokens"], b["step"]), rid
 
 
-def removals_path_of(live, rank: int):
+def removals_path_of(live: lc.LiveView, rank: int):
     from common.home import Paths
 
-    return removals_path(Paths(live["home"]), live["dep"], rank)
+    return removals_path(Paths(live.home), live.dep_id, rank)

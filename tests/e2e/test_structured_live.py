@@ -28,21 +28,13 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 ASK = [{"role": "user", "content": "What is the weather in Paris? Answer in JSON."}]
 
 
-@pytest.fixture
-def live(live_cluster):
-    c = live_cluster
-    client = openai.OpenAI(base_url=c.url + "/v1", api_key="none", max_retries=0, timeout=120)
-    return {"client": client, "home": c.home, "url": c.url,
-            "deps": {m: d["deployment_id"] for m, d in c.deps.items()}}
-
-
-def ranks_agree(live, mode: str, rid: str) -> dict:
+def ranks_agree(live: lc.LiveView, mode: str, rid: str) -> dict:
     """Both ranks' removal record of `rid`, equal in every field the ranks share: rank 0's."""
-    return lc.ranks_agree(live["home"], live["deps"][MODES[mode]], rid)[0]
+    return lc.ranks_agree(live.home, live.dep_ids[MODES[mode]], rid)[0]
 
 
-def chat(live, mode: str, **kw):
-    raw = live["client"].chat.completions.with_raw_response.create(
+def chat(live: lc.LiveView, mode: str, **kw):
+    raw = live.openai.chat.completions.with_raw_response.create(
         model=MODES[mode], messages=ASK, **kw)
     return raw.headers["x-lockstep-request-id"], raw.parse()
 
@@ -66,7 +58,7 @@ def test_json_schema_greedy_and_seeded_and_streamed(live, mode):
         assert resp.choices[0].finish_reason == "stop"
         jsonschema.validate(json.loads(resp.choices[0].message.content), PERSON)
         ranks_agree(live, mode, rid)
-    stream = live["client"].chat.completions.create(
+    stream = live.openai.chat.completions.create(
         model=MODES[mode], messages=ASK, response_format=rf, max_tokens=120, temperature=0.9,
         seed=8, stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
@@ -90,7 +82,7 @@ def test_required_and_named_tool_calls(live, mode):
 
 
 def test_a_schema_that_cannot_compile_is_a_400_naming_it(live):
-    client = live["client"]
+    client = live.openai
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODES["tp"], messages=ASK, response_format={
             "type": "json_schema", "json_schema": {"name": "odd", "schema": {

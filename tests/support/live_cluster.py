@@ -2,11 +2,13 @@
 supervisor, reaper and gateway processes serving the random-weight "tiny" model at TP=2
 (`up`'s own deployment) and, deployed beside it through the admin API, a copy named
 "tiny-pp" at PP=2. test_gateway_live, test_console_browser_live, test_messages_live,
-test_responses_live, test_structured_live, test_sampling_live, test_cache_index_live and
-faults/test_rogue_secret_grep and test_determinism_live use it through the `live_cluster` fixture
-(tests/conftest.py), which runs them one after another; `up` is started by
-tests/support/up_cluster.py, the boot helper every live test uses; tests that kill ranks, unload a
-deployment, stop `up` or need other settings keep a cluster of their own.
+test_responses_live, test_structured_live, test_sampling_live, test_cache_index_live,
+test_determinism_live and faults/test_rogue_secret_grep use it through the `live_cluster`
+fixture (tests/conftest.py), which runs them one after another; most read it through
+`live`, its typed view (`LiveView`: url, admin headers, clients, the deployment a test is
+about). `up` is started by tests/support/up_cluster.py, the boot helper every live test
+uses; tests that kill ranks, unload a deployment, stop `up` or need other settings keep a
+cluster of their own.
 
 Each test starts and ends on a clean cluster: the same two deployments serving, nothing
 in flight at the gateway or on either rank 0 (`check_idle`). After the last test that uses
@@ -23,11 +25,14 @@ import signal
 import subprocess
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import httpx
 import psutil
 import zmq
+from anthropic import Anthropic
+from openai import OpenAI
 
 from common.atomic_json import read_json
 from common.bus import Channel, new_request_id
@@ -47,6 +52,7 @@ READY_S = 240.0
 IDLE_S = 30.0  # for a test's streams to drain after it (rank 0 answers aborts within a step)
 STOP_S = 120.0
 UP_OPTIONS = UpOptions(tp=2, ready="started", stop="test")  # `up`'s own deployment: TP=2
+CLIENT_TIMEOUT_S = 120.0  # the `openai` and `anthropic` clients of LiveView
 
 
 @dataclass
@@ -196,6 +202,65 @@ class LiveCluster:
         left = [str(f) for f in self.home.rglob("*") if f.is_file()
                 and any(n in f.read_bytes() for n in needles)]
         assert left == [], f"files holding a launch secret after the stop: {left}"
+
+
+@dataclass(frozen=True)
+class LiveView:
+    """The shared cluster as a test on it reads it (the `live` fixture, tests/conftest.py),
+    about one of its two deployments: `model`, TP_MODEL unless the test asks for PP_MODEL.
+    Built by `live_view`; what else the cluster holds (its process, `up`'s output, the
+    boot's /ready and first requests) is on `cluster`."""
+
+    cluster: LiveCluster
+    model: str  # the deployment the test is about
+    url: str  # the gateway's
+    home: Path
+    token: str  # the admin token
+    hdr: dict[str, str]  # admin headers (the bearer token)
+    link: str  # the console login link `up` printed
+    deps: dict[str, dict]  # model -> DeploymentInfo at boot, both deployments
+    dep_ids: dict[str, str]  # model -> its deployment id
+    dep: dict  # deps[model]
+
+    @property
+    def dep_id(self) -> str:
+        return self.dep["deployment_id"]
+
+    @cached_property
+    def openai(self) -> OpenAI:
+        """The `openai` client on the gateway's /v1 (no retries, CLIENT_TIMEOUT_S)."""
+        return openai_client(self.url, CLIENT_TIMEOUT_S)
+
+    @cached_property
+    def anthropic(self) -> Anthropic:
+        """The `anthropic` client on the gateway (no retries, CLIENT_TIMEOUT_S)."""
+        return Anthropic(base_url=self.url, api_key="none", max_retries=0,
+                         timeout=CLIENT_TIMEOUT_S)
+
+    def rank0_stats(self) -> Stats:
+        """STATS straight from rank 0 of `model`'s deployment."""
+        return self.cluster.rank0_stats(self.model)
+
+    def removals(self, rid: str) -> dict[int, dict]:
+        """rank -> its removal record of `rid`, on `model`'s deployment."""
+        return self.cluster.removals(self.model, rid)
+
+    def gateway_active(self) -> int:
+        return self.cluster.gateway_active()
+
+
+def live_view(cluster: LiveCluster, model: str = TP_MODEL) -> LiveView:
+    """The typed view of the shared cluster about `model`'s deployment."""
+    return LiveView(cluster=cluster, model=model, url=cluster.url, home=cluster.home,
+                    token=cluster.token, hdr=cluster.hdr, link=cluster.link,
+                    deps=cluster.deps,
+                    dep_ids={m: d["deployment_id"] for m, d in cluster.deps.items()},
+                    dep=cluster.deps[model])
+
+
+def openai_client(url: str, timeout: float) -> OpenAI:
+    """An `openai` client on the gateway at `url` (its /v1), without retries."""
+    return OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=timeout)
 
 
 def _listening(pid: int) -> list:
