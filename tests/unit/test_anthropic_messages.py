@@ -246,3 +246,17 @@ def test_claude_codes_first_request_is_accepted_and_translated():
     assert roles == ["system", "user", "system"]
     assert "billing-header" not in t.chat_messages(req)[0]["content"]
     assert chat.input.template_kwargs == {} and internal.tool_names(chat)[0] == "Bash"
+
+
+@pytest.mark.parametrize("endpoint", [s.CREATE, s.COUNT])
+def test_a_conversation_without_any_content_is_a_400(endpoint):
+    """Every turn empty and no system prompt: nothing to answer (it was a 500)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": []}],
+            **({"max_tokens": 16} if endpoint == s.CREATE else {})}
+    with pytest.raises(ApiError) as e:
+        t.to_internal(s.validate(json.dumps(body).encode(), endpoint))
+    assert (e.value.status, e.value.param) == (400, "messages")
+    with_system = {**body, "system": "Be brief."}
+    assert internal.messages(t.to_internal(s.validate(json.dumps(with_system).encode(),
+                                                      endpoint))) == [
+        {"role": "system", "content": "Be brief."}]

@@ -162,3 +162,14 @@ def test_namespace_faults_are_400s_naming_them():
         rs.validate(body(tools=[many, EXEC]), max_tools=5)
     assert e.value.param == "tools" and e.value.code == "too_many_items"
     rs.validate(body(tools=[many]), max_tools=5)
+
+
+def test_a_namespaced_name_past_a_functions_bound_is_a_400_naming_it():
+    """namespace__name is what the model sees: bounded as a function's name (it was a 500
+    when the chat request refused it unasked)."""
+    long_ns = {**AGENTS, "name": "n" * 128, "tools": [fn("f" * 200)]}
+    e = refusal(body(tools=[long_ns]))
+    assert e.param == "tools.0.tools.0.name" and "at most 256" in e.message, e.message
+    ok = {**AGENTS, "name": "n" * 100, "tools": [fn("f" * 154)]}  # 100 + 2 + 154 = 256
+    assert internal.tool_names(rt.to_internal(rs.validate(body(tools=[ok])), []))[0] == \
+        "n" * 100 + "__" + "f" * 154

@@ -1,7 +1,7 @@
 """The Anthropic Messages endpoints: `POST /v1/messages` and `/v1/messages/count_tokens`.
 
 A thin translation onto the one request path (request_path.admit): the body is
-validated (anthropic/schemas.py) and translated into a chat request (anthropic/translate.py), admitted exactly as
+validated (anthropic/schemas.py) and translated into the internal request (anthropic/translate.py), admitted exactly as
 a chat completion is (chat template, tool parser, grammar, sampling defaults, admission,
 prefix cache), and its Generation's events rendered as Anthropic's message or event
 stream (anthropic/render.py). Release and disconnect are as chat's: a client that goes

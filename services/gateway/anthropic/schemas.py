@@ -1,6 +1,6 @@
 """Anthropic Messages requests (`POST /v1/messages`, `/v1/messages/count_tokens`): every
-field accounted for, validated strictly, and translated into the one request form the
-gateway serves (`openai_schemas.ChatRequest`), so generation is never written twice.
+field accounted for, validated strictly, and translated into the one internal request
+(core/internal_request.py), so generation is never written twice.
 
 `FIELDS` is the single table, as openai/fields.py ROWS is for OpenAI's: validation reads
 it, docs/gateway.md's Messages table follows it, and tests/unit/test_anthropic_messages.py
@@ -8,7 +8,7 @@ checks it against the fields the installed `anthropic` SDK types (plus the sampl
 fields the 2.x SDK no longer types but clients still send). A field in no row is a 400
 naming it; a refused one with a value other than null is a 400 naming it.
 
-The translation into that chat request: anthropic/translate.py.
+The translation: anthropic/translate.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,12 @@ from __future__ import annotations
 import json
 
 from common import request_params
-from services.gateway.anthropic.schemas import BILLING_LINE, CountTokensRequest, MessagesRequest
+from services.gateway.anthropic.schemas import (
+    BILLING_LINE,
+    CountTokensRequest,
+    MessagesRequest,
+    bad,
+)
 from services.gateway.core.internal_request import (
     ChatInput,
     GenerationRequest,
@@ -132,8 +137,10 @@ def to_internal(req: CountTokensRequest) -> GenerationRequest:
     th = req.thinking
     kwargs: JsonObject = ({"enable_thinking": th.type == "enabled"}
                           if th is not None and th.type != "adaptive" else {})
-    inp = ChatInput([turn(**m) for m in chat_messages(req)], tools or None, kwargs,
-                    oc.effort if oc is not None else None)
+    messages = [turn(**m) for m in chat_messages(req)]
+    if not messages:  # every turn empty, no system prompt: as Anthropic, a 400
+        raise bad("messages", "no message has any content: nothing to answer")
+    inp = ChatInput(messages, tools or None, kwargs, oc.effort if oc is not None else None)
     create = isinstance(req, MessagesRequest)
     return GenerationRequest(
         model=req.model, input=inp, tool_choice=choice, response_format=rf,

@@ -57,7 +57,7 @@ class ParamFields:
 
 class SamplingFields(ParamFields.CHAT):  # type: ignore[misc, valid-type]
     """What chat and completions share: the declared parameters (same bounds in both),
-    mixed into openai_schemas._Sampling."""
+    mixed into openai/schemas.py's _Sampling."""
 
 
 def _bad(param: str, text: str) -> ApiError:

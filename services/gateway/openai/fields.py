@@ -81,7 +81,7 @@ ROWS = tuple(sorted((*ROWS, *(Row(p.name, H, H, p.note(CHAT), extension=p.extens
 TABLE = FieldTable(ROWS, PATHS)
 BY_ENDPOINT: dict[str, dict[str, FieldRow]] = {ep: TABLE.of(ep) for ep in PATHS}
 if len({r.name for r in ROWS}) != len(ROWS):  # one row per field
-    raise ImportError("request_fields.ROWS names a field twice")
+    raise ImportError("openai/fields.py ROWS names a field twice")
 
 
 def check(obj: Mapping[str, Json], endpoint: str, schema_fields: Iterable[str]) -> None:

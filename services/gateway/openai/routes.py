@@ -87,7 +87,8 @@ async def _handle(request: Request, *, chat: bool) -> Response:
     raw = await request.body()
     req = await gw.prepare_pool.parse(len(raw), validate, ChatRequest if chat else CompletionRequest,
                                  raw, max_messages=s.max_messages, max_tools=s.max_tools)
-    internal = from_chat(req) if isinstance(req, ChatRequest) else from_completion(req)
+    internal = await gw.prepare_pool.run(
+        from_chat if isinstance(req, ChatRequest) else from_completion, req)  # per message: off the loop
     run = await admit(request, internal, rid_prefix="chatcmpl-" if chat else "cmpl-",
                       endpoint="chat" if chat else "completions", started=started)
     rid, backend, streams, gens, n = run.rid, run.backend, run.streams, run.gens, len(run.gens)

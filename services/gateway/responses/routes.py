@@ -2,7 +2,7 @@
 /v1/responses/{id}`.
 
 A thin translation onto the one request path (request_path.admit): the body is
-validated (responses/schemas.py) and translated into a chat request
+validated (responses/schemas.py) and translated into the internal request
 (responses/translate.py) — a `previous_response_id`'s stored conversation first —
 admitted exactly as a chat completion is (chat template, tool parser, grammar,
 logprobs, sampling defaults, admission, prefix cache), and its Generation's events

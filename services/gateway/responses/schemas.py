@@ -1,6 +1,6 @@
 """OpenAI Responses requests (`POST /v1/responses`): every field accounted for, validated
-strictly; responses/translate.py turns one into the request form the gateway serves
-(`openai_schemas.ChatRequest`), so generation is never written twice.
+strictly; responses/translate.py turns one into the one internal request
+(core/internal_request.py), so generation is never written twice.
 
 `FIELDS` is the single table, as openai/fields.py ROWS is for chat: validation reads it,
 docs/gateway.md's Responses table follows it, and tests/unit/test_responses.py checks it

@@ -28,6 +28,7 @@ from services.gateway.core.errors import ApiError
 from services.gateway.core.internal_request import JsonObject, function_tool
 
 SEP = "__"
+MAX_NAME = 256  # a function's name as the model sees it (chat's bound too)
 # How a known client stops sending a hosted tool (keyed by the tool's type).
 HOSTED_HINTS = {
     "web_search": " Codex sends it unless web search is off: run it with "
@@ -41,7 +42,7 @@ class _M(BaseModel):
 
 class FunctionTool(_M):
     type: Literal["function"]
-    name: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=MAX_NAME)
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
     description: str | None = None
@@ -107,8 +108,12 @@ def check(tools: Any, max_tools: int) -> None:
             plain.add(tool.name)
             count += 1
             continue
-        for f in tool.tools:
+        for j, f in enumerate(tool.tools):
             name = qualified(tool.name, f.name)
+            if len(name) > MAX_NAME:  # the model sees one name: bounded as a function's
+                raise _bad(f"tools.{i}.tools.{j}.name", f"namespace {tool.name!r} offers "
+                           f"{name[:40]!r}... ({len(name)} characters, namespace{SEP}name) "
+                           f"to the model; at most {MAX_NAME}")
             if name in offered:
                 raise _bad(f"tools.{i}.name", f"namespace {tool.name!r} offers {name!r} to the "
                            f"model (namespace{SEP}name), as tools.{offered[name][0]} does")
