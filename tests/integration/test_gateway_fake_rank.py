@@ -17,7 +17,7 @@ from common.messages import ErrorCode
 from services.gateway.core.settings import GatewaySettings
 from tests.fakes.gateway_fakes import FakeSupervisor
 from tests.gwutil import GatewayThread, free_port, poll_until, sse_lines
-from tests.support.fake_gateway import fake_gateway
+from tests.support.fake_gateway import FakeGateway, fake_gateway
 
 TOKEN = "admin-secret-token"
 READ_TIMEOUT = 1.5
@@ -34,50 +34,49 @@ def env(tmp_path_factory):
                       resume_timeout=0) as g:
         from services.gateway.core.detok import load_tokenizer
 
-        tok = load_tokenizer(g.model)
-        yield {"gw": g.gw, "rank": g.rank, "sup": g.sup, "tok": tok, "model": g.model.name,
-               "url": g.url}
+        load_tokenizer(g.model)  # loaded (and kept) before the tests run: g.tok
+        yield g
 
 
 @pytest.fixture(autouse=True)
 def reset(env):
-    r = env["rank"]
+    r = env.rank
     r.script, r.step_s, r.prefill_s = None, 0.01, 0.0
     r.ignore_abort = r.drop_final = r.silent = False
     yield
-    poll_until(lambda: env["gw"].gw.cluster.active == 0, 10, "gateway active count back to 0")
+    poll_until(lambda: env.gw.gw.cluster.active == 0, 10, "gateway active count back to 0")
 
 
-def say(env, text: str):
+def say(env: FakeGateway, text: str):
     """Make the fake rank generate exactly `text`."""
-    ids = env["tok"].encode(text)
-    env["rank"].script = lambda g: list(ids)
+    ids = env.tok.encode(text)
+    env.rank.script = lambda g: list(ids)
 
 
-def client(env) -> openai.OpenAI:
-    return openai.OpenAI(base_url=env["url"] + "/v1", api_key="none", max_retries=0, timeout=20)
+def client(env: FakeGateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=env.url + "/v1", api_key="none", max_retries=0, timeout=20)
 
 
 @pytest.mark.timeout(60)
 def test_openai_client_roundtrip(env):
     c = client(env)
-    assert [m.id for m in c.models.list().data] == [env["model"]]
+    assert [m.id for m in c.models.list().data] == [env.model_name]
     say(env, "hello there, world")
-    r = c.chat.completions.create(model=env["model"], messages=[{"role": "user", "content": "hi"}],
+    r = c.chat.completions.create(model=env.model_name, messages=[{"role": "user", "content": "hi"}],
                                   temperature=0, max_tokens=50)
     assert r.choices[0].message.content == "hello there, world"
     assert r.choices[0].finish_reason == "stop"
-    assert r.usage.completion_tokens == len(env["tok"].encode("hello there, world"))
+    assert r.usage.completion_tokens == len(env.tok.encode("hello there, world"))
     assert r.usage.prompt_tokens > 0
     chunks = list(c.chat.completions.create(
-        model=env["model"], messages=[{"role": "user", "content": "hi"}], stream=True,
+        model=env.model_name, messages=[{"role": "user", "content": "hi"}], stream=True,
         stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == "hello there, world"
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens > 0
     assert chunks[-2].choices[0].finish_reason == "stop"
-    cr = c.completions.create(model=env["model"], prompt="once upon", max_tokens=3)
+    cr = c.completions.create(model=env.model_name, prompt="once upon", max_tokens=3)
     assert cr.choices[0].finish_reason == "length" and cr.usage.completion_tokens == 3
     with pytest.raises(openai.NotFoundError):
         c.completions.create(model="no-such-model", prompt="x")
@@ -88,16 +87,16 @@ def test_stop_strings_cut_exactly_across_tokens(env):
     c = client(env)
     say(env, "alpha beta STOP gamma delta")
     for stop in ("STOP", ["zzz", " ST"], "a beta"):
-        r = c.completions.create(model=env["model"], prompt="x", stop=stop, max_tokens=50)
+        r = c.completions.create(model=env.model_name, prompt="x", stop=stop, max_tokens=50)
         full = "alpha beta STOP gamma delta"
         stops = [stop] if isinstance(stop, str) else stop
         cut = min(full.find(s) for s in stops if s in full)
         assert r.choices[0].text == full[:cut]
         assert r.choices[0].finish_reason == "stop"
-        chunks = list(c.completions.create(model=env["model"], prompt="x", stop=stop, stream=True))
+        chunks = list(c.completions.create(model=env.model_name, prompt="x", stop=stop, stream=True))
         assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == full[:cut]
     # the rank-side request was aborted as soon as the stop string appeared
-    poll_until(lambda: any(reason == "stop_string" for _, reason, _ in env["rank"].aborts), 5,
+    poll_until(lambda: any(reason == "stop_string" for _, reason, _ in env.rank.aborts), 5,
                "an abort for the stop string")
 
 
@@ -105,8 +104,8 @@ def test_stop_strings_cut_exactly_across_tokens(env):
 def test_utf8_never_split(env):
     text = "naïve café — 東京 🚀 ok"
     say(env, text)
-    with httpx.stream("POST", env["url"] + "/v1/completions", timeout=20,
-                      json={"model": env["model"], "prompt": "x", "stream": True}) as resp:
+    with httpx.stream("POST", env.url + "/v1/completions", timeout=20,
+                      json={"model": env.model_name, "prompt": "x", "stream": True}) as resp:
         pieces = [d["choices"][0]["text"] for k, d in sse_lines(resp)
                   if k == "data" and d != "[DONE]"]
     assert all("\ufffd" not in p for p in pieces)
@@ -122,14 +121,14 @@ def test_tool_calls_streamed_and_collected(env):
     c = client(env)
     say(env, 'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
              '</tool_call>\n<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>')
-    r = c.chat.completions.create(model=env["model"], tools=TOOLS,
+    r = c.chat.completions.create(model=env.model_name, tools=TOOLS,
                                   messages=[{"role": "user", "content": "weather?"}])
     m = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls"
     assert [(t.function.name, json.loads(t.function.arguments)) for t in m.tool_calls] == [
         ("get_weather", {"city": "Paris"})]
     assert m.content.startswith("Let me check.") and '"nope"' in m.content  # invalid: text
-    chunks = list(c.chat.completions.create(model=env["model"], tools=TOOLS, stream=True,
+    chunks = list(c.chat.completions.create(model=env.model_name, tools=TOOLS, stream=True,
                                             messages=[{"role": "user", "content": "weather?"}]))
     calls = [tc for ch in chunks for tc in (ch.choices[0].delta.tool_calls or [])]
     assert len(calls) == 1 and calls[0].index == 0 and calls[0].function.name == "get_weather"
@@ -137,7 +136,7 @@ def test_tool_calls_streamed_and_collected(env):
     assert content.startswith("Let me check.") and "<tool_call>" in content
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # without tools the envelope is plain text
-    r = c.chat.completions.create(model=env["model"], messages=[{"role": "user", "content": "x"}])
+    r = c.chat.completions.create(model=env.model_name, messages=[{"role": "user", "content": "x"}])
     assert r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content
 
 
@@ -150,20 +149,20 @@ def test_stop_strings_with_tools_keep_what_the_tool_parser_held(env):
     for text, stop, want in (("a <STOP b", "STOP", "a <"),
                              ('x <tool_call>{"name": "f"STOP', "STOP", 'x <tool_call>{"name": "f"')):
         say(env, text)
-        r = c.chat.completions.create(model=env["model"], tools=TOOLS, messages=msgs, stop=stop)
+        r = c.chat.completions.create(model=env.model_name, tools=TOOLS, messages=msgs, stop=stop)
         assert (r.choices[0].message.content, r.choices[0].finish_reason) == (want, "stop")
-        chunks = list(c.chat.completions.create(model=env["model"], tools=TOOLS, messages=msgs,
+        chunks = list(c.chat.completions.create(model=env.model_name, tools=TOOLS, messages=msgs,
                                                 stop=stop, stream=True))
         assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want
 
 
 @pytest.mark.timeout(60)
 def test_disconnect_mid_stream_aborts_at_once(env):
-    rank, gw = env["rank"], env["gw"].gw
+    rank, gw = env.rank, env.gw.gw
     rank.step_s = 0.05
     rank.script = lambda g: list(range(10, 400))
-    with httpx.stream("POST", env["url"] + "/v1/completions", timeout=20,
-                      json={"model": env["model"], "prompt": "x", "stream": True,
+    with httpx.stream("POST", env.url + "/v1/completions", timeout=20,
+                      json={"model": env.model_name, "prompt": "x", "stream": True,
                             "max_tokens": 300}) as resp:
         rid = resp.headers["x-lockstep-request-id"]
         for kind, d in sse_lines(resp):
@@ -179,23 +178,23 @@ def test_disconnect_mid_stream_aborts_at_once(env):
 
 @pytest.mark.timeout(60)
 def test_non_streaming_disconnect_aborts(env):
-    rank = env["rank"]
+    rank = env.rank
     rank.step_s = 0.05
     rank.script = lambda g: list(range(10, 400))
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(env["url"] + "/v1/completions", timeout=0.5,
-                   json={"model": env["model"], "prompt": "x", "max_tokens": 300})
+        httpx.post(env.url + "/v1/completions", timeout=0.5,
+                   json={"model": env.model_name, "prompt": "x", "max_tokens": 300})
     poll_until(lambda: any(r == "client_disconnect" for _, r, _ in rank.aborts[-1:]), 5,
                "the abort of the non-streaming request")
 
 
 @pytest.mark.timeout(60)
 def test_keepalive_during_prefill_and_read_timeout(env):
-    rank = env["rank"]
+    rank = env.rank
     rank.prefill_s = 0.7
     say(env, "late but fine")
-    with httpx.stream("POST", env["url"] + "/v1/chat/completions", timeout=20,
-                      json={"model": env["model"], "stream": True,
+    with httpx.stream("POST", env.url + "/v1/chat/completions", timeout=20,
+                      json={"model": env.model_name, "stream": True,
                             "messages": [{"role": "user", "content": "x"}]}) as resp:
         events = list(sse_lines(resp))
     first_data = next(i for i, (k, d) in enumerate(events)
@@ -206,25 +205,25 @@ def test_keepalive_during_prefill_and_read_timeout(env):
     # silent rank: the read timeout cancels rank-side and tells the client clearly
     rank.silent = True
     t0 = time.monotonic()
-    r = httpx.post(env["url"] + "/v1/completions", timeout=20,
-                   json={"model": env["model"], "prompt": "x"})
+    r = httpx.post(env.url + "/v1/completions", timeout=20,
+                   json={"model": env.model_name, "prompt": "x"})
     assert r.status_code == 504 and r.json()["error"]["code"] == "read_timeout"
     assert READ_TIMEOUT <= time.monotonic() - t0 < READ_TIMEOUT + 2
     # the client's own disconnect after the 504 may add a second abort; the first says why
     poll_until(lambda: any(a[1] == "read_timeout" for a in rank.aborts), 5,
                "rank 0 to receive the read-timeout abort")
     with pytest.raises(openai.APIError, match="no token"):
-        list(client(env).completions.create(model=env["model"], prompt="x", stream=True))
+        list(client(env).completions.create(model=env.model_name, prompt="x", stream=True))
 
 
 @pytest.mark.timeout(60)
 def test_orphans_and_lost_finals_do_not_leak(env):
-    rank, gw = env["rank"], env["gw"].gw
+    rank, gw = env.rank, env.gw.gw
     rank.drop_final = True  # the final chunk of an aborted request is lost
     rank.step_s = 0.05
     rank.script = lambda g: list(range(10, 400))
-    with httpx.stream("POST", env["url"] + "/v1/completions", timeout=20,
-                      json={"model": env["model"], "prompt": "x", "stream": True}) as resp:
+    with httpx.stream("POST", env.url + "/v1/completions", timeout=20,
+                      json={"model": env.model_name, "prompt": "x", "stream": True}) as resp:
         next(resp.iter_lines())
     poll_until(lambda: gw.cluster.active == 0, 5, "the drain to verify with STATS and forget it")
     # backend finished, consumer gone (never read its final chunk) → reaped after the grace
@@ -241,7 +240,7 @@ def test_orphans_and_lost_finals_do_not_leak(env):
 
 @pytest.mark.timeout(60)
 def test_bad_input_gets_openai_errors_and_service_continues(env):
-    u, m = env["url"], env["model"]
+    u, m = env.url, env.model_name
 
     def post(path, body, **kw):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -278,7 +277,7 @@ def test_rank_errors_become_http_by_code_not_by_text(env):
     """Rank 0's refusal reaches the client with the status its error_code maps to; the
     text (here always words the old prefix match would have sorted otherwise) is only
     carried in the message."""
-    u, m, rank = env["url"], env["model"], env["rank"]
+    u, m, rank = env.url, env.model_name, env.rank
     cases = [(ErrorCode.INVALID_REQUEST, "not serving (phase loading)", 400, "invalid_request"),
              (ErrorCode.NOT_SERVING, "empty prompt", 503, "model_not_ready"),
              (ErrorCode.RANK_STOPPED, "duplicate request_id", 502, "backend_error")]
@@ -300,32 +299,32 @@ def test_rank_errors_become_http_by_code_not_by_text(env):
 @pytest.mark.timeout(60)
 def test_headers_metrics_health(env):
     say(env, "metrics please")
-    r = httpx.post(env["url"] + "/v1/chat/completions", timeout=10,
-                   json={"model": env["model"], "messages": [{"role": "user", "content": "x"}]})
+    r = httpx.post(env.url + "/v1/chat/completions", timeout=10,
+                   json={"model": env.model_name, "messages": [{"role": "user", "content": "x"}]})
     assert float(r.headers["x-lockstep-ttft-model-ms"]) > 0
     assert float(r.headers["x-lockstep-ttft-visible-ms"]) >= float(r.headers["x-lockstep-ttft-model-ms"])
-    text = httpx.get(env["url"] + "/metrics", timeout=10).text
+    text = httpx.get(env.url + "/metrics", timeout=10).text
     for name in ("lockstep_gateway_requests_total", "lockstep_ttft_model_seconds_bucket",
                  "lockstep_ttft_visible_seconds_bucket", "lockstep_token_latency_seconds_bucket",
                  "lockstep_gateway_active_requests", "lockstep_rank_step",
                  "lockstep_gateway_tokens_total", "lockstep_bus_rejected",
                  "lockstep_gateway_aborts_total", "lockstep_cluster_cancel_epoch"):
         assert name in text, name
-    assert httpx.get(env["url"] + "/health", timeout=5).json()["status"] == "ok"
-    ready = httpx.get(env["url"] + "/ready", timeout=5)
+    assert httpx.get(env.url + "/health", timeout=5).json()["status"] == "ok"
+    ready = httpx.get(env.url + "/ready", timeout=5)
     assert ready.status_code == 200 and ready.json()["ready"] is True
 
 
 @pytest.mark.timeout(60)
 def test_abort_all_under_load_returns_evidence(env):
-    rank, gw = env["rank"], env["gw"].gw
+    rank, gw = env.rank, env.gw.gw
     rank.step_s = 0.05
     rank.script = lambda g: list(range(10, 400))
     results: list[list] = []
 
     def run_one():
-        with httpx.stream("POST", env["url"] + "/v1/completions", timeout=30,
-                          json={"model": env["model"], "prompt": "x", "stream": True,
+        with httpx.stream("POST", env.url + "/v1/completions", timeout=30,
+                          json={"model": env.model_name, "prompt": "x", "stream": True,
                                 "max_tokens": 300}) as resp:
             results.append(list(sse_lines(resp)))
 
@@ -333,7 +332,7 @@ def test_abort_all_under_load_returns_evidence(env):
     for t in threads:
         t.start()
     poll_until(lambda: len(rank.active_ids) == 8, 10, "8 active requests at rank 0")
-    r = httpx.post(env["url"] + "/admin/api/cluster/abort-all", timeout=30,
+    r = httpx.post(env.url + "/admin/api/cluster/abort-all", timeout=30,
                    headers={"authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 200, r.text
     ev = r.json()
@@ -349,17 +348,17 @@ def test_abort_all_under_load_returns_evidence(env):
 
 @pytest.mark.timeout(60)
 def test_unload_gate_then_forced_teardown(env):
-    rank, sup = env["rank"], env["sup"]
+    rank, sup = env.rank, env.sup
     rank.step_s = 0.05
     rank.script = lambda g: list(range(10, 400))
     hdr = {"authorization": f"Bearer {TOKEN}"}
     done: list = []
     t = threading.Thread(target=lambda: done.append(httpx.post(
-        env["url"] + "/v1/completions", timeout=30,
-        json={"model": env["model"], "prompt": "x", "max_tokens": 300})))
+        env.url + "/v1/completions", timeout=30,
+        json={"model": env.model_name, "prompt": "x", "max_tokens": 300})))
     t.start()
     poll_until(lambda: rank.active_ids, 10, "an active request")
-    url = f"{env['url']}/admin/api/cluster/deployments/{sup.deployment_id}/unload"
+    url = f"{env.url}/admin/api/cluster/deployments/{sup.deployment_id}/unload"
     r = httpx.post(url, headers=hdr, json={}, timeout=30)
     assert r.status_code == 409 and r.json()["error"]["code"] == "active_requests"
     assert not any(c.command == "stop" for c in sup.commands)
@@ -370,35 +369,35 @@ def test_unload_gate_then_forced_teardown(env):
     t.join(10)
     assert done[0].json()["choices"][0]["finish_reason"] == "abort"
     # nothing serving now: 503 with the reason, /ready false
-    poll_until(lambda: not env["gw"].gw.cluster.backends, 5, "the backend to be closed")
-    r = httpx.post(env["url"] + "/v1/completions", timeout=10,
-                   json={"model": env["model"], "prompt": "x"})
+    poll_until(lambda: not env.gw.gw.cluster.backends, 5, "the backend to be closed")
+    r = httpx.post(env.url + "/v1/completions", timeout=10,
+                   json={"model": env.model_name, "prompt": "x"})
     assert r.status_code == 503 and "no deployment" in r.json()["error"]["message"]
-    assert httpx.get(env["url"] + "/ready", timeout=5).status_code == 503
+    assert httpx.get(env.url + "/ready", timeout=5).status_code == 503
     sup.state = "serving"
     sup.publish()
-    poll_until(lambda: env["gw"].gw.cluster.backends, 5, "the deployment to be back")
+    poll_until(lambda: env.gw.gw.cluster.backends, 5, "the deployment to be back")
 
 
 @pytest.mark.timeout(60)
 def test_gateway_stop_aborts_running_requests_and_api_keys(env):
     import dataclasses
 
-    rank, sup = env["rank"], env["sup"]
+    rank, sup = env.rank, env.sup
     rank.step_s = 0.05
     rank.script = lambda g: list(range(10, 400))
-    s = dataclasses.replace(env["gw"].gw.settings, port=free_port(), api_keys=("k1", "k2"))
+    s = dataclasses.replace(env.gw.gw.settings, port=free_port(), api_keys=("k1", "k2"))
     gw2 = GatewayThread(s, ensure_cluster_key(s.cluster_key_path)).start()
     try:
         poll_until(lambda: gw2.gw.cluster.backends, 10, "the deployment on the second gateway")
-        body = {"model": env["model"], "prompt": "x", "max_tokens": 300}
+        body = {"model": env.model_name, "prompt": "x", "max_tokens": 300}
         r = httpx.post(gw2.url + "/v1/completions", json=body, timeout=10)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         r = httpx.post(gw2.url + "/v1/completions", json=body, timeout=10,
                        headers={"authorization": "Bearer wrong"})
         assert r.status_code == 401
         ok = openai.OpenAI(base_url=gw2.url + "/v1", api_key="k2", max_retries=0)
-        assert [m.id for m in ok.models.list().data] == [env["model"]]
+        assert [m.id for m in ok.models.list().data] == [env.model_name]
         t = threading.Thread(target=lambda: httpx.post(
             gw2.url + "/v1/completions", json=body, timeout=30,
             headers={"authorization": "Bearer k1"}), daemon=True)
@@ -417,13 +416,13 @@ def test_an_admin_command_past_the_gateways_deadline_is_a_504(env, tmp_path):
     """A supervisor that is alive but slow (a long deploy, a stop): the gateway's deadline
     passes without a reply. That is 504 `timeout` saying the command may still run, not
     503; and the gateway keeps answering what the supervisor does answer."""
-    sup = FakeSupervisor(env["sup"].key, env["rank"], env["sup"].model_path,
+    sup = FakeSupervisor(env.sup.key, env.rank, env.sup.model_path,
                          silent={"backend_selection"}).start()
     settings = GatewaySettings(home=tmp_path, port=free_port(), admin_token=TOKEN,
                                admin_endpoint=sup.admin_endpoint,
                                events_endpoint=sup.events_endpoint, admin_timeout_s=1.0,
                                refresh_s=0.5)
-    gw = GatewayThread(settings, env["sup"].key).start()
+    gw = GatewayThread(settings, env.sup.key).start()
     try:
         hdr = {"authorization": f"Bearer {TOKEN}"}
         r = httpx.post(gw.url + "/admin/api/cluster/backend-selection", headers=hdr,

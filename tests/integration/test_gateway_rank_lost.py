@@ -20,6 +20,7 @@ from services.gateway.core.detok import load_tokenizer
 from services.gateway.core.settings import GatewaySettings
 from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
 from tests.gwutil import GatewayThread, free_port, poll_until, sse_lines
+from tests.support.fake_gateway import FakeGateway
 
 FAIL_WITHIN_S = 2.0
 
@@ -37,13 +38,13 @@ def env(tmp_path):
     gw = GatewayThread(settings, key).start()
     poll_until(lambda: gw.gw.cluster.backends, 10, "the fake deployment to be picked up")
     ids = load_tokenizer(model).encode("word " * 400)
-    st = {"gw": gw, "rank": rank, "sup": sup, "url": gw.url, "model": model.name,
-          "key": key, "script": lambda g: list(ids)}
-    rank.script = st["script"]
-    yield st
+    rank.script = lambda g: list(ids)
+    yield FakeGateway(rank=rank, sup=sup, gw=gw, model=model, settings=settings, key=key,
+                      home=tmp_path / "home", url=gw.url)
+    serving = sup.rank  # the rank 0 the supervisor vouches for last: `rank` or its successor
     gw.stop()
     sup.stop()
-    st["rank"].stop()
+    serving.stop()
 
 
 def _stream(url: str, body: dict, out: dict) -> None:
@@ -70,8 +71,8 @@ def _plain(url: str, body: dict, out: dict) -> None:
 
 @pytest.mark.timeout(60)
 def test_rank0_gone_fails_its_streams_at_once_and_is_not_routed_to_until_back(env):
-    url, rank = env["url"], env["rank"]
-    body = {"model": env["model"], "prompt": "hi", "max_tokens": 400}
+    url, rank = env.url, env.rank
+    body = {"model": env.model_name, "prompt": "hi", "max_tokens": 400}
     s: dict = {}
     p: dict = {}
     threads = [threading.Thread(target=_stream, args=(url, body, s), daemon=True),
@@ -91,7 +92,7 @@ def test_rank0_gone_fails_its_streams_at_once_and_is_not_routed_to_until_back(en
     assert p["status"] == 502 and p["json"]["error"]["code"] == "backend_error", p
     for out in (s, p):
         assert out["ended_at"] - gone_at < FAIL_WITHIN_S, out["ended_at"] - gone_at
-    assert env["gw"].gw.cluster.active == 0
+    assert env.gw.gw.cluster.active == 0
 
     # Refused at once, and across refreshes in which the supervisor still says serving.
     for _ in range(3):
@@ -102,12 +103,12 @@ def test_rank0_gone_fails_its_streams_at_once_and_is_not_routed_to_until_back(en
     lost = httpx.get(url + "/admin/api/cluster/status", headers={"authorization": "Bearer t"},
                      timeout=10).json()["gateway"]["rank0_lost"]
     assert "connection to rank 0" in lost["dep-fake"], lost
-    refreshes = len(env["sup"].commands)
-    poll_until(lambda: len(env["sup"].commands) >= refreshes + 2, 10, "two more refreshes")
+    refreshes = len(env.sup.commands)
+    poll_until(lambda: len(env.sup.commands) >= refreshes + 2, 10, "two more refreshes")
     r = httpx.post(url + "/v1/completions", json={**body, "max_tokens": 2}, timeout=10)
     assert r.status_code == 503, r.text  # the supervisor saying "serving" is not enough
 
-    back = FakeRank0(env["key"], step_s=0.01, script=env["script"]).start(rank.endpoint)
-    env["rank"] = env["sup"].rank = back  # same endpoint, same job: a link blip
+    back = FakeRank0(env.key, step_s=0.01, script=rank.script).start(rank.endpoint)
+    env.sup.rank = back  # same endpoint, same job: a link blip
     poll_until(lambda: httpx.post(url + "/v1/completions", json={**body, "max_tokens": 3},
                                   timeout=10).status_code == 200, 10, "served again")

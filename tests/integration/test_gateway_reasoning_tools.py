@@ -11,7 +11,7 @@ import json
 import openai
 import pytest
 
-from tests.support.fake_gateway import say, thinker_gateway
+from tests.support.fake_gateway import FakeGatewayClient, say, thinker_gateway
 
 CALL = "<tool_call>\n<function=add>\n<parameter=a>\n{}\n</parameter>\n</function>\n</tool_call>"
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
@@ -24,11 +24,12 @@ def env(tmp_path_factory):
     with thinker_gateway(tmp_path_factory, coder=True) as g:
         assert g.tok.fmt.parser_name == "qwen3_coder" and g.tok.fmt.has_thinking
         c = openai.OpenAI(base_url=g.url + "/v1", api_key="none", max_retries=0, timeout=20)
-        yield {"rank": g.rank, "tok": g.tok, "c": c, "model": g.model.name}
+        yield g.with_client(c)
 
 
-def chat(env, **kw):
-    return env["c"].chat.completions.create(model=env["model"], messages=MSGS, max_tokens=200, **kw)
+def chat(env: FakeGatewayClient[openai.OpenAI], **kw):
+    return env.c.chat.completions.create(model=env.model_name, messages=MSGS, max_tokens=200,
+                                         **kw)
 
 
 @pytest.mark.timeout(60)
@@ -37,8 +38,8 @@ def test_reasoning_is_reasoning_content(env):
     r = chat(env)
     msg = r.choices[0].message
     assert msg.content == "It is 7." and msg.model_extra["reasoning_content"] == "seven plus nothing"
-    think = env["tok"].hf.convert_tokens_to_ids("<think>")
-    assert think in env["rank"].generates[-1].prompt  # the template opened it
+    think = env.tok.hf.convert_tokens_to_ids("<think>")
+    assert think in env.rank.generates[-1].prompt  # the template opened it
     chunks = list(chat(env, stream=True))
     deltas = [(k, v) for ch in chunks for d in [ch.choices[0].delta] if ch.choices
               for k, v in (("reasoning", (d.model_extra or {}).get("reasoning_content")),
@@ -53,8 +54,8 @@ def test_reasoning_is_reasoning_content(env):
 def test_enable_thinking_false_reaches_the_template(env):
     say(env, "Plain answer.")
     r = chat(env, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
-    think = env["tok"].hf.convert_tokens_to_ids("<think>")
-    assert think not in env["rank"].generates[-1].prompt
+    think = env.tok.hf.convert_tokens_to_ids("<think>")
+    assert think not in env.rank.generates[-1].prompt
     assert r.choices[0].message.content == "Plain answer."
     assert "reasoning_content" not in (r.choices[0].message.model_extra or {})
 

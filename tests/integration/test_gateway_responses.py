@@ -14,7 +14,7 @@ import pytest
 
 from common.messages import ErrorCode
 from tests.gwutil import poll_until
-from tests.support.fake_gateway import say, thinker_gateway
+from tests.support.fake_gateway import FakeGateway, say, thinker_gateway
 
 CALL = "<tool_call>\n<function=add>\n<parameter=a>\n{}\n</parameter>\n</function>\n</tool_call>"
 TOOLS = [{"type": "function", "name": "add", "parameters": {
@@ -25,23 +25,23 @@ TOOLS = [{"type": "function", "name": "add", "parameters": {
 def env(tmp_path_factory):
     with thinker_gateway(tmp_path_factory, coder=True) as g:
         c = openai.OpenAI(base_url=g.url + "/v1", api_key="none", max_retries=0, timeout=20)
-        yield {"rank": g.rank, "tok": g.tok, "c": c, "model": g.model.name, "url": g.url}
+        yield g.with_client(c)
 
 
-def prompt_text(env) -> str:
-    return env["tok"].hf.decode(env["rank"].generates[-1].prompt)
+def prompt_text(env: FakeGateway) -> str:
+    return env.tok.hf.decode(env.rank.generates[-1].prompt)
 
 
 @pytest.mark.timeout(60)
 def test_reasoning_text_and_the_typed_event_stream(env):
-    c, m = env["c"], env["model"]
+    c, m = env.c, env.model_name
     say(env, "seven plus nothing</think>\n\nIt is 7.")
     r = c.responses.create(model=m, input="add 7", instructions="Be terse.",
                            reasoning={"effort": "high"}, max_output_tokens=200)
     assert r.status == "completed" and r.output_text == "It is 7."
     assert [o.type for o in r.output] == ["reasoning", "message"]
     assert r.output[0].content[0].text == "seven plus nothing"
-    assert r.usage.input_tokens == len(env["rank"].generates[-1].prompt)
+    assert r.usage.input_tokens == len(env.rank.generates[-1].prompt)
     assert r.usage.input_tokens_details.cached_tokens == 0
     assert "<think>" in prompt_text(env) and "Be terse." in prompt_text(env)
     with c.responses.stream(model=m, input="add 7", reasoning={"effort": "high"}) as s:
@@ -60,7 +60,7 @@ def test_reasoning_text_and_the_typed_event_stream(env):
 
 @pytest.mark.timeout(60)
 def test_tool_loop_over_the_store_get_and_delete(env):
-    c, m = env["c"], env["model"]
+    c, m = env.c, env.model_name
     say(env, "use the tool</think>\n" + CALL.format(7))
     first = c.responses.create(model=m, input="add 7", tools=TOOLS)
     calls = [o for o in first.output if o.type == "function_call"]
@@ -92,14 +92,14 @@ def test_tool_loop_over_the_store_get_and_delete(env):
 
 @pytest.mark.timeout(60)
 def test_store_false_keeps_nothing_and_length_is_incomplete(env):
-    c, m = env["c"], env["model"]
+    c, m = env.c, env.model_name
     say(env, "one</think> two three four five six")
     r = c.responses.create(model=m, input="count", store=False, max_output_tokens=2)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.store is False and r.usage.output_tokens == 2
     with pytest.raises(openai.NotFoundError):
         c.responses.retrieve(r.id)
-    with httpx.stream("POST", env["url"] + "/v1/responses", timeout=20, json={
+    with httpx.stream("POST", env.url + "/v1/responses", timeout=20, json={
             "model": m, "input": "count", "stream": True, "max_output_tokens": 2}) as resp:
         names = [ln.split(": ", 1)[1] for ln in resp.iter_lines() if ln.startswith("event: ")]
     assert names[-1] == "response.incomplete"
@@ -111,7 +111,7 @@ def test_store_false_keeps_nothing_and_length_is_incomplete(env):
 
 @pytest.mark.timeout(60)
 def test_background_runs_past_its_request_and_cancel_aborts_it(env):
-    c, m, rank = env["c"], env["model"], env["rank"]
+    c, m, rank = env.c, env.model_name, env.rank
     say(env, "a</think> " + "word " * 400)
     rank.step_s = 0.05
     try:
@@ -138,7 +138,7 @@ def test_background_runs_past_its_request_and_cancel_aborts_it(env):
 
 @pytest.mark.timeout(60)
 def test_a_rank_error_is_an_http_error_or_response_failed(env):
-    c, m, rank = env["c"], env["model"], env["rank"]
+    c, m, rank = env.c, env.model_name, env.rank
     rank.refuse = lambda g: (ErrorCode.INVALID_REQUEST, "sampling params out of range")
     try:
         with pytest.raises(openai.BadRequestError) as e:
@@ -170,7 +170,7 @@ def test_a_namespace_tool_both_ways(env):
     namespace's description; its call comes back as `name` + `namespace` (created and
     streamed, as the SDK's accumulator rebuilds it), and the call continued over the
     store reaches the model as the qualified call again."""
-    c, m = env["c"], env["model"]
+    c, m = env.c, env.model_name
     say(env, "close it</think>\n" + CLOSE)
     first = c.responses.create(model=m, input="close a1", tools=[*TOOLS, AGENTS])
     p = prompt_text(env)

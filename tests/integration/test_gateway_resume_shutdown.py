@@ -18,6 +18,7 @@ from services.gateway.core.detok import load_tokenizer
 from services.gateway.core.settings import GatewaySettings
 from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
 from tests.gwutil import GatewayThread, free_port, poll_until, sse_lines
+from tests.support.fake_gateway import FakeGateway
 
 ENDED_WITHIN_S = 2.0  # the graceful wait is 2 s here: ending inside it is the point
 
@@ -35,7 +36,8 @@ def env(tmp_path):
         request_read_timeout=60, refresh_s=0.5, resume_timeout=60)
     gw = GatewayThread(settings, key).start()
     poll_until(lambda: gw.gw.cluster.backends, 10, "the fake deployment to be picked up")
-    yield {"gw": gw, "rank": rank, "url": gw.url, "model": model.name}
+    yield FakeGateway(rank=rank, sup=sup, gw=gw, model=model, settings=settings, key=key,
+                      home=tmp_path / "home", url=gw.url)
     if gw.thread.is_alive():
         gw.stop()
     sup.stop()
@@ -72,8 +74,8 @@ def _plain(url: str, body: dict, out: dict) -> None:
 
 @pytest.mark.timeout(60)
 def test_shutdown_ends_requests_waiting_to_resume_at_once_with_their_error(env):
-    url, rank, gw = env["url"], env["rank"], env["gw"]
-    body = {"model": env["model"], "prompt": "hi", "max_tokens": 400}
+    url, rank, gw = env.url, env.rank, env.gw
+    body = {"model": env.model_name, "prompt": "hi", "max_tokens": 400}
     s: dict = {}
     p: dict = {}
     threads = [threading.Thread(target=_stream, args=(url, body, s), daemon=True),

@@ -17,7 +17,7 @@ import pytest
 
 from tests.gwutil import GatewayThread, free_port, poll_until, sse_lines
 from tests.support import fake_gateway
-from tests.support.fake_gateway import thinker_gateway
+from tests.support.fake_gateway import FakeGateway, FakeGatewayClient, thinker_gateway
 
 CALL = '<tool_call>\n{{"name": "add", "arguments": {{"a": {}}}}}\n</tool_call>'
 TOOLS = [{"name": "add", "description": "add a number",
@@ -30,17 +30,16 @@ def env(tmp_path_factory):
     with thinker_gateway(tmp_path_factory, coder=False) as g:
         assert g.tok.fmt.has_thinking and g.tok.fmt.parser_name == "json_tools"
         c = anthropic.Anthropic(base_url=g.url, api_key="none", max_retries=0, timeout=20)
-        yield {"rank": g.rank, "tok": g.tok, "c": c, "model": g.model.name, "url": g.url,
-               "gw": g.gw, "settings": g.settings, "key": g.key}
+        yield g.with_client(c)
 
 
-def say(env, text: str, cached: int = 0) -> None:
+def say(env: FakeGateway, text: str, cached: int = 0) -> None:
     fake_gateway.say(env, text, cached)
 
 
-def create(env, **kw):
-    return env["c"].messages.create(model=env["model"], messages=kw.pop("messages", MSGS),
-                                    max_tokens=kw.pop("max_tokens", 2000), **kw)
+def create(env: FakeGatewayClient[anthropic.Anthropic], **kw):
+    return env.c.messages.create(model=env.model_name, messages=kw.pop("messages", MSGS),
+                                 max_tokens=kw.pop("max_tokens", 2000), **kw)
 
 
 @pytest.mark.timeout(60)
@@ -50,14 +49,14 @@ def test_thinking_blocks_text_and_usage(env):
     assert [b.type for b in m.content] == ["thinking", "text"]
     assert m.content[0].thinking == "seven plus nothing" and m.content[0].signature
     assert m.content[1].text == "It is 7." and m.stop_reason == "end_turn"
-    think = env["tok"].hf.convert_tokens_to_ids("<think>")
-    prompt = env["rank"].generates[-1].prompt
+    think = env.tok.hf.convert_tokens_to_ids("<think>")
+    prompt = env.rank.generates[-1].prompt
     assert think in prompt  # the template opened it
     assert m.usage.cache_read_input_tokens == 3 and m.usage.input_tokens == len(prompt) - 3
-    n = env["c"].messages.count_tokens(model=env["model"], messages=MSGS,
+    n = env.c.messages.count_tokens(model=env.model_name, messages=MSGS,
                                        thinking={"type": "enabled", "budget_tokens": 1024})
     assert n.input_tokens == len(prompt) == m.usage.input_tokens + m.usage.cache_read_input_tokens
-    with env["c"].messages.stream(model=env["model"], messages=MSGS, max_tokens=2000,
+    with env.c.messages.stream(model=env.model_name, messages=MSGS, max_tokens=2000,
                                   thinking={"type": "adaptive"}) as s:
         kinds = [e.type for e in s]
         final = s.get_final_message()
@@ -73,18 +72,18 @@ def test_thinking_blocks_text_and_usage(env):
 def test_thinking_disabled_reaches_the_template(env):
     say(env, "Plain answer.")
     m = create(env, thinking={"type": "disabled"})
-    think = env["tok"].hf.convert_tokens_to_ids("<think>")
-    assert think not in env["rank"].generates[-1].prompt
+    think = env.tok.hf.convert_tokens_to_ids("<think>")
+    assert think not in env.rank.generates[-1].prompt
     assert [b.type for b in m.content] == ["text"] and m.content[0].text == "Plain answer."
 
 
 @pytest.mark.timeout(60)
 def test_the_event_sequence(env):
     say(env, "hmm</think>\nfirst " + CALL.format(7))
-    body = {"model": env["model"], "messages": MSGS, "max_tokens": 2000, "stream": True,
+    body = {"model": env.model_name, "messages": MSGS, "max_tokens": 2000, "stream": True,
             "tools": TOOLS}
     events = []
-    with httpx.stream("POST", env["url"] + "/v1/messages", json=body, timeout=20) as r:
+    with httpx.stream("POST", env.url + "/v1/messages", json=body, timeout=20) as r:
         assert r.status_code == 200
         name = None
         for line in r.iter_lines():
@@ -131,7 +130,7 @@ def test_tool_use_parsed_then_tool_result_loop(env):
                 {"type": "text", "text": "and the total?"}]}]
     done = create(env, messages=turn, tools=TOOLS, thinking={"type": "disabled"})
     assert done.stop_reason == "end_turn" and done.content[0].text == "The sum is 15."
-    text = env["tok"].decode(env["rank"].generates[-1].prompt)
+    text = env.tok.decode(env.rank.generates[-1].prompt)
     assert text.count("<tool_call>") >= 3 and '"a": 8' in text and "and the total?" in text
     at = [text.index(t) for t in ("<tool_response>\n7", "<tool_response>\n8", "and the total?")]
     assert at == sorted(at)
@@ -149,44 +148,44 @@ def test_stop_sequence_and_max_tokens(env):
 
 @pytest.mark.timeout(60)
 def test_errors_in_anthropic_shape(env):
-    c = env["c"]
+    c = env.c
     with pytest.raises(anthropic.BadRequestError) as e:
-        c.messages.create(model=env["model"], messages=MSGS, max_tokens=10,
+        c.messages.create(model=env.model_name, messages=MSGS, max_tokens=10,
                           extra_body={"n": 2})
     assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == \
         "invalid_request_error" and "'n'" in e.value.message
     with pytest.raises(anthropic.NotFoundError) as e:
         c.messages.create(model="claude-x", messages=MSGS, max_tokens=10)
     assert e.value.body["error"]["type"] == "not_found_error"
-    r = httpx.post(env["url"] + "/v1/messages", json={"model": env["model"], "messages": MSGS},
+    r = httpx.post(env.url + "/v1/messages", json={"model": env.model_name, "messages": MSGS},
                    timeout=10)
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("max_tokens")
-    r = httpx.post(env["url"] + "/v1/messages", content=b"{", timeout=10)
+    r = httpx.post(env.url + "/v1/messages", content=b"{", timeout=10)
     assert r.status_code == 400 and r.json()["type"] == "error"
-    big = b'{"model": "x", "messages": "' + b"y" * (env["settings"].max_body_bytes + 1) + b'"}'
-    r = httpx.post(env["url"] + "/v1/messages", content=big, timeout=30)  # the body cap's
+    big = b'{"model": "x", "messages": "' + b"y" * (env.settings.max_body_bytes + 1) + b'"}'
+    r = httpx.post(env.url + "/v1/messages", content=big, timeout=30)  # the body cap's
     assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
-    r = httpx.get(env["url"] + "/v1/messages", timeout=10)  # routing's own
+    r = httpx.get(env.url + "/v1/messages", timeout=10)  # routing's own
     assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
     for path in ("/v1/chat/completions", "/v1/completions"):  # OpenAI's shape, as before
-        r = httpx.post(env["url"] + path, content=b"{", timeout=10)
+        r = httpx.post(env.url + path, content=b"{", timeout=10)
         assert set(r.json()["error"]) >= {"message", "type", "param", "code"}
-    r = httpx.post(env["url"] + "/v1/chat/completions", content=big, timeout=30)
+    r = httpx.post(env.url + "/v1/chat/completions", content=big, timeout=30)
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
 
 @pytest.mark.timeout(60)
 def test_x_api_key_is_accepted(env):
-    s = dataclasses.replace(env["settings"], port=free_port(), api_keys=("k1", "k2"))
-    gw = GatewayThread(s, env["key"]).start()
+    s = dataclasses.replace(env.settings, port=free_port(), api_keys=("k1", "k2"))
+    gw = GatewayThread(s, env.key).start()
     try:
         poll_until(lambda: gw.gw.cluster.backends, 10, "the fake deployment to be picked up")
         say(env, "hi")
         ok = anthropic.Anthropic(base_url=gw.url, api_key="k2", max_retries=0, timeout=20)
-        assert ok.messages.create(model=env["model"], messages=MSGS, max_tokens=5).content
+        assert ok.messages.create(model=env.model_name, messages=MSGS, max_tokens=5).content
         with pytest.raises(anthropic.AuthenticationError) as e:
             anthropic.Anthropic(base_url=gw.url, api_key="k3", max_retries=0).messages.create(
-                model=env["model"], messages=MSGS, max_tokens=5)
+                model=env.model_name, messages=MSGS, max_tokens=5)
         assert e.value.body["error"]["type"] == "authentication_error"
         r = httpx.get(gw.url + "/v1/models", headers={"x-api-key": "k1"}, timeout=10)
         assert r.status_code == 200  # every /v1 route takes it
@@ -201,11 +200,11 @@ def test_x_api_key_is_accepted(env):
 @pytest.mark.timeout(60)
 def test_a_disconnect_mid_stream_aborts(env):
     say(env, "word " * 150)
-    env["rank"].step_s = 0.05
+    env.rank.step_s = 0.05
     try:
-        body = {"model": env["model"], "messages": MSGS, "max_tokens": 150, "stream": True,
+        body = {"model": env.model_name, "messages": MSGS, "max_tokens": 150, "stream": True,
                 "thinking": {"type": "disabled"}}
-        with httpx.stream("POST", env["url"] + "/v1/messages", json=body, timeout=20) as r:
+        with httpx.stream("POST", env.url + "/v1/messages", json=body, timeout=20) as r:
             rid = r.headers["x-lockstep-request-id"]
             seen = 0
             for kind, _ in sse_lines(r):
@@ -213,6 +212,6 @@ def test_a_disconnect_mid_stream_aborts(env):
                 if seen >= 6:
                     break
         poll_until(lambda: any(a[0] == rid and a[1] == "client_disconnect"
-                               for a in env["rank"].aborts), 5, "the abort of " + rid)
+                               for a in env.rank.aborts), 5, "the abort of " + rid)
     finally:
-        env["rank"].step_s = 0.01
+        env.rank.step_s = 0.01

@@ -23,6 +23,7 @@ from services.gateway.core.detok import load_tokenizer
 from services.gateway.core.settings import GatewaySettings
 from tests.fakes.gateway_fakes import FakeRank0, FakeSupervisor
 from tests.gwutil import GatewayThread, free_port, poll_until
+from tests.support.fake_gateway import FakeGateway
 from tests.support.thinker_model import thinker_model
 
 CALL = "<tool_call>\n<function=add>\n<parameter=a>\n{}\n</parameter>\n</function>\n</tool_call>"
@@ -42,21 +43,22 @@ def env(tmp_path_factory):
                                events_endpoint=sup.events_endpoint, refresh_s=0.5)
     gw = GatewayThread(settings, key).start()
     poll_until(lambda: gw.gw.cluster.backends, 10, "the fake deployment to be picked up")
-    tok = load_tokenizer(model)
+    load_tokenizer(model)  # loaded (and kept) before the tests run: env.tok
     c = openai.OpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0, timeout=20)
-    yield {"rank": rank, "tok": tok, "c": c, "model": model.name, "url": gw.url}
+    yield FakeGateway(rank=rank, sup=sup, gw=gw, model=model, settings=settings, key=key,
+                      home=home, url=gw.url).with_client(c)
     gw.stop()
     sup.stop()
     rank.stop()
 
 
-def say(env, text: str) -> list[int]:
+def say(env: FakeGateway, text: str) -> list[int]:
     """Script rank 0 to emit `text` (each `</think>` as its one token); the ids."""
-    tok = env["tok"]
+    tok = env.tok
     pieces = text.replace("</think>", "\0</think>\0").split("\0")
     ids = [i for p in pieces for i in (tok.hf.convert_tokens_to_ids([p]) if p == "</think>"
                                        else tok.encode(p))]
-    env["rank"].script = lambda g: list(ids)
+    env.rank.script = lambda g: list(ids)
     return ids
 
 
@@ -66,7 +68,7 @@ def dumped(items) -> list[dict]:
 
 @pytest.mark.timeout(60)
 def test_input_items_of_a_chain_under_stable_ids(env):
-    c, m = env["c"], env["model"]
+    c, m = env.c, env.model_name
     say(env, "use the tool</think>\n" + CALL.format(7))
     first = c.responses.create(model=m, input="add 7", tools=TOOLS, instructions="Be terse.")
     page = c.responses.input_items.list(first.id)
@@ -100,7 +102,7 @@ def test_input_items_of_a_chain_under_stable_ids(env):
 
 @pytest.mark.timeout(60)
 def test_paging_limit_after_before(env):
-    c, m = env["c"], env["model"]
+    c, m = env.c, env.model_name
     say(env, "x</think>ok")
     msgs = [{"role": "user", "content": f"m{i}"} for i in range(4)]
     msgs[2] = {"role": "assistant", "content": "m2"}
@@ -113,13 +115,13 @@ def test_paging_limit_after_before(env):
     assert every[2].role == "assistant" and every[2].content[0].type == "output_text"
     assert every[2].id.startswith("msg_") and every[4].role == "developer"
     ids = [i.id for i in every]
-    got = httpx.get(f"{env['url']}/v1/responses/{r.id}/input_items",
+    got = httpx.get(f"{env.url}/v1/responses/{r.id}/input_items",
                     params={"order": "asc", "before": ids[3], "limit": 2}, timeout=20).json()
     assert [d["id"] for d in got["data"]] == ids[1:3] and got["has_more"] is True
-    got = httpx.get(f"{env['url']}/v1/responses/{r.id}/input_items",
+    got = httpx.get(f"{env.url}/v1/responses/{r.id}/input_items",
                     params={"order": "asc", "after": ids[0], "before": ids[3]}, timeout=20).json()
     assert [d["id"] for d in got["data"]] == ids[1:3] and got["has_more"] is False
-    got = httpx.get(f"{env['url']}/v1/responses/{r.id}/input_items",
+    got = httpx.get(f"{env.url}/v1/responses/{r.id}/input_items",
                     params={"after": ids[0]}, timeout=20).json()  # desc: nothing after the oldest
     assert got == {"object": "list", "data": [], "first_id": None, "last_id": None,
                    "has_more": False}
@@ -129,7 +131,7 @@ def test_paging_limit_after_before(env):
 
 @pytest.mark.timeout(60)
 def test_bad_parameters_400_and_unknown_ids_404(env):
-    c, m, url = env["c"], env["model"], env["url"]
+    c, m, url = env.c, env.model_name, env.url
     say(env, "x</think>ok")
     r = c.responses.create(model=m, input="hi")
     for params, param in (({"limit": 0}, "limit"), ({"limit": 101}, "limit"),
@@ -157,9 +159,9 @@ def test_bad_parameters_400_and_unknown_ids_404(env):
 
 @pytest.mark.timeout(60)
 def test_reasoning_tokens_count_the_tokens_inside_the_block(env):
-    c, m = env["c"], env["model"]
+    c, m = env.c, env.model_name
     ids = say(env, "seven plus nothing</think>\n\nIt is 7.")
-    thought = ids.index(env["tok"].hf.convert_tokens_to_ids("</think>"))
+    thought = ids.index(env.tok.hf.convert_tokens_to_ids("</think>"))
     assert thought >= 2  # the block opened by the template holds several tokens
     r = c.responses.create(model=m, input="add 7", reasoning={"effort": "high"})
     assert r.output_text == "It is 7." and r.usage.output_tokens == len(ids)
