@@ -8,6 +8,7 @@ prefilled alone; and the replica failover test eight times in a row at 300 token
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from tests.support.probes import (
     PROBES,
     assert_same,
     clear_cache,
+    held_at_rank0,
     probe_body,
     run_probes,
     stream_chat,
@@ -48,7 +50,8 @@ def test_probes_identical_on_the_bench_preset(tmp_path, pp):
             clear_cache(c.url, c.hdr, dep)
             alone.update(run_probes(c.url, model, [kind]))
         clear_cache(c.url, c.hdr, dep)
-        assert_same(run_probes(c.url, model, list(PROBES), companions=6), alone,
+        hold = functools.partial(held_at_rank0, c.url, c.hdr, serving)
+        assert_same(run_probes(c.url, model, list(PROBES), companions=6, hold=hold), alone,
                     "beside six companions")
         assert_same(run_probes(c.url, model, list(PROBES)), alone, "from the prefix cache")
 

@@ -6,7 +6,11 @@ exactly)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
+from collections.abc import Callable, Iterator
 
 import httpx
 
@@ -67,15 +71,39 @@ def companion_body(model: str, i: int) -> dict:
             "messages": [{"role": "user", "content": text}]}
 
 
-def run_probes(url: str, model: str, kinds: list[str], companions: int = 0, **over) -> dict:
+FREEZE_S = 4.0  # rank 0 held at most this long: its followers call it lost after 6.5 s
+
+
+@contextlib.contextmanager
+def rank0_frozen(pid: int) -> Iterator[None]:
+    """Rank 0 stopped (SIGSTOP) for the block, continued however the block ends."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def run_probes(url: str, model: str, kinds: list[str], companions: int = 0,
+               hold: Callable[[int], contextlib.AbstractContextManager] | None = None,
+               **over) -> dict:
     """The probes `kinds` at once (with `over` in each body); `companions` more requests
-    start once every probe has streamed 3 tokens. Each probe's choices and finishes."""
+    start once every probe has streamed 3 tokens. Each probe's choices and finishes.
+
+    With companions the probes are started inside `hold(streams)`, a block that keeps
+    rank 0 from stepping until the gateway has sent it that many streams (`held_at_rank0`):
+    they then start within a step or two of each other, however long the gateway took to
+    prepare each, so none can finish before the last is streaming."""
     out: dict = {}
     lock = threading.Lock()
     threads = [threading.Thread(target=stream_chat, args=(url, probe_body(model, k, **over), out,
                                                       k, lock), daemon=True) for k in kinds]
-    for t in threads:
-        t.start()
+    if companions and hold is None:
+        raise ValueError("companions need `hold`: the probes must start together")
+    streams = sum(PROBES[k].get("n", 1) for k in kinds)
+    with hold(streams) if hold is not None else contextlib.nullcontext():
+        for t in threads:
+            t.start()
     if companions:
         def streaming() -> bool:
             with lock:
@@ -96,6 +124,26 @@ def run_probes(url: str, model: str, kinds: list[str], companions: int = 0, **ov
         if key != "progress":
             assert "error" not in res, (key, res)
     return {k: out[k] for k in kinds}
+
+
+def gateway_sent(url: str, hdr: dict, dep_id: str, streams: int, deadline_s: float) -> None:
+    """Return once the gateway holds `streams` streams on `dep_id` (each registered as its
+    GENERATE is sent: services/gateway/core/request_channel.py), within `deadline_s`."""
+    def sent() -> bool:
+        deps = httpx.get(f"{url}/admin/api/cluster/deployments", headers=hdr,
+                         timeout=deadline_s).json()["deployments"]
+        return next(d["gateway_active"] for d in deps if d["deployment_id"] == dep_id) >= streams
+    poll_until(sent, deadline_s, f"the gateway to send {streams} streams to rank 0")
+
+
+@contextlib.contextmanager
+def held_at_rank0(url: str, hdr: dict, dep: dict, streams: int) -> Iterator[None]:
+    """`dep`'s rank 0 frozen while the block starts requests, until the gateway has sent
+    `streams` streams to it (at most FREEZE_S)."""
+    pid = next(r["pid"] for r in dep["ranks"] if r["rank"] == 0)
+    with rank0_frozen(pid):
+        yield
+        gateway_sent(url, hdr, dep["deployment_id"], streams, FREEZE_S)
 
 
 def clear_cache(url: str, hdr: dict, dep_id: str) -> None:
