@@ -16,6 +16,7 @@ from common.messages import (
     CacheStats,
     DeploymentState,
     Determinism,
+    KvStats,
     LoadProgress,
     Phase,
     PhaseTimes,
@@ -53,6 +54,7 @@ class RankInfo:
     cache: CacheStats | None = None  # its prefix cache, from telemetry (None: off/not yet)
     load: LoadProgress | None = None  # while loading, from telemetry
     phases: PhaseTimes | None = None  # cumulative time per loop phase, from telemetry
+    kv: KvStats | None = None  # KV held for running requests and the budget, from telemetry
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,6 +51,30 @@ def auto_prompt_cache_disk_bytes(free_disk: int) -> int:
     return min(PROMPT_CACHE_DISK_AUTO_MAX, free_disk // PROMPT_CACHE_DISK_AUTO_SHARE)
 
 
+KV_AUTO_SHARE = 0.9  # kv_budget_bytes=-1 (auto): of the host's memory, the rest headroom
+
+
+class KvBudgetRefused(ValueError):
+    """An auto KV budget of nothing: the deployment cannot run a request (the numbers)."""
+
+
+def auto_kv_budget_bytes(host_memory: int, weights: int, world_size: int,
+                         prompt_cache_bytes: int) -> int:
+    """The KV budget per rank `kv_budget_bytes=-1` (auto) stands for: 90 % of the
+    supervisor host's memory less the model's weights, shared by the deployment's ranks
+    (as if all ran on that host: the safe side for several hosts), less each rank's
+    prompt-cache budget. Raises KvBudgetRefused, with the numbers, if that is <= 0."""
+    usable = int(host_memory * KV_AUTO_SHARE)
+    budget = (usable - weights) // max(1, world_size) - prompt_cache_bytes
+    if budget <= 0:
+        raise KvBudgetRefused(
+            f"no memory is left for KV: 90% of this host's {host_memory} bytes ({usable}) "
+            f"less the weights' {weights} bytes, over {world_size} rank(s), less "
+            f"{prompt_cache_bytes} bytes of prompt cache per rank is {budget} bytes per "
+            "rank; set --kv-budget-bytes (or use more hosts, a smaller prompt cache)")
+    return budget
+
+
 def auto_prompt_cache_bytes(host_memory: int) -> int:
     """The byte budget `prompt_cache_bytes=0` (auto) stands for, from the physical memory
     of the supervisor's host: resolved once there, so every rank gets the same number."""
@@ -85,6 +109,9 @@ class RankSettings:
     # The disk tier (services/rank/disk_tier.py): KV bytes per rank on its own disk under
     # $LOCKSTEP_HOME/kvcache; 0 = off (the supervisor resolves its -1, "auto").
     prompt_cache_disk_bytes: Count = 0
+    # KV bytes per rank for running requests (services/rank/kv_budget.py), enforced by
+    # rank 0's admission; 0 = no budget (the supervisor resolves its -1, "auto").
+    kv_budget_bytes: Count = 0
     rank_telemetry_interval_s: PositiveSeconds = 1.0
     plan_fetch_after_s: PositiveSeconds = 0.25  # follower asks for missed plans after this
     replay_buffer: AtLeastOne = 1024  # plans rank 0 keeps for followers that missed some

@@ -56,6 +56,23 @@ class PhaseTimes:
 
 
 @dataclass
+class KvStats:
+    """One rank's KV for running requests, in telemetry (services/rank/kv_budget.py):
+    `held` is what its batch's caches allocate (their nbytes) after its last step and
+    `held_peak` the most after any step -- the rank's own measure, not rank 0's count;
+    `reserved`, `waiting`, `waits` and `refused` are rank 0's decisions (0 on followers)."""
+
+    budget: int = 0  # bytes per rank; 0: no budget
+    slot_bytes: int = 0  # bytes per token slot on this rank (0: not measured)
+    held: int = 0
+    held_peak: int = 0
+    reserved: int = 0  # rank 0: bytes reserved for the batch as planned
+    waiting: int = 0  # rank 0: requests first in the queue that did not fit, now
+    waits: int = 0  # rank 0: plans whose queue head waited for the budget (cumulative)
+    refused: int = 0  # rank 0: requests refused as too large for the budget alone
+
+
+@dataclass
 class RankReady:
     deployment_id: str
     job_id: str
@@ -87,6 +104,7 @@ class Telemetry:
     cache: CacheStats | None = None  # the prompt-cache store (None: caching off)
     load: LoadProgress | None = None  # while loading: bytes read of the weights' total
     phases: PhaseTimes | None = None  # cumulative time per loop phase (None: an older rank)
+    kv: KvStats | None = None  # KV held for running requests, the budget (None: older rank)
 
 
 @dataclass

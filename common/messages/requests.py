@@ -45,6 +45,7 @@ class ErrorCode(str, enum.Enum):
 
     INVALID_REQUEST = "invalid_request"  # a GENERATE rank 0 refused (ids, sampling params)
     PROMPT_TOO_LONG = "prompt_too_long"  # beyond the context, or the plan's byte bound
+    KV_BUDGET = "kv_budget"  # its KV alone is more than the deployment's KV budget
     DUPLICATE_REQUEST = "duplicate_request"  # that request_id is open, or still leaving
     NOT_SERVING = "not_serving"  # rank 0 is not (yet, or any more) serving
     OVERLOADED = "overloaded"  # rank 0 has max_open_requests open: retry later

@@ -21,8 +21,8 @@ from pathlib import Path
 import mlx.core as mx
 
 from common.keys import KeyFileError, LaunchKeys, read_secret_file
-from common.messages import Backend, Determinism, Phase, RankReady
-from common.rankspec import RankSpec
+from common.messages import Backend, Determinism, KvStats, Phase, RankReady
+from common.rankspec import RankSettings, RankSpec
 from services.rank import events as ev
 from services.rank.disk_open import open_disk_tier
 from services.rank.disk_report import DISK_FLUSH_S, boot_report
@@ -30,11 +30,12 @@ from services.rank.engine import Engine
 from services.rank.errors import StartupError
 from services.rank.grammar import RankGrammars
 from services.rank.io import RankIO
+from services.rank.kv_budget import KvBudget, slack_slots
 from services.rank.outbox import AnnounceReady, Served
 from services.rank.process_exit import EXIT_FAILED, EXIT_OK
 from services.rank.removals import RemovalLog, removals_path
 from services.rank.runtime import RankRuntime
-from services.rank.warmup import warm_up
+from services.rank.warmup import WarmReport, warm_up
 from services.rank.watchdog_thread import RankSide, Watchdogs
 from services.rank.watchdogs import Inside, WatchdogConfigError, WatchdogSettings, Where
 
@@ -101,6 +102,22 @@ def load_shard(spec: RankSpec, group) -> tuple[object, object, list[int], int, i
         int(ctx) if isinstance(ctx, int) and ctx > 0 else None
 
 
+def kv_budget_of(settings: RankSettings, warm: WarmReport) -> KvBudget | None:
+    """The KV budget rank 0 enforces (None: none set); a budget on a cache that
+    services/rank/kv_budget.py cannot count is logged and not enforced (status shows
+    slot bytes 0)."""
+    if not settings.kv_budget_bytes:
+        return None
+    if not warm.kv_slot_bytes:
+        log.error("KV budget of %d bytes NOT enforced: %s", settings.kv_budget_bytes,
+                  warm.kv_layout)
+        return None
+    kv = KvBudget(settings.kv_budget_bytes, warm.kv_slot_bytes, slack_slots(settings.prefill_step))
+    log.info("KV budget: %d bytes per rank, %d bytes per token slot, %d slots of growth",
+             kv.budget, kv.slot, kv.slack)
+    return kv
+
+
 def run(spec: RankSpec) -> None:
     rt = RankRuntime(spec)
     rt.set_phase(Phase.STARTING)
@@ -146,7 +163,10 @@ def run(spec: RankSpec) -> None:
         if not rt.leader and wanted:
             rt.disk_report = boot_report(spec.rank, verified, off=disk is None)
         rt.inside = Where(Inside.WARM_UP)  # with every peer: a lost one blocks it
-        log.info("%s", warm_up(model, engine, spec.settings, vocab).line())
+        warm = warm_up(model, engine, spec.settings, vocab)
+        log.info("%s", warm.line())
+        kv = kv_budget_of(spec.settings, warm)
+        rt.kv = KvStats(budget=kv.budget if kv else 0, slot_bytes=warm.kv_slot_bytes)
     except Exception as exc:  # noqa: BLE001 - any load failure ends this rank, reported
         log.exception("loading or the warm-up failed")
         rt.exit(EXIT_FAILED, Phase.FAILED, f"load failed: {exc}")
@@ -176,7 +196,7 @@ def run(spec: RankSpec) -> None:
             from services.rank.leader import Leader
 
             Leader(rt, io, engine, removals, stash, vocab_size=vocab,
-                   context=max_context).run()
+                   context=max_context, kv=kv).run()
         else:
             from services.rank.follower import Follower
 

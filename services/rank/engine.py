@@ -143,6 +143,11 @@ class Engine:
         return len(self.gen._generation_batch) + sum(
             1 for p in self.gen._currently_processing if sum(len(s) for s in p[0]) <= 1)
 
+    def held_kv(self) -> int:
+        """Bytes the batch's caches allocate now (every stage of mlx-lm's generator: rows
+        waiting with a cached prefix, the prompt batch, the decode batch)."""
+        return int(self.gen.prompt_cache_nbytes)
+
     def holds_finished(self) -> bool:
         """KV of finished requests waits for a plan to store or drop it."""
         return self.store is not None and bool(self.store.finished)

@@ -41,6 +41,7 @@ from services.rank import events as ev
 from services.rank.cache_clears import answers as clear_answers
 from services.rank.disk_plan import DiskPlanner
 from services.rank.engine import Divergence, Emitted
+from services.rank.kv_budget import Admit, KvBudget
 from services.rank.logprobs import chunk_fields, step_logprobs
 from services.rank.loop import RankLoop
 from services.rank.outbox import CacheOpsTaken, Command, PublishPlan, StreamChunk
@@ -66,10 +67,12 @@ def disk_planner(store, settings, world_size: int) -> DiskPlanner | None:
 
 
 class Leader(RankLoop):
-    def __init__(self, *args, vocab_size: int, context: int | None = None, **kw) -> None:
+    def __init__(self, *args, vocab_size: int, context: int | None = None,
+                 kv: KvBudget | None = None, **kw) -> None:
         super().__init__(*args, **kw)
         self.vocab_size = vocab_size
         self.context = context  # prompt + completion must fit (None: unknown)
+        self.kv = kv  # the KV budget admission reserves against (None: no budget)
         # Every request not finished, with its status (request_record.py): the one
         # account of where a request is. `pending` orders the WAITING ones.
         self.scheduled: dict[str, RequestRecord] = {}
@@ -159,6 +162,15 @@ class Leader(RankLoop):
         max_tokens = g.max_tokens  # the gateway's decision (its default, the client's)
         if self.context is not None:  # clamp to what fits in the model's context
             max_tokens = min(max_tokens, self.context - len(g.prompt))
+        if self.kv is not None:  # ... and to what fits in the KV budget alone
+            alone = self.kv.max_tokens_alone(len(g.prompt))
+            if alone < 1:
+                self.rt.kv = replace(self.rt.kv, refused=self.rt.kv.refused + 1)
+                self.send(StreamChunk(g.request_id, finish_reason=FinishReason.ERROR,
+                                      error=self.kv.refusal(len(g.prompt)),
+                                      error_code=ErrorCode.KV_BUDGET))
+                return
+            max_tokens = min(max_tokens, alone)
         ins = PlanInsert(
             request_id=g.request_id, prompt=g.prompt, max_tokens=max_tokens,
             sampling=g.sampling.seeded(g.sampling.seed),
@@ -248,6 +260,10 @@ class Leader(RankLoop):
         budget = MAX_BATCH_BYTES
         waiting: list[str] = []  # kept pending, in order: for a running prefill, or later
         gate = self.prefill_gate()
+        # The KV budget (kv_budget.py): the batch's rows after this plan's removes.
+        rows = [(a.prompt_len, a.max_tokens) for rid, a in self.engine.by_rid.items()
+                if rid not in removes]
+        kv_waits = False
         while self.pending and len(waiting) < LOOKAHEAD and gate.more():
             rid = self.pending[0]
             req = self.scheduled[rid]
@@ -256,6 +272,10 @@ class Leader(RankLoop):
             if not gate.admits(left):
                 waiting.append(self.pending.popleft())  # a later one may group here
                 continue
+            row = (len(ins.prompt), ins.max_tokens)
+            if self.kv is not None and self.kv.admit(rows, row) is not Admit.FITS:
+                kv_waits = True  # first in line until it fits: nothing overtakes it
+                break
             budget -= plan_size(Plan(0, 0, True, [ins]))
             if inserts and budget < 0:
                 break
@@ -271,7 +291,11 @@ class Leader(RankLoop):
                     req.cached_tokens = n
             req.planned()
             inserts.append(ins)
+            rows.append(row)
         self.pending.extendleft(reversed(waiting))
+        if self.kv is not None:
+            kv = self.rt.kv
+            self.rt.kv = replace(kv, waiting=int(kv_waits), waits=kv.waits + kv_waits)
         if self.cache is not None:  # the LOADs the inserts start from, and their room
             ops += self.cache.take_loads()
         plan_removes = [PlanRemove(request_id=rid, reason=why) for rid, why in removes.items()]
@@ -392,6 +416,9 @@ class Leader(RankLoop):
     def publish_counts(self) -> None:
         self.rt.active_ids = self.engine.active_ids()
         self.rt.pending = len(self.pending)
+        if self.kv is not None:  # what the batch as it stands reserves
+            self.rt.kv = replace(self.rt.kv, reserved=self.kv.need(
+                (a.prompt_len, a.max_tokens) for a in self.engine.by_rid.values()))
 
     def send(self, *cmds: Command) -> None:
         self.out.extend(cmds)

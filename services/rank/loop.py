@@ -5,6 +5,7 @@ with the watchdog's phase and exit code)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 from collections.abc import Callable
@@ -165,6 +166,9 @@ class RankLoop:
         except Exception as exc:  # noqa: BLE001 - a collective failed: a peer is gone
             self.collective_failed(exc)
         self.rt.progressed(self.engine.step)
+        held = self.engine.held_kv()  # what the caches allocate: this rank's own measure
+        kv = self.rt.kv
+        self.rt.kv = dataclasses.replace(kv, held=held, held_peak=max(kv.held_peak, held))
         for f in finished:
             self.record(f)
         return emitted

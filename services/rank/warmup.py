@@ -33,6 +33,7 @@ from mlx_lm.generate import BatchGenerator
 
 from common.messages import PlanInsert, SeededSampling, TokenBias
 from services.rank.engine import Engine, generator_kwargs
+from services.rank.kv_budget import KvLayoutError, slot_bytes
 from services.rank.sampling import logits_processors_for, sampler_for
 
 # Rows: a chat prompt's length (SmolLM2's template around one short question is 37
@@ -49,6 +50,8 @@ class WarmReport:
     samplers: tuple[str, ...]
     kernels_built: int  # fused CPU kernels that appeared in MLX's cache meanwhile
     seconds: float
+    kv_slot_bytes: int = 0  # KV bytes per token slot on this rank, off its decode batch
+    kv_layout: str = ""  # why kv_slot_bytes is 0 (a cache kv_budget.py does not describe)
 
     def line(self) -> str:
         """The rank log's line (tests and the bench look for "warmed: ")."""
@@ -94,8 +97,14 @@ def warm_up(model, engine: Engine, settings, vocab: int) -> WarmReport:
                    samplers=[sampler_for(i) for i in inserts],
                    logits_processors=[logits_processors_for(i, engine) for i in inserts])
         left = len(inserts)
+        slot, layout = 0, ""
         while left:
             _, responses = gen.next()
+            if not slot and not layout and len(gen._generation_batch):  # mlx-lm 0.32's
+                try:
+                    slot = slot_bytes(gen._generation_batch.prompt_cache)
+                except KvLayoutError as exc:
+                    layout = str(exc)
             left -= sum(1 for r in responses if r.finish_reason is not None)
         mx.synchronize(gen.stream)
     finally:
@@ -108,4 +117,5 @@ def warm_up(model, engine: Engine, settings, vocab: int) -> WarmReport:
         decode_steps=DECODE_STEPS,
         samplers=("greedy", "temperature+top_p+top_k+min_p, penalties, logit_bias"),
         kernels_built=max(0, after - before),
-        seconds=time.monotonic() - t0)
+        seconds=time.monotonic() - t0, kv_slot_bytes=slot,
+        kv_layout=layout or ("" if slot else "the warm-up's decode batch held no KV"))

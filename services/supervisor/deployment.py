@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from common.bus import Channel
 from common.envelope import Key
 from common.keys import LaunchKeys, seal_key
-from common.messages import CacheStats, LoadProgress, Phase, PhaseTimes, ProcState
+from common.messages import CacheStats, KvStats, LoadProgress, Phase, PhaseTimes, ProcState
 from common.model_ref import model_id
 from common.procs import ProcessIdentity, is_alive
 from common.records import LaunchManifest, RankRecord
@@ -61,6 +61,7 @@ class RankState:
     cache: CacheStats | None = None  # its prefix cache, from telemetry (None: off/not yet)
     load: LoadProgress | None = None  # while loading, from telemetry
     phases: PhaseTimes | None = None  # time per loop phase, from telemetry
+    kv: KvStats | None = None  # KV held for running requests, the budget, from telemetry
     error: str | None = None
     log_path: Path | None = None  # on the rank's host
     remote: RemoteHost | None = None  # for a rank on another host
@@ -117,6 +118,7 @@ class RankState:
         self.cache = body.cache  # the prefix cache's figures (None: off), for status/metrics
         self.load = body.load  # while loading: weights bytes read / total
         self.phases = body.phases  # time per loop phase (None: an older rank), for metrics
+        self.kv = body.kv  # KV held and the budget (None: an older rank)
         if body.error:
             self.error = body.error
 
@@ -146,7 +148,8 @@ class RankState:
                 "last_seen": self.last_seen, "rejects": dict(self.rejects),
                 "cache": None if self.cache is None else to_wire(self.cache),
                 "load": None if self.load is None else to_wire(self.load),
-                "phases": None if self.phases is None else to_wire(self.phases)}
+                "phases": None if self.phases is None else to_wire(self.phases),
+                "kv": None if self.kv is None else to_wire(self.kv)}
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from common.rankspec import (
     WATCHDOG_ENV,
     RankSettings,
     RankSpec,
+    auto_kv_budget_bytes,
     auto_prompt_cache_bytes,
     auto_prompt_cache_disk_bytes,
 )
@@ -40,6 +41,7 @@ from common.records import LaunchManifest, RankRecord
 from services.supervisor.deployment import Deployment, LaunchSetup, RankState
 from services.supervisor.errors import LaunchError
 from services.supervisor.hosts import Member, jaccl_devices
+from services.supervisor.plan import DeployPlan
 from services.supervisor.process_launcher import (
     Launcher,
     LaunchFailed,
@@ -96,7 +98,8 @@ RANK_FIELDS = ("lease_ttl", "peer_abort_grace", "progress_stall_timeout",
                "signal_clear_timeout", "rank_telemetry_interval_s", "max_open_requests",
                "prompt_cache_entries", "prompt_cache_bytes", "prefill_stall_ratio",
                "prefill_step_decoding", "prefill_long_prompt", "rank_test_seams",
-               "prompt_cache_disk_bytes", "deterministic", "adopt_window_s")
+               "prompt_cache_disk_bytes", "deterministic", "adopt_window_s",
+               "kv_budget_bytes")
 
 
 @functools.cache
@@ -115,8 +118,26 @@ def free_disk(home: Path) -> int:
     return int(shutil.disk_usage(p).free)
 
 
-def rank_settings(settings: SupervisorSettings) -> RankSettings:
+def weights_bytes(model_path: str) -> int:
+    """The model's weight files under `model_path` on this host (0 if it is not here)."""
+    p = Path(model_path)
+    return sum(f.stat().st_size for f in p.glob("*.safetensors")) if p.is_dir() else 0
+
+
+def kv_budget(settings: SupervisorSettings, plan: DeployPlan) -> int:
+    """The deployment's KV budget per rank: the setting, or its auto value (-1) resolved
+    from this host's memory and the plan (raises KvBudgetRefused with the numbers)."""
+    if settings.kv_budget_bytes >= 0:
+        return settings.kv_budget_bytes
+    cache = 0 if not settings.prompt_cache_entries else (
+        settings.prompt_cache_bytes or auto_prompt_cache_bytes(host_memory()))
+    return auto_kv_budget_bytes(host_memory(), weights_bytes(plan.model_path),
+                                plan.world_size, cache)
+
+
+def rank_settings(settings: SupervisorSettings, plan: DeployPlan | None = None) -> RankSettings:
     values = {name: getattr(settings, name) for name in RANK_FIELDS}
+    values["kv_budget_bytes"] = 0 if plan is None else kv_budget(settings, plan)
     if not values["prompt_cache_bytes"]:  # auto: resolved here, never on a rank
         values["prompt_cache_bytes"] = auto_prompt_cache_bytes(host_memory())
     if values["prompt_cache_disk_bytes"] < 0:  # auto, from the free disk of the home
@@ -227,7 +248,7 @@ def _spec(dep: Deployment, rank: int, paths: Paths, me: SupervisorIdentity,
         report_endpoint=report, plan_endpoint=dep.plan_endpoint,
         requests_endpoint=dep.requests_endpoint, supervisor_pid=me.pid,
         cancel_epoch_floor=floor, hostfile=str(hostfile) if hostfile else "",
-        watch_parent=_where(dep, m) is None, settings=rank_settings(settings))
+        watch_parent=_where(dep, m) is None, settings=rank_settings(settings, dep.plan))
 
 
 def _env(dep: Deployment, rank: int, paths: Paths, settings: SupervisorSettings,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from common.bus import BusTimeout, Channel, new_request_id
 from common.home import manifest_path, remove_manifest, retire_markers, write_manifest
 from common.messages import REQUESTS_OUT, EventName, Shutdown, Stats, StatsRequest
+from common.rankspec import KvBudgetRefused
 from common.rpc_client import AsyncRpcClient
 from common.sampling_defaults import SamplingOverrides
 from services.supervisor import job_launch, readiness, remote_ops
@@ -90,6 +91,11 @@ async def deploy(sup: LifecycleHost, *, model_path: str | None, tp: int, pp: int
     plans = [make_plan(model_path, tp, pp, replicas_mod.place(hosts, r, replicas, tp * pp)
                        if replicas > 1 else hosts, backend, envs, sampling,
                        replica=r, replicas=replicas) for r in which]
+    for p in plans:  # an auto KV budget of nothing refuses the deploy, with the numbers
+        try:
+            job_launch.kv_budget(sup.settings, p)
+        except KvBudgetRefused as exc:
+            raise AdminError("bad_request", f"kv_budget_bytes: {exc}") from None
     if len(ids) == 1:
         return await start(sup, ids[0], plans[0], wait=wait)
     results = [await start(sup, i, p, wait=False) for i, p in zip(ids, plans, strict=True)]

@@ -28,6 +28,7 @@ A field's name is the setting's one name: flag `--peer-abort-grace`, variable
 | prompt_cache_entries | 32 | prefix-cache entries every rank may hold (LRU, decided by rank 0); 0 = the prefix cache is off |
 | prompt_cache_bytes | 0 | prefix-cache bytes of KV per rank; 0 = auto: min(4 GiB, this host's physical memory / 8), resolved once here so every rank gets the same number |
 | prompt_cache_disk_bytes | -1 | the prefix cache's disk tier: bytes of KV per rank under `$LOCKSTEP_HOME/kvcache` on each rank's host (entries written through, MAC-checked when read back, kept across restarts); -1 = auto: min(64 GiB, a tenth of the free disk of this host's home), resolved once here; 0 = off |
+| kv_budget_bytes | -1 | bytes of KV per rank for running requests, enforced by rank 0's admission (services/rank/kv_budget.py): a request waits until its reservation fits, one that cannot fit alone is refused (400); -1 = auto: (90 % of this host's physical memory − the model's weights) / the deployment's ranks − prompt_cache_bytes, resolved once here per deployment (a deploy whose auto value is ≤ 0 is refused with the numbers); 0 = off |
 | prefill_stall_ratio | 3 | while streams decode and a long prompt (see prefill_long_prompt) prefills, rank 0 sizes each step's prompt chunk so the step takes at most X times a decode-only step (more while more prompts wait than streams run); 0 = never: always prefill_step_decoding chunks |
 | prefill_step_decoding | 512 | the prompt chunk while streams decode and no long prompt prefills (or prefill_stall_ratio is 0) |
 | prefill_long_prompt | 2048 | a prompt with more tokens than this to compute is long: prefilled in steered chunks while streams decode; 0 = every prompt |
@@ -91,6 +92,7 @@ class SupervisorSettings:
     prompt_cache_entries: Count = 32  # 0: prefix cache off
     prompt_cache_bytes: Count = 0  # per rank; 0: auto (job_launch.rank_settings resolves it)
     prompt_cache_disk_bytes: AutoCount = -1  # per rank; -1: auto; 0: off (rank_settings)
+    kv_budget_bytes: AutoCount = -1  # per rank; -1: auto; 0: off (job_launch.kv_budget)
     prefill_stall_ratio: StallRatio = 3.0  # rank 0's prefill policy (rank/prefill_policy.py)
     prefill_step_decoding: AtLeastOne = 512
     prefill_long_prompt: Count = 2048

@@ -3,7 +3,7 @@
     lockstep up [--port 8000] [--home ~/.lockstep] [--model PATH] [--tp 2] [--pp 1]
                 [--replicas 1] [--hosts FILE] [--backend auto|ring|jaccl|mpi] [--host 127.0.0.1]
                 [--prompt-cache-entries 32] [--prompt-cache-bytes 0]
-                [--prompt-cache-disk-bytes -1] [--prefill-stall-ratio 3]
+                [--prompt-cache-disk-bytes -1] [--kv-budget-bytes -1] [--prefill-stall-ratio 3]
                 [--prefill-long-prompt 2048] [--temperature T] [--top-p P] ...
                 [--no-deterministic]
 
@@ -79,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
                      ("--supervisor-restarts", int), ("--adopt-window", float),
                      ("--prompt-cache-entries", int),
                      ("--prompt-cache-bytes", int), ("--prompt-cache-disk-bytes", int),
+                     ("--kv-budget-bytes", int),
                      ("--prefill-stall-ratio", float),
                      ("--prefill-long-prompt", int),
                      *((p.flag, p.kind) for p in deployable())):

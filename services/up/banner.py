@@ -38,6 +38,7 @@ def print_banner(up: Up, url: str, model: str, dep_id: str, dep) -> None:
         f"{dep.sampling.describe() if dep is not None else '?'}\n"
         f"  deterministic:   "
         f"{determinism_text(dep.determinism) if dep is not None else '?'}\n"
+        f"  KV budget:       {kv_budget_text(dep)}\n"
         f"  recovery:        {recovery_text(up.s)}\n\n"
         f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
         f"       -d '{body}'\n")
@@ -45,6 +46,19 @@ def print_banner(up: Up, url: str, model: str, dep_id: str, dep) -> None:
     # server): to the terminal only, not to up.log.
     up.console.redraw(f"  cluster console: {url}/admin/#token={up.admin_token}\n\n")
     up.console.say("Press Ctrl-C to stop.\n")
+
+
+def kv_budget_text(dep) -> str:
+    """The banner's line on the KV budget, as rank 0 enforces it (services/rank/kv_budget.py)."""
+    kv = None if dep is None else next((r.kv for r in dep.ranks if r.rank == 0), None)
+    if kv is None:
+        return "?"
+    if not kv.budget:
+        return "off (--kv-budget-bytes 0): running requests' KV is not bounded"
+    if not kv.slot_bytes:
+        return f"{kv.budget} bytes per rank, NOT enforced (this model's cache is not a plain KV cache)"
+    return (f"{kv.budget / 2**20:.1f} MiB per rank ({kv.budget // kv.slot_bytes} token slots "
+            "of KV): requests wait until theirs fits")
 
 
 def recovery_text(s: UpSettings) -> str:

@@ -104,6 +104,7 @@ class Up:
             "--prompt-cache-entries", str(s.prompt_cache_entries),
             "--prompt-cache-bytes", str(s.prompt_cache_bytes),
             "--prompt-cache-disk-bytes", str(s.prompt_cache_disk_bytes),
+            "--kv-budget-bytes", str(s.kv_budget_bytes),
             "--prefill-stall-ratio", str(s.prefill_stall_ratio),
             "--prefill-long-prompt", str(s.prefill_long_prompt),
             "--adopt-window-s", str(s.adopt_window),

@@ -56,6 +56,7 @@ class _UpSettings:
     prompt_cache_entries: Count = 32
     prompt_cache_bytes: Count = 0
     prompt_cache_disk_bytes: AutoCount = -1
+    kv_budget_bytes: AutoCount = -1  # KV for running requests per rank; -1 auto, 0 off
     prefill_stall_ratio: StallRatio = 3.0  # rank 0's prefill policy; 0 = fixed chunks
     prefill_long_prompt: Count = 2048  # ... steered while streams decode; 0 = every prompt
     deterministic: bool = True  # the batch-invariant forward pass; False: mlx-lm's own

@@ -12,6 +12,7 @@ from common.messages import (
     Event,
     EventName,
     EventTopic,
+    KvStats,
     LoadProgress,
     Phase,
     ReapOutcome,
@@ -36,7 +37,11 @@ def _dep(state: str = "serving", dep_id: str = "dep-1", **rank1) -> dict:
                                          active=3, mem_active=512 * 2**20, last_seen=NOW - 0.5,
                                          cancel_epoch=4, acked_epoch=4,
                                          cache=CacheStats(entries=2, tokens=90, bytes=2**20,
-                                                          hits=3, misses=1, hit_tokens=60)),
+                                                          hits=3, misses=1, hit_tokens=60),
+                                         kv=KvStats(budget=8 * 2**20, slot_bytes=1024,
+                                                    held=2**20, held_peak=3 * 2**20,
+                                                    reserved=6 * 2**20, waiting=1, waits=5,
+                                                    refused=2)),
                             1: RankState(rank=1, host="mac-b", step=100, last_seen=NOW - 0.4,
                                          **{"phase": Phase.SERVING, **rank1})})
     return dep.to_wire()
@@ -84,6 +89,8 @@ def test_status_shows_hosts_memory_cache_and_the_last_incidents() -> None:
     rank0 = next(ln for ln in lines if ln.split()[:2] == ["0", "mac-a"])
     assert "512.0 MiB" in rank0 and " 3 " in rank0 and rank0.rstrip().endswith("4/4")
     assert "rejected rank/control mac: 2" in out
+    assert ("KV budget: 8.0 MiB per rank; held rank 0 1.0 MiB (peak 3.0 MiB); reserved 6.0 MiB;"
+            " queue head waits for room (5 waits), 2 refused as too large") in out
     inc = lines[lines.index("last incidents (newest first):") + 1:]
     kinds = [ln.split()[1] for ln in inc]
     # newest first; a deploy after a loss is a redeploy; an empty reap pass is no incident

@@ -33,8 +33,11 @@ def test_every_error_code_renders_as_an_openai_error(code):
 
 # What each code means, independent of the table: whose fault it is decides the class
 # of status (the table's own rows are not restated here).
-REQUEST_FAULTS = {ErrorCode.INVALID_REQUEST, ErrorCode.PROMPT_TOO_LONG,
-                  ErrorCode.DUPLICATE_REQUEST}  # the request's: resending it cannot help
+REQUEST_FAULTS = {ErrorCode.INVALID_REQUEST: "invalid_request",
+                  ErrorCode.PROMPT_TOO_LONG: "invalid_request",
+                  ErrorCode.DUPLICATE_REQUEST: "invalid_request",
+                  # its own code: the deployment's budget, not the request's form
+                  ErrorCode.KV_BUDGET: "kv_budget_exceeded"}  # resending cannot help
 RETRY_LATER = {ErrorCode.OVERLOADED: 429, ErrorCode.NOT_SERVING: 503}  # the same, later
 
 
@@ -43,7 +46,7 @@ def test_code_maps_to_a_status_by_whose_fault_it_is(code):
     err = rank_error(code, "whatever the text says")
     assert err.type == TYPES[err.status]  # the OpenAI type follows the status
     if code in REQUEST_FAULTS:
-        assert (err.status, err.code) == (400, "invalid_request")
+        assert (err.status, err.code) == (400, REQUEST_FAULTS[code])
     elif code in RETRY_LATER:
         assert err.status == RETRY_LATER[code]
     else:  # the rank failed it: a backend error, resumable where resume is on

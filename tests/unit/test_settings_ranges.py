@@ -31,10 +31,11 @@ def test_the_supervisor_hands_ranks_its_settings_under_the_same_names():
     sup, rank = _defaults(sup_settings.SupervisorSettings), _defaults(RankSettings)
     # the supervisor's "auto" (-1) is resolved before any rank sees it: a rank's own
     # default is what a hand-made spec gets (0: no disk tier)
-    resolved = {"prompt_cache_disk_bytes"}
+    resolved = {"prompt_cache_disk_bytes", "kv_budget_bytes"}
     for name in set(RANK_FIELDS) - resolved:
         assert sup[name] == rank[name], name
     assert sup["prompt_cache_disk_bytes"] == -1 and rank["prompt_cache_disk_bytes"] == 0
+    assert sup["kv_budget_bytes"] == -1 and rank["kv_budget_bytes"] == 0  # auto: per plan
     assert rank_settings(sup_settings.SupervisorSettings()).prompt_cache_disk_bytes > 0
     off = sup_settings.SupervisorSettings(prompt_cache_disk_bytes=0)
     assert rank_settings(off).prompt_cache_disk_bytes == 0

@@ -121,6 +121,23 @@ def cache_text(d: DeploymentInfo) -> str:
             f"{c.evicted} evicted{disk}")
 
 
+def kv_text(d: DeploymentInfo) -> str:
+    """The KV budget line: per rank, what its caches hold (and held at most) of the
+    budget; rank 0's reservation, queue head and refusals."""
+    r0 = next((r.kv for r in d.ranks if r.rank == 0), None)
+    if r0 is None:
+        return "KV budget: no telemetry yet"
+    if not r0.budget:
+        return "KV budget: off (--kv-budget-bytes 0)"
+    if not r0.slot_bytes:
+        return f"KV budget: {mib(r0.budget)} per rank NOT enforced (this model's cache)"
+    held = ", ".join(f"rank {r.rank} {mib(r.kv.held)} (peak {mib(r.kv.held_peak)})"
+                     for r in d.ranks if r.kv is not None)
+    return (f"KV budget: {mib(r0.budget)} per rank; held {held}; reserved {mib(r0.reserved)}; "
+            f"queue head {'waits for room' if r0.waiting else 'not waiting'} "
+            f"({r0.waits} waits), {r0.refused} refused as too large")
+
+
 def _rate(r: RankInfo, dep_id: str, prev: dict[tuple, tuple[int, float]] | None) -> str:
     if prev is None:
         return "-"
@@ -149,6 +166,7 @@ def render(reply: StatusRecord, *, now: float | None = None,
         lines.append(f"{d.deployment_id}  {d.state}{up}  {d.model}{replica} tp={d.tp} pp={d.pp} "
                      f"backend={d.backend} job={d.job_id}" + (f"  error: {d.error}" if d.error else ""))
         lines.append(f"  {cache_text(d)}")
+        lines.append(f"  {kv_text(d)}")
         lines.append(f"  sampling defaults: {d.sampling.describe()}")
         lines.append(f"  deterministic: {determinism_text(d.determinism)}")
         lines.append(f"  {'rank':>4} {'host':<16} {'pid':>7} {'phase':<13} {'step':>7} "

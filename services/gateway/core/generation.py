@@ -128,6 +128,7 @@ class RankErrorShape:
 RANK_ERRORS: dict[ErrorCode, RankErrorShape] = {
     ErrorCode.INVALID_REQUEST: RankErrorShape(400, "invalid_request", "rank 0 refused the request: "),
     ErrorCode.PROMPT_TOO_LONG: RankErrorShape(400, "invalid_request", "rank 0 refused the request: "),
+    ErrorCode.KV_BUDGET: RankErrorShape(400, "kv_budget_exceeded", "rank 0 refused the request: "),
     ErrorCode.DUPLICATE_REQUEST: RankErrorShape(400, "invalid_request", "rank 0 refused the request: "),
     ErrorCode.NOT_SERVING: RankErrorShape(503, "model_not_ready", "rank 0 is "),
     ErrorCode.OVERLOADED: RankErrorShape(429, "overloaded", "rank 0 is at its bound: "),

@@ -132,6 +132,15 @@ class _ClusterCollector:
                                 ("disk_rejected", "Disk entries that failed their check "
                                  "(tampered, truncated, foreign) and were removed"),
                                 ("disk_loaded", "Disk entries read back into memory"))}
+        kv_g = {n: GaugeMetricFamily(f"lockstep_rank_kv_{n}", h, labels=["deployment", "rank"])
+                for n, h in (("budget", "KV budget per rank in bytes (0: none)"),
+                             ("held", "KV bytes the batch's caches allocate on this rank"),
+                             ("held_peak", "Most KV bytes the batch's caches held after a step"),
+                             ("reserved", "KV bytes rank 0 reserves for the batch (rank 0)"),
+                             ("waiting", "1 while the queue's head waits for the budget"))}
+        kv_c = {n: CounterMetricFamily(f"lockstep_rank_kv_{n}", h, labels=["deployment", "rank"])
+                for n, h in (("waits", "Plans whose queue head waited for the KV budget"),
+                             ("refused", "Requests refused: more KV than the budget alone"))}
         phase_c = {n: CounterMetricFamily(f"lockstep_rank_phase_{n}", h,
                                           labels=["deployment", "rank", "phase"])
                    for n, h in (("seconds", "Wall seconds a rank's threads spent per loop phase"),
@@ -167,6 +176,9 @@ class _ClusterCollector:
                     if rk.cache is not None:  # None: the cache is off (or no telemetry yet)
                         for name, fam in (*cache_g.items(), *cache_c.items()):
                             fam.add_metric(labels, getattr(rk.cache, name))
+                    if rk.kv is not None:  # None: a rank older than the KV budget
+                        for name, fam in (*kv_g.items(), *kv_c.items()):
+                            fam.add_metric(labels, getattr(rk.kv, name))
                     if rk.phases is not None:  # None: a rank older than the phase clock
                         for name, times in (("seconds", rk.phases.seconds),
                                             ("runs", rk.phases.counts)):
@@ -188,7 +200,7 @@ class _ClusterCollector:
             extra += cache_index_families(c.backends.values())
         active.add_metric(["all"], total)
         yield from (active, limit, overloaded, dep_state, *rank_g.values(), *cache_g.values(),
-                    *cache_c.values(), *phase_c.values(), rejects, up, epoch, *extra)
+                    *cache_c.values(), *kv_g.values(), *kv_c.values(), *phase_c.values(), rejects, up, epoch, *extra)
 
 
 def _numbers(prefix: str, obj: Any, doc: str) -> list:

@@ -1,0 +1,139 @@
+"""The KV budget through the whole server (issue 45 items 1, 2 and 6): `lockstep up` with
+`--kv-budget-bytes 2000000` serving the tiny preset at TP=2 and, deployed beside it, at
+PP=2 -- real ranks, real mlx-lm caches.
+
+A flood of eight greedy requests whose reservations together are about three times the
+budget: all complete, each with the tokens and logprobs of its run alone; rank 0 made the
+queue's head wait (its own count); every rank's own measure of its caches (their nbytes
+after every step, rank telemetry) never passed the budget, and came within reach of it
+(the flood did press on it). A prompt that cannot fit alone is refused at once with a 400
+naming the budget, in the OpenAI and Anthropic shapes, and the service keeps serving.
+Status, the banner and /metrics show the budget.
+
+On the parent commit (no budget) `--kv-budget-bytes` is an unknown flag and up exits 2.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+import httpx
+import pytest
+
+from common.home import Paths
+from tests.gwutil import poll_until
+from tests.support.up_cluster import UpOptions, up_cluster
+
+BUDGET = 2_000_000
+NO_EOS = {"0": -100, "2": -100}  # the tiny preset's EOS ids: every row runs to max_tokens
+MAX_TOKENS = 60
+
+
+def prompt(i: int) -> str:
+    return " ".join(["river", "mill", "lantern", "harbour", "quartz"][(i + k) % 5]
+                    for k in range(12 + 5 * i))
+
+
+def complete(url: str, model: str, i: int) -> dict:
+    r = httpx.post(url + "/v1/completions", timeout=180, json={
+        "model": model, "prompt": prompt(i), "max_tokens": MAX_TOKENS, "temperature": 0,
+        "logprobs": 1, "logit_bias": NO_EOS})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    return {"text": ch["text"], "logprobs": ch["logprobs"]["token_logprobs"],
+            "finish": ch["finish_reason"]}
+
+
+def flood(url: str, model: str, n: int) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+
+    def one(i: int) -> None:
+        try:
+            out[i] = complete(url, model, i)
+        except BaseException as exc:  # noqa: BLE001 - reported below, not lost in a thread
+            out[i] = {"error": repr(exc)}
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+        assert not t.is_alive(), "a request never ended"
+    return out
+
+
+def rank_kv(c, dep_id: str) -> dict[int, dict]:
+    dep = next(d for d in c.deployments() if d["deployment_id"] == dep_id)
+    return {r["rank"]: r["kv"] for r in dep["ranks"]}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    home = tmp_path_factory.mktemp("kvb")
+    opts = UpOptions(tp=2, extra=("--kv-budget-bytes", str(BUDGET)))
+    with up_cluster(home, opts) as c:
+        pp_model = home / "pp" / "tiny-pp"
+        shutil.copytree(Paths(c.home).models / "tiny", pp_model)
+        r = httpx.post(c.url + "/admin/api/cluster/deployments", headers=c.hdr, timeout=300,
+                       json={"model_path": str(pp_model), "tp": 1, "pp": 2, "wait": True})
+        assert r.status_code == 200, r.text
+        yield c
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("model", ["tiny", "tiny-pp"])
+def test_a_flood_past_the_budget_completes_as_alone_and_no_rank_holds_more(cluster, model):
+    c = cluster
+    dep = next(d for d in c.deployments() if d["model"] == model and d["state"] == "serving")
+    dep_id = dep["deployment_id"]
+    n = 8
+    alone = {i: complete(c.url, model, i) for i in range(n)}
+    got = flood(c.url, model, n)
+    for i in range(n):
+        assert "error" not in got[i], got[i]
+        assert got[i]["finish"] == "length" and len(got[i]["logprobs"]) == MAX_TOKENS, got[i]
+        assert got[i] == alone[i], f"request {i} differs from its run alone"
+
+    def settled() -> dict[int, dict] | None:
+        kv = rank_kv(c, dep_id)
+        return kv if kv[0]["waits"] and all(k["held_peak"] for k in kv.values()) else None
+
+    kv = poll_until(settled, 30, "rank 0's waits and every rank's peak in telemetry")
+    slot = kv[0]["slot_bytes"]
+    assert slot > 0 and all(k["budget"] == BUDGET for k in kv.values()), kv
+    # the flood's eight rows at once would reserve about three budgets
+    longest = max(len(prompt(i).split()) for i in range(n)) + MAX_TOKENS
+    assert n * (longest + 512) * slot > 2.5 * BUDGET, (n, longest, slot)
+    for rank, k in kv.items():
+        assert k["held_peak"] <= BUDGET, (rank, k)
+        assert k["held_peak"] > BUDGET / 4, (rank, k)  # the budget did bind the batch
+    assert kv[0]["refused"] == 0
+
+
+@pytest.mark.timeout(300)
+def test_a_prompt_that_cannot_fit_alone_is_refused_naming_the_budget(cluster):
+    c = cluster
+    long = " ".join(["river", "mill", "lantern"][k % 3] for k in range(1200))
+    r = httpx.post(c.url + "/v1/completions", timeout=60,
+                   json={"model": "tiny", "prompt": long, "max_tokens": 4})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "kv_budget_exceeded" and f"KV budget of {BUDGET} bytes" in err["message"]
+    r = httpx.post(c.url + "/v1/messages", timeout=60, json={
+        "model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": long}]})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert f"KV budget of {BUDGET} bytes" in r.json()["error"]["message"]
+    # the service keeps serving
+    assert complete(c.url, "tiny", 1)["finish"] == "length"
+
+
+def test_status_banner_and_metrics_show_the_budget(cluster):
+    c = cluster
+    assert "KV budget:       1.9 MiB per rank" in c.text()
+    metrics = httpx.get(c.url + "/metrics", timeout=10).text
+    budgets = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("lockstep_rank_kv_budget{")]
+    assert budgets == [BUDGET] * 4, budgets  # two deployments of two ranks
+    st = httpx.get(c.url + "/admin/api/cluster/status", headers=c.hdr, timeout=10).json()
+    assert {r["kv"]["budget"] for d in st["deployments"] for r in d["ranks"]} == {BUDGET}

@@ -1,0 +1,100 @@
+"""The KV budget's accounting (services/rank/kv_budget.py) against what mlx-lm really
+allocates: the tiny preset's model driven through mlx-lm's own BatchGenerator, rows of
+different lengths joining at different steps (left padding, prompt chunks, the 256-slot
+growth, removals shifting the buffer), the caches' nbytes read after every step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlx_lm import load
+from mlx_lm.generate import BatchGenerator
+
+from common.rankspec import KvBudgetRefused, auto_kv_budget_bytes
+from models.tinymodel.build import build_model
+from services.rank.kv_budget import GROWTH, Admit, KvBudget, slack_slots, slot_bytes
+
+CHUNK = 64  # prompt tokens per prefill chunk: prompts of 300 take five
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[object, dict]:
+    path = build_model(tmp_path_factory.mktemp("m") / "tiny", preset="tiny")
+    model, _ = load(str(path))
+    return model, json.loads((Path(path) / "config.json").read_text())
+
+
+def test_slot_bytes_is_the_models_kv_per_token(tiny):
+    model, cfg = tiny
+    gen = BatchGenerator(model, stop_tokens=[], prefill_step_size=CHUNK)
+    gen.insert([[5, 6, 7, 8]], max_tokens=[4])
+    while not len(gen._generation_batch):
+        gen.next()
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    itemsize = next(c for c in gen._generation_batch.prompt_cache).keys.dtype.size
+    want = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim * itemsize
+    assert slot_bytes(gen._generation_batch.prompt_cache) == want
+
+
+def test_the_reservation_bounds_what_the_caches_allocate_at_every_step(tiny):
+    model, _ = tiny
+    gen = BatchGenerator(model, stop_tokens=[], completion_batch_size=8, prefill_batch_size=4,
+                         prefill_step_size=CHUNK)
+    # (step to insert at, prompt tokens, max_tokens): short and long, joining mid-stream
+    plan = [(0, 5, 300), (0, 70, 20), (3, 300, 8), (10, 40, 60), (30, 200, 30),
+            (60, 12, 250), (61, 257, 3)]
+    live: dict[int, tuple[int, int]] = {}
+    kv: KvBudget | None = None
+    ratios = []
+    for step in range(400):
+        for at, n, m in plan:
+            if at == step:
+                prompt = [1 + (i * 7 + n) % 90 for i in range(n)]
+                (uid,) = gen.insert([prompt], max_tokens=[m])
+                live[uid] = (n, m)
+        if not live:
+            break
+        _, responses = gen.next()
+        for r in responses:
+            if r.finish_reason is not None:
+                live.pop(r.uid)
+        if kv is None and len(gen._generation_batch):
+            kv = KvBudget(1 << 40, slot_bytes(gen._generation_batch.prompt_cache),
+                          slack_slots(CHUNK))
+        if kv is not None and live:
+            held, need = gen.prompt_cache_nbytes, kv.need(live.values())
+            assert held <= need, (step, held, need, live)
+            ratios.append(held / need)
+    assert not live, "every row finished"
+    # not a vacuous bound: at some step the caches held most of what was reserved
+    assert max(ratios) > 0.5, max(ratios)
+
+
+def test_admission_fits_waits_or_never():
+    kv = KvBudget(budget=100 * 1000, slot=100, slack=GROWTH)  # 1000 slots
+    assert kv.max_tokens_alone(700) == 1000 - GROWTH - 700
+    assert kv.admit([], (743, 1)) is Admit.FITS
+    assert kv.admit([], (744, 1)) is Admit.NEVER  # 744 + 1 + 256 > 1000 slots
+    # two rows are each as long as the longer: 2 x (300 + 100 + 256) > 1000
+    assert kv.admit([(300, 100)], (10, 10)) is Admit.WAITS
+    assert kv.admit([(100, 100)], (10, 10)) is Admit.FITS  # 2 x 456 <= 1000
+    assert kv.need([]) == 0
+    assert kv.need([(10, 5), (20, 5)]) == 2 * (25 + GROWTH) * 100
+    assert "budget of 100000 bytes" in kv.refusal(744)
+
+
+def test_slack_is_one_growth_or_one_chunk_rounded_up():
+    assert slack_slots(1) == GROWTH == 256
+    assert slack_slots(512) == 512
+    assert slack_slots(513) == 768
+
+
+def test_the_auto_budget_shares_the_host_and_refuses_nothing_left():
+    gib = 1 << 30
+    got = auto_kv_budget_bytes(24 * gib, weights=2 * gib, world_size=2, prompt_cache_bytes=3 * gib)
+    assert got == (int(24 * gib * 0.9) - 2 * gib) // 2 - 3 * gib
+    with pytest.raises(KvBudgetRefused) as ei:
+        auto_kv_budget_bytes(8 * gib, weights=6 * gib, world_size=2, prompt_cache_bytes=1 * gib)
+    assert "less the weights' 6442450944 bytes" in str(ei.value) and "--kv-budget-bytes" in str(ei.value)
