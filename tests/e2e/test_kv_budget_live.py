@@ -2,7 +2,7 @@
 `--kv-budget-bytes 2000000` serving the tiny preset at TP=2 and, deployed beside it, at
 PP=2 -- real ranks, real mlx-lm caches.
 
-A flood of eight greedy requests whose reservations together are about three times the
+A flood of eight greedy requests, all in rank 0's queue at once, whose reservations together are about three times the
 budget: all complete, each with the tokens and logprobs of its run alone; rank 0 made the
 queue's head wait (its own count); every rank's own measure of its caches (their nbytes
 after every step, rank telemetry) never passed the budget, and came within reach of it
@@ -15,6 +15,7 @@ On the parent commit (no budget) `--kv-budget-bytes` is an unknown flag and up e
 
 from __future__ import annotations
 
+import functools
 import shutil
 import threading
 
@@ -23,6 +24,7 @@ import pytest
 
 from common.home import Paths
 from tests.gwutil import poll_until
+from tests.support.probes import held_at_rank0
 from tests.support.up_cluster import UpOptions, up_cluster
 
 BUDGET = 2_000_000
@@ -45,7 +47,9 @@ def complete(url: str, model: str, i: int) -> dict:
             "finish": ch["finish_reason"]}
 
 
-def flood(url: str, model: str, n: int) -> dict[int, dict]:
+def flood(url: str, model: str, n: int, hold) -> dict[int, dict]:
+    """n requests at once: sent while rank 0 is held (`hold`), so all n are in its queue
+    together whatever the gateway took for each (rank 0 must make the head wait)."""
     out: dict[int, dict] = {}
 
     def one(i: int) -> None:
@@ -55,8 +59,9 @@ def flood(url: str, model: str, n: int) -> dict[int, dict]:
             out[i] = {"error": repr(exc)}
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
+    with hold(n):
+        for t in threads:
+            t.start()
     for t in threads:
         t.join(240)
         assert not t.is_alive(), "a request never ended"
@@ -89,7 +94,7 @@ def test_a_flood_past_the_budget_completes_as_alone_and_no_rank_holds_more(clust
     dep_id = dep["deployment_id"]
     n = 8
     alone = {i: complete(c.url, model, i) for i in range(n)}
-    got = flood(c.url, model, n)
+    got = flood(c.url, model, n, functools.partial(held_at_rank0, c.url, c.hdr, dep))
     for i in range(n):
         assert "error" not in got[i], got[i]
         assert got[i]["finish"] == "length" and len(got[i]["logprobs"]) == MAX_TOKENS, got[i]
