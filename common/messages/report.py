@@ -60,16 +60,18 @@ class KvStats:
     """One rank's KV for running requests, in telemetry (services/rank/kv_budget.py):
     `held` is what its batch's caches allocate (their nbytes) after its last step and
     `held_peak` the most after any step -- the rank's own measure, not rank 0's count;
-    `reserved`, `waiting`, `waits` and `refused` are rank 0's decisions (0 on followers)."""
+    `reserved` (what the batch's next step may hold), `waiting`, `waits`, `refused` and
+    `preemptions` are rank 0's decisions (0 on followers)."""
 
     budget: int = 0  # bytes per rank; 0: no budget
     slot_bytes: int = 0  # bytes per token slot on this rank (0: not measured)
     held: int = 0
     held_peak: int = 0
-    reserved: int = 0  # rank 0: bytes reserved for the batch as planned
+    reserved: int = 0  # rank 0: bytes the batch's next step may hold (its projection)
     waiting: int = 0  # rank 0: requests first in the queue that did not fit, now
     waits: int = 0  # rank 0: plans whose queue head waited for the budget (cumulative)
     refused: int = 0  # rank 0: requests refused as too large for the budget alone
+    preemptions: int = 0  # rank 0: requests preempted for the budget (cumulative)
 
 
 @dataclass

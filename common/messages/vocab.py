@@ -108,6 +108,7 @@ class RemoveReason(_Wire):
     CANCEL = "cancel"  # an epoch-numbered cancel from the supervisor
     WATCHDOG = "watchdog"  # a watchdog aborted everything (services/rank/watchdogs.py)
     SHUTDOWN = "shutdown"  # the final plan of a graceful exit
+    PREEMPT = "preempt"  # the KV budget needs its room: rank 0 re-queues it (its stream open)
 
 
 class ProcState(_Wire):

@@ -12,21 +12,26 @@ a batch is as long as the batch's buffer:
 - so at a step boundary no buffer is longer than the longest row it will ever hold plus
   one growth (256 slots, or one prompt chunk rounded up to 256).
 
-Rank 0 therefore *reserves*, for every request in the batch and the one it would admit,
-`rows x (longest prompt + max_tokens + growth) x slot bytes`: the most the batch's buffers
-can reach before any of them finishes, padding included, whatever the order in which its
-rows grow. A request waits in rank 0's queue until that fits, so no rank holds more KV
-than the budget at any step boundary without preempting anything (the issue's preemption,
-which would admit on the current length instead, is not built). Slot bytes are rank 0's
-own, measured from its warm-up batch: the most of any rank (TP shards the KV heads
-equally; mlx-lm's even PP split gives the low ranks, rank 0 first, the extra layers).
-What a step allocates and frees within itself (the copy a growth or a join makes) is
-working memory on top, like the activations: the auto budget's headroom is for it.
+So before every step rank 0 checks that the batch, each row counted at its length now
+(prompt + tokens so far; a prompt still prefilling counts whole) plus the one token the
+step adds, fits: `rows x (longest + 1 + growth) x slot bytes` <= the budget. The queue's
+head is inserted only if the batch with it fits (nothing overtakes a waiting head); when
+the rows' growth no longer fits, rank 0 preempts (`victims`): the plan removes the row
+whose leaving frees the most bytes (padding included) on every rank, and rank 0 re-queues
+it first in line as prompt + the tokens it produced -- the resume path's continuation, so
+with determinism on its client gets exactly the unpreempted run's tokens after a pause. A
+re-admitted request is not preempted again before it emits MIN_PROGRESS tokens unless
+nothing else is left; a request alone always fits (its max_tokens is capped at admission
+to what fits alone), so no rank holds more KV than the budget at a step boundary. Slot
+bytes are rank 0's own, measured from its warm-up batch: the most of any rank (TP shards
+the KV heads equally; mlx-lm's even PP split gives the low ranks, rank 0 first, the extra
+layers). What a step allocates and frees within itself (the copy a growth or a join
+makes) is working memory on top, like the activations: the auto budget's headroom is for
+it.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -62,12 +67,16 @@ def slot_bytes(caches: Sequence[object]) -> int:
     return total // slots
 
 
-class Admit(str, enum.Enum):
-    """What rank 0 does with the next waiting request (a closed set)."""
+MIN_PROGRESS = 16  # tokens a re-admitted request emits before it may be preempted again
 
-    FITS = "fits"  # insert it now
-    WAITS = "waits"  # not with the batch as it is: keep it first in the queue
-    NEVER = "never"  # not even alone: refuse it
+
+@dataclass(frozen=True)
+class Row:
+    """A request in the batch as the preemption choice sees it."""
+
+    length: int  # prompt (with any continuation) + tokens emitted since its insert
+    order: int  # admission order: later admitted, larger
+    protected: bool = False  # re-admitted after a preemption, MIN_PROGRESS not reached
 
 
 @dataclass(frozen=True)
@@ -76,25 +85,45 @@ class KvBudget:
     slot: int  # bytes per token slot (rank 0's: the largest shard)
     slack: int  # slots past the longest row (slack_slots of the largest prompt chunk)
 
-    def need(self, rows: Iterable[tuple[int, int]]) -> int:
-        """Bytes reserved for a batch of (prompt tokens, max_tokens) rows."""
-        rows = list(rows)
-        if not rows:
+    def need(self, lengths: Iterable[int]) -> int:
+        """Bytes the batch's buffers may hold after its next step: rows whose content is
+        at most `lengths` now (a prompt counted whole from its insert), one token more
+        each, as long as the longest, plus one growth."""
+        lengths = list(lengths)
+        if not lengths:
             return 0
-        return len(rows) * (max(p + m for p, m in rows) + self.slack) * self.slot
+        return len(lengths) * (max(lengths) + 1 + self.slack) * self.slot
 
-    def admit(self, running: list[tuple[int, int]], row: tuple[int, int]) -> Admit:
-        if self.need([row]) > self.budget:
-            return Admit.NEVER
-        return Admit.FITS if self.need([*running, row]) <= self.budget else Admit.WAITS
+    def fits(self, lengths: Iterable[int]) -> bool:
+        return self.need(lengths) <= self.budget
 
     def max_tokens_alone(self, prompt: int) -> int:
         """The most tokens a request of `prompt` tokens may generate alone in the budget
-        (< 1: it cannot run at all)."""
+        (< 1: it cannot run at all): alone, it is never preempted."""
         return self.budget // self.slot - self.slack - prompt
 
     def refusal(self, prompt: int) -> str:
-        need = self.need([(prompt, 1)])
+        need = self.need([prompt])
         return (f"the request needs {need} bytes of KV per rank ({prompt} prompt tokens + 1 "
                 f"+ {self.slack} slots of growth, {self.slot} bytes each), more than this "
                 f"deployment's KV budget of {self.budget} bytes per rank (--kv-budget-bytes)")
+
+    def victims(self, rows: dict[str, Row]) -> list[str]:
+        """The requests to preempt before the next step so that the rest fit, in the
+        order chosen: each time the one whose leaving frees the most bytes (padding
+        included: the longest row shortens every row's buffer), the latest admitted on a
+        tie; protected rows only when no other is left. Never the last row: alone, a
+        request fits (its max_tokens was capped so at admission)."""
+        left = dict(rows)
+        out: list[str] = []
+        while len(left) > 1 and not self.fits(r.length for r in left.values()):
+            pool = [k for k, r in left.items() if not r.protected] or list(left)
+            victim = max(pool, key=lambda k, rows=left: self._freed(rows, k))
+            out.append(victim)
+            del left[victim]
+        return out
+
+    def _freed(self, rows: dict[str, Row], k: str) -> tuple[int, int]:
+        """(bytes freed if `k` leaves `rows`, its admission order): the choice's key."""
+        rest = (r.length for j, r in rows.items() if j != k)
+        return self.need(r.length for r in rows.values()) - self.need(rest), rows[k].order

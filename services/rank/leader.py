@@ -41,7 +41,7 @@ from services.rank import events as ev
 from services.rank.cache_clears import answers as clear_answers
 from services.rank.disk_plan import DiskPlanner
 from services.rank.engine import Divergence, Emitted
-from services.rank.kv_budget import Admit, KvBudget
+from services.rank.kv_budget import MIN_PROGRESS, KvBudget, Row
 from services.rank.logprobs import chunk_fields, step_logprobs
 from services.rank.loop import RankLoop
 from services.rank.outbox import CacheOpsTaken, Command, PublishPlan, StreamChunk
@@ -50,7 +50,7 @@ from services.rank.planwire import MAX_BATCH_BYTES, plan_size
 from services.rank.prefill_policy import PrefillGate, StallBudget, share
 from services.rank.prefix_cache import WAIT, CachePlanner
 from services.rank.prefix_store import cache_bytes
-from services.rank.request_record import RequestRecord, Status
+from services.rank.request_record import PREEMPTIBLE, RequestRecord, Status
 from services.rank.sampling import sampling_problem, top_logprobs_problem
 
 log = logging.getLogger("lockstep.rank.leader")
@@ -260,9 +260,14 @@ class Leader(RankLoop):
         budget = MAX_BATCH_BYTES
         waiting: list[str] = []  # kept pending, in order: for a running prefill, or later
         gate = self.prefill_gate()
-        # The KV budget (kv_budget.py): the batch's rows after this plan's removes.
-        rows = [(a.prompt_len, a.max_tokens) for rid, a in self.engine.by_rid.items()
-                if rid not in removes]
+        # The KV budget (kv_budget.py): the batch's rows after this plan's removes, less
+        # the ones preempted so that the rest can take their next step.
+        preempt = self.preemptions(removes)
+        for rid in preempt:
+            self.scheduled[rid].preempted()
+            removes[rid] = RemoveReason.PREEMPT
+        lengths = [a.prompt_len + len(a.tokens) for rid, a in self.engine.by_rid.items()
+                   if rid not in removes]
         kv_waits = False
         while self.pending and len(waiting) < LOOKAHEAD and gate.more():
             rid = self.pending[0]
@@ -272,8 +277,7 @@ class Leader(RankLoop):
             if not gate.admits(left):
                 waiting.append(self.pending.popleft())  # a later one may group here
                 continue
-            row = (len(ins.prompt), ins.max_tokens)
-            if self.kv is not None and self.kv.admit(rows, row) is not Admit.FITS:
+            if self.kv is not None and not self.kv.fits([*lengths, len(ins.prompt)]):
                 kv_waits = True  # first in line until it fits: nothing overtakes it
                 break
             budget -= plan_size(Plan(0, 0, True, [ins]))
@@ -291,7 +295,7 @@ class Leader(RankLoop):
                     req.cached_tokens = n
             req.planned()
             inserts.append(ins)
-            rows.append(row)
+            lengths.append(len(ins.prompt))
         self.pending.extendleft(reversed(waiting))
         if self.kv is not None:
             kv = self.rt.kv
@@ -316,11 +320,16 @@ class Leader(RankLoop):
         if self.cache is not None:  # admin cache clears this plan's CLEAR answers
             self.send(*clear_answers(self.cache.take_cleared(), self.rt.spec.deployment_id,
                                      plan.step))
+        requeue = []
         for f in removed:
             self.record(f)
-            self.finish(f.active.request_id, FinishReason.ABORT, error=None, step=f.step)
+            if f.reason == RemoveReason.PREEMPT:  # its stream stays open: it comes back
+                requeue.append(self.continuation(f))
+            else:
+                self.finish(f.active.request_id, FinishReason.ABORT, error=None, step=f.step)
             if self.cache is not None:
                 self.cache.left(f.active.request_id)
+        self.pending.extendleft(reversed(requeue))  # first in line, in admission order
         if epoch:
             self.consume_cancel(plan)
         self.publish_counts()
@@ -330,6 +339,36 @@ class Leader(RankLoop):
             # sends while this thread is inside MLX (GIL released), not in its way.
             self.flush()
             self.step()
+
+    def preemptions(self, removes: dict[str, RemoveReason]) -> list[str]:
+        """The requests this plan preempts: the batch's next step would hold more KV than
+        the budget (kv_budget.KvBudget.victims chooses)."""
+        if self.kv is None:
+            return []
+        rows = {}
+        for rid, a in self.engine.by_rid.items():
+            rec = self.scheduled.get(rid)
+            if rid in removes or rec is None or rec.status not in PREEMPTIBLE:
+                continue
+            rows[rid] = Row(a.prompt_len + len(a.tokens), a.uid,
+                            protected=rec.preemptions > 0 and len(a.tokens) < MIN_PROGRESS)
+        return self.kv.victims(rows)
+
+    def continuation(self, f) -> str:
+        """A preempted request back in the queue as its prompt + the tokens it produced
+        (the resume path's continuation: its sampling keys, penalties and grammar go on
+        from there), to be prefilled again; returns its id."""
+        rid, produced = f.active.request_id, list(f.active.tokens)
+        rec = self.scheduled[rid]
+        ins = rec.insert
+        rec.requeued(replace(ins, prompt=[*ins.prompt, *produced],
+                             resumed=ins.resumed + len(produced),
+                             max_tokens=ins.max_tokens - len(produced),
+                             cache_entry=0, cached_tokens=0))
+        kv = self.rt.kv
+        self.rt.kv = replace(kv, preemptions=kv.preemptions + 1)
+        log.info("preempted %s after %d token(s): KV budget", rid, len(produced))
+        return rid
 
     def prefill_gate(self) -> PrefillGate:
         """This plan's prefill decisions (services/rank/prefill_policy.py)."""
@@ -416,9 +455,9 @@ class Leader(RankLoop):
     def publish_counts(self) -> None:
         self.rt.active_ids = self.engine.active_ids()
         self.rt.pending = len(self.pending)
-        if self.kv is not None:  # what the batch as it stands reserves
+        if self.kv is not None:  # what the batch's next step may hold
             self.rt.kv = replace(self.rt.kv, reserved=self.kv.need(
-                (a.prompt_len, a.max_tokens) for a in self.engine.by_rid.values()))
+                a.prompt_len + len(a.tokens) for a in self.engine.by_rid.values()))
 
     def send(self, *cmds: Command) -> None:
         self.out.extend(cmds)

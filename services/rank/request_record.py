@@ -3,6 +3,7 @@ its methods (vLLM's engine keeps one `RequestStatus` per request the same way):
 
     WAITING ──planned──> PREFILLING ──first token──> DECODING
        │                     │   └──────────┐            │  └──preempted──> PREEMPTED ──requeued──> WAITING
+       │                     └──────────────┼────────────┼──preempted──────────┘
        │                     │              │            │
        │                     └──removing──> REMOVING <───┘
        │                                     │
@@ -14,8 +15,9 @@ its methods (vLLM's engine keeps one `RequestStatus` per request the same way):
 - DECODING: its first token was emitted.
 - REMOVING: an abort or cancel decided; the next plan removes it on every rank (the
   first reason stays).
-- PREEMPTED: its KV freed on every rank, to be re-queued as prompt + produced tokens
-  (the scheduling issue's preemption builds on this state).
+- PREEMPTED: the KV budget needs its room (services/rank/kv_budget.py): the plan frees
+  its KV on every rank and it is re-queued at once as prompt + produced tokens (first
+  in line), its stream left open; prefilled again, it goes on where it stopped.
 - FINISHED: its last chunk was sent; the record leaves the leader.
 
 Any other change raises `IllegalTransition`: a bug, never a request's fault.
@@ -42,9 +44,11 @@ class Status(enum.Enum):
 
 
 RUNNING = frozenset({Status.PREFILLING, Status.DECODING, Status.REMOVING})  # in the batch
+PREEMPTIBLE = frozenset({Status.PREFILLING, Status.DECODING})
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.WAITING: frozenset({Status.PREFILLING, Status.FINISHED}),
-    Status.PREFILLING: frozenset({Status.DECODING, Status.REMOVING, Status.FINISHED}),
+    Status.PREFILLING: frozenset({Status.DECODING, Status.REMOVING, Status.PREEMPTED,
+                                  Status.FINISHED}),
     Status.DECODING: frozenset({Status.REMOVING, Status.PREEMPTED, Status.FINISHED}),
     Status.REMOVING: frozenset({Status.FINISHED}),
     Status.PREEMPTED: frozenset({Status.WAITING, Status.FINISHED}),
@@ -65,6 +69,7 @@ class RequestRecord:
     status: Status = Status.WAITING
     remove_reason: RemoveReason | None = None  # REMOVING: why (the first reason given)
     finish_reason: FinishReason | None = None  # FINISHED: how
+    preemptions: int = 0  # times the KV budget preempted it
 
     @property
     def request_id(self) -> str:
@@ -79,9 +84,12 @@ class RequestRecord:
         """A plan inserts it: every rank starts its prompt."""
         self._to(Status.PREFILLING)
 
-    def first_token(self, at: float) -> float:
-        """Its first token is emitted at `at` (monotonic); returns the TTFT in ms."""
+    def first_token(self, at: float) -> float | None:
+        """Its first token (since it was planned) is emitted at `at` (monotonic); returns
+        the TTFT in ms, or None after a preemption (the client had its first token)."""
         self._to(Status.DECODING)
+        if self.first_at is not None:
+            return None
         self.first_at = at
         return (at - self.received_at) * 1000.0
 
@@ -96,9 +104,13 @@ class RequestRecord:
 
     def preempted(self) -> None:
         self._to(Status.PREEMPTED)
+        self.preemptions += 1
 
-    def requeued(self) -> None:
+    def requeued(self, continuation: PlanInsert | None = None) -> None:
+        """Back in the queue; `continuation`: what it is inserted as from now on."""
         self._to(Status.WAITING)
+        if continuation is not None:
+            self.insert = continuation
 
     def finished(self, reason: FinishReason) -> None:
         self._to(Status.FINISHED)

@@ -2,11 +2,12 @@
 `--kv-budget-bytes 2000000` serving the tiny preset at TP=2 and, deployed beside it, at
 PP=2 -- real ranks, real mlx-lm caches.
 
-A flood of eight greedy requests, all in rank 0's queue at once, whose reservations together are about three times the
-budget: all complete, each with the tokens and logprobs of its run alone; rank 0 made the
-queue's head wait (its own count); every rank's own measure of its caches (their nbytes
-after every step, rank telemetry) never passed the budget, and came within reach of it
-(the flood did press on it). A prompt that cannot fit alone is refused at once with a 400
+A flood of eight greedy requests, all in rank 0's queue at once, whose KV together is
+about three times the budget: all complete, each with the tokens and logprobs of its run
+alone; rank 0 made the queue's head wait and preempted running requests as the batch grew
+(its own counts: a preempted request comes back as prompt + its tokens, its client sees
+only a pause); every rank's own measure of its caches (their nbytes after every step, in
+telemetry) never passed the budget, and came within reach of it. A prompt that cannot fit alone is refused at once with a 400
 naming the budget, in the OpenAI and Anthropic shapes, and the service keeps serving.
 Status, the banner and /metrics show the budget.
 
@@ -23,7 +24,7 @@ import httpx
 import pytest
 
 from common.home import Paths
-from tests.gwutil import poll_until
+from tests.gwutil import poll_until, sse_lines
 from tests.support.probes import held_at_rank0
 from tests.support.up_cluster import UpOptions, up_cluster
 
@@ -37,14 +38,29 @@ def prompt(i: int) -> str:
                     for k in range(12 + 5 * i))
 
 
-def complete(url: str, model: str, i: int) -> dict:
-    r = httpx.post(url + "/v1/completions", timeout=180, json={
-        "model": model, "prompt": prompt(i), "max_tokens": MAX_TOKENS, "temperature": 0,
-        "logprobs": 1, "logit_bias": NO_EOS})
-    assert r.status_code == 200, r.text
-    ch = r.json()["choices"][0]
-    return {"text": ch["text"], "logprobs": ch["logprobs"]["token_logprobs"],
-            "finish": ch["finish_reason"]}
+def complete(url: str, model: str, i: int, stream: bool = False) -> dict:
+    """Request i's text, every token's logprob and its finish; streamed: put together
+    from its chunks (a stream with an error, a gap or a repeat cannot equal the whole)."""
+    body = {"model": model, "prompt": prompt(i), "max_tokens": MAX_TOKENS, "temperature": 0,
+            "logprobs": 1, "logit_bias": NO_EOS, "stream": stream}
+    if not stream:
+        r = httpx.post(url + "/v1/completions", timeout=180, json=body)
+        assert r.status_code == 200, r.text
+        ch = r.json()["choices"][0]
+        return {"text": ch["text"], "logprobs": ch["logprobs"]["token_logprobs"],
+                "finish": ch["finish_reason"]}
+    out = {"text": "", "logprobs": [], "finish": None}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=180) as r:
+        assert r.status_code == 200, r.read()
+        for what, data in sse_lines(r):
+            if what != "data" or data == "[DONE]":
+                continue
+            assert "error" not in data, data
+            for ch in data["choices"]:
+                out["text"] += ch.get("text") or ""
+                out["logprobs"] += (ch.get("logprobs") or {}).get("token_logprobs") or []
+                out["finish"] = ch.get("finish_reason") or out["finish"]
+    return out
 
 
 def flood(url: str, model: str, n: int, hold) -> dict[int, dict]:
@@ -54,7 +70,7 @@ def flood(url: str, model: str, n: int, hold) -> dict[int, dict]:
 
     def one(i: int) -> None:
         try:
-            out[i] = complete(url, model, i)
+            out[i] = complete(url, model, i, stream=i % 2 == 1)  # half of them streamed
         except BaseException as exc:  # noqa: BLE001 - reported below, not lost in a thread
             out[i] = {"error": repr(exc)}
 
@@ -102,9 +118,10 @@ def test_a_flood_past_the_budget_completes_as_alone_and_no_rank_holds_more(clust
 
     def settled() -> dict[int, dict] | None:
         kv = rank_kv(c, dep_id)
-        return kv if kv[0]["waits"] and all(k["held_peak"] for k in kv.values()) else None
+        return kv if kv[0]["waits"] and kv[0]["preemptions"] and all(
+            k["held_peak"] for k in kv.values()) else None
 
-    kv = poll_until(settled, 30, "rank 0's waits and every rank's peak in telemetry")
+    kv = poll_until(settled, 30, "rank 0's waits and preemptions, every rank's peak")
     slot = kv[0]["slot_bytes"]
     assert slot > 0 and all(k["budget"] == BUDGET for k in kv.values()), kv
     # the flood's eight rows at once would reserve about three budgets

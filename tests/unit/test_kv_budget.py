@@ -14,7 +14,7 @@ from mlx_lm.generate import BatchGenerator
 
 from common.rankspec import KvBudgetRefused, auto_kv_budget_bytes
 from models.tinymodel.build import build_model
-from services.rank.kv_budget import GROWTH, Admit, KvBudget, slack_slots, slot_bytes
+from services.rank.kv_budget import GROWTH, KvBudget, Row, slack_slots, slot_bytes
 
 CHUNK = 64  # prompt tokens per prefill chunk: prompts of 300 take five
 
@@ -26,63 +26,77 @@ def tiny(tmp_path_factory) -> tuple[object, dict]:
     return model, json.loads((Path(path) / "config.json").read_text())
 
 
+def model_slot_bytes(cfg: dict, itemsize: int) -> int:
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim * itemsize
+
+
 def test_slot_bytes_is_the_models_kv_per_token(tiny):
     model, cfg = tiny
     gen = BatchGenerator(model, stop_tokens=[], prefill_step_size=CHUNK)
     gen.insert([[5, 6, 7, 8]], max_tokens=[4])
     while not len(gen._generation_batch):
         gen.next()
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     itemsize = next(c for c in gen._generation_batch.prompt_cache).keys.dtype.size
-    want = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim * itemsize
-    assert slot_bytes(gen._generation_batch.prompt_cache) == want
+    assert slot_bytes(gen._generation_batch.prompt_cache) == model_slot_bytes(cfg, itemsize)
 
 
 def test_the_reservation_bounds_what_the_caches_allocate_at_every_step(tiny):
-    model, _ = tiny
+    model, cfg = tiny
     gen = BatchGenerator(model, stop_tokens=[], completion_batch_size=8, prefill_batch_size=4,
                          prefill_step_size=CHUNK)
     # (step to insert at, prompt tokens, max_tokens): short and long, joining mid-stream
     plan = [(0, 5, 300), (0, 70, 20), (3, 300, 8), (10, 40, 60), (30, 200, 30),
             (60, 12, 250), (61, 257, 3)]
-    live: dict[int, tuple[int, int]] = {}
-    kv: KvBudget | None = None
+    live: dict[int, int] = {}  # uid -> its length as rank 0 counts it: prompt + emitted
+    itemsize = model.parameters()["model"]["embed_tokens"]["weight"].dtype.size  # the KV's
+    kv = KvBudget(1 << 40, model_slot_bytes(cfg, itemsize), slack_slots(CHUNK))
     ratios = []
     for step in range(400):
         for at, n, m in plan:
             if at == step:
                 prompt = [1 + (i * 7 + n) % 90 for i in range(n)]
                 (uid,) = gen.insert([prompt], max_tokens=[m])
-                live[uid] = (n, m)
+                live[uid] = n
         if not live:
             break
+        need = kv.need(live.values())  # what the next step may hold, decided before it
         _, responses = gen.next()
+        held = gen.prompt_cache_nbytes
+        assert held <= need, (step, held, need, live)
+        ratios.append(held / need)
         for r in responses:
             if r.finish_reason is not None:
                 live.pop(r.uid)
-        if kv is None and len(gen._generation_batch):
-            kv = KvBudget(1 << 40, slot_bytes(gen._generation_batch.prompt_cache),
-                          slack_slots(CHUNK))
-        if kv is not None and live:
-            held, need = gen.prompt_cache_nbytes, kv.need(live.values())
-            assert held <= need, (step, held, need, live)
-            ratios.append(held / need)
+            elif r.uid in live:
+                live[r.uid] += 1
     assert not live, "every row finished"
     # not a vacuous bound: at some step the caches held most of what was reserved
     assert max(ratios) > 0.5, max(ratios)
 
 
-def test_admission_fits_waits_or_never():
+def test_what_fits_what_waits_and_what_never_runs():
     kv = KvBudget(budget=100 * 1000, slot=100, slack=GROWTH)  # 1000 slots
     assert kv.max_tokens_alone(700) == 1000 - GROWTH - 700
-    assert kv.admit([], (743, 1)) is Admit.FITS
-    assert kv.admit([], (744, 1)) is Admit.NEVER  # 744 + 1 + 256 > 1000 slots
-    # two rows are each as long as the longer: 2 x (300 + 100 + 256) > 1000
-    assert kv.admit([(300, 100)], (10, 10)) is Admit.WAITS
-    assert kv.admit([(100, 100)], (10, 10)) is Admit.FITS  # 2 x 456 <= 1000
+    assert kv.fits([743]) and not kv.fits([744])  # 744 + 1 + 256 > 1000 slots
+    # two rows are each as long as the longer: 2 x (300 + 1 + 256) > 1000
+    assert not kv.fits([300, 10]) and kv.fits([200, 10])  # 2 x 457 <= 1000
     assert kv.need([]) == 0
-    assert kv.need([(10, 5), (20, 5)]) == 2 * (25 + GROWTH) * 100
+    assert kv.need([10, 20]) == 2 * (21 + GROWTH) * 100
     assert "budget of 100000 bytes" in kv.refusal(744)
+
+
+def test_victims_free_the_most_bytes_and_spare_the_protected():
+    kv = KvBudget(budget=100 * 1000, slot=100, slack=GROWTH)  # 1000 slots
+    assert kv.victims({"a": Row(100, 0), "b": Row(150, 1)}) == []  # 2 x 407 fits
+    # three rows of ~ 400 slots do not fit; the longest leaving shortens every buffer
+    rows = {"a": Row(130, 0), "b": Row(180, 1), "c": Row(120, 2)}
+    assert kv.victims(rows) == ["b"]  # 3 x 437 > 1000; without b, 2 x 387 fits
+    # b protected: a and c free as much (437 each); c, the later admitted, leaves
+    assert kv.victims({**rows, "b": Row(180, 1, protected=True)}) == ["c"]
+    # equal lengths: the latest admitted leaves first; never the last row
+    assert kv.victims({"x": Row(600, 0), "y": Row(600, 5)}) == ["y"]
+    assert kv.victims({"x": Row(900, 0)}) == []
 
 
 def test_slack_is_one_growth_or_one_chunk_rounded_up():

@@ -90,7 +90,7 @@ def test_status_shows_hosts_memory_cache_and_the_last_incidents() -> None:
     assert "512.0 MiB" in rank0 and " 3 " in rank0 and rank0.rstrip().endswith("4/4")
     assert "rejected rank/control mac: 2" in out
     assert ("KV budget: 8.0 MiB per rank; held rank 0 1.0 MiB (peak 3.0 MiB); reserved 6.0 MiB;"
-            " queue head waits for room (5 waits), 2 refused as too large") in out
+            " queue head waits for room (5 waits), 0 preempted, 2 refused as too large") in out
     inc = lines[lines.index("last incidents (newest first):") + 1:]
     kinds = [ln.split()[1] for ln in inc]
     # newest first; a deploy after a loss is a redeploy; an empty reap pass is no incident

@@ -135,7 +135,7 @@ def kv_text(d: DeploymentInfo) -> str:
                      for r in d.ranks if r.kv is not None)
     return (f"KV budget: {mib(r0.budget)} per rank; held {held}; reserved {mib(r0.reserved)}; "
             f"queue head {'waits for room' if r0.waiting else 'not waiting'} "
-            f"({r0.waits} waits), {r0.refused} refused as too large")
+            f"({r0.waits} waits), {r0.preemptions} preempted, {r0.refused} refused as too large")
 
 
 def _rate(r: RankInfo, dep_id: str, prev: dict[tuple, tuple[int, float]] | None) -> str:

@@ -140,7 +140,8 @@ class _ClusterCollector:
                              ("waiting", "1 while the queue's head waits for the budget"))}
         kv_c = {n: CounterMetricFamily(f"lockstep_rank_kv_{n}", h, labels=["deployment", "rank"])
                 for n, h in (("waits", "Plans whose queue head waited for the KV budget"),
-                             ("refused", "Requests refused: more KV than the budget alone"))}
+                             ("refused", "Requests refused: more KV than the budget alone"),
+                             ("preemptions", "Requests preempted for the KV budget (rank 0)"))}
         phase_c = {n: CounterMetricFamily(f"lockstep_rank_phase_{n}", h,
                                           labels=["deployment", "rank", "phase"])
                    for n, h in (("seconds", "Wall seconds a rank's threads spent per loop phase"),
