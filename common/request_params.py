@@ -32,6 +32,7 @@ BIAS_LIMIT = 100.0  # |logit_bias| per token (OpenAI's)
 MAX_LOGIT_BIAS = 1024  # logit_bias entries (the wire's bound, common/messages/base.py)
 MAX_TOP_LOGPROBS = 20  # chat's bound (OpenAI)
 PENALTY_LIMIT = 2.0  # |presence_penalty|, |frequency_penalty| (OpenAI's)
+MAX_PRIORITY = 1 << 20  # |priority|
 SEED_MOD = 1 << 63  # the wire's seeds are in [0, SEED_MOD): a client's is taken modulo it
 
 
@@ -155,6 +156,11 @@ PARAMS: tuple[Param, ...] = (
           "per token: token id (a decimal string) → a bias added to its logit, at most "
           f"{MAX_LOGIT_BIAS} entries, checked against the model's vocabulary; applied on "
           "every rank", native=OPENAI_CHAT),
+    # Scheduling, not sampling: it travels in GENERATE beside the sampling record.
+    Param("priority", int, None, Bounds(-MAX_PRIORITY, MAX_PRIORITY),
+          "lower runs first (vLLM's extension): rank 0's queue orders by priority, then "
+          "arrival, and a waiting request preempts a running one of a larger value when "
+          "no slot or KV is free; omitted: the `x-lockstep-priority` header, else 0"),
     # What a client may send; the wire keeps seed % 2**63.
     Param("seed", int, None, Bounds(-(2**63), 2**64, hi_open=True),
           "same seed → same tokens; omitted: drawn at admission", native=OPENAI_CHAT),

@@ -30,6 +30,10 @@ class Generate:
     # on from token `resumed`, penalties count those tokens as output, and the grammar is
     # advanced over them on every rank (services/rank/sampling.py).
     resumed: int = 0
+    # Scheduling (rank 0 alone reads it): lower runs first, as vLLM's extension; rank 0's
+    # queue orders by it, then arrival, and a waiting request may preempt a running one
+    # of a larger value (services/rank/leader.py). In common/request_params.py's range.
+    priority: int = 0
 
 
 @dataclass

@@ -77,6 +77,8 @@ class Row:
     length: int  # prompt (with any continuation) + tokens emitted since its insert
     order: int  # admission order: later admitted, larger
     protected: bool = False  # re-admitted after a preemption, MIN_PROGRESS not reached
+    priority: int = 0  # lower runs first: a larger value is preempted first
+    pinned: bool = False  # never preempted: being removed, or inserted by this plan
 
 
 @dataclass(frozen=True)
@@ -110,20 +112,49 @@ class KvBudget:
 
     def victims(self, rows: dict[str, Row]) -> list[str]:
         """The requests to preempt before the next step so that the rest fit, in the
-        order chosen: each time the one whose leaving frees the most bytes (padding
-        included: the longest row shortens every row's buffer), the latest admitted on a
-        tie; protected rows only when no other is left. Never the last row: alone, a
-        request fits (its max_tokens was capped so at admission)."""
+        order chosen: each time the lowest priority (the largest value), then the one
+        whose leaving frees the most bytes (padding included: the longest row shortens
+        every row's buffer), then the latest admitted; protected rows only when no other
+        is left. Never the last row: alone, a request fits (its max_tokens was capped so
+        at admission)."""
         left = dict(rows)
         out: list[str] = []
         while len(left) > 1 and not self.fits(r.length for r in left.values()):
-            pool = [k for k, r in left.items() if not r.protected] or list(left)
-            victim = max(pool, key=lambda k, rows=left: self._freed(rows, k))
+            pool = ([k for k, r in left.items() if not r.protected and not r.pinned]
+                    or [k for k, r in left.items() if not r.pinned])
+            if not pool:
+                break
+            victim = max(pool, key=lambda k, rows=left: self._rank(rows, k))
             out.append(victim)
             del left[victim]
         return out
 
-    def _freed(self, rows: dict[str, Row], k: str) -> tuple[int, int]:
-        """(bytes freed if `k` leaves `rows`, its admission order): the choice's key."""
+    def room_for(self, rows: dict[str, Row], length: int, priority: int,
+                 max_rows: int) -> list[str] | None:
+        """The running requests of lower priority (a larger value) to preempt so that a
+        waiting request of `length` tokens and `priority` gets a slot (at most `max_rows`
+        rows) and its KV: chosen as `victims` does, protected rows never; None if even
+        all of them would not make room (then none is preempted)."""
+        left = dict(rows)
+        out: list[str] = []
+        while len(left) + 1 > max_rows or not self.fits([*(r.length for r in left.values()),
+                                                         length]):
+            pool = [k for k, r in left.items()
+                    if r.priority > priority and not r.protected and not r.pinned]
+            if not pool:
+                return None
+            victim = max(pool, key=lambda k, rows=left: self._rank(rows, k))
+            out.append(victim)
+            del left[victim]
+        return out
+
+    def _rank(self, rows: dict[str, Row], k: str) -> tuple[int, int, int]:
+        """(priority, bytes freed if `k` leaves `rows`, admission order): the larger,
+        the sooner preempted."""
         rest = (r.length for j, r in rows.items() if j != k)
-        return self.need(r.length for r in rows.values()) - self.need(rest), rows[k].order
+        freed = self.need(r.length for r in rows.values()) - self.need(rest)
+        return rows[k].priority, freed, rows[k].order
+
+
+# No budget: rank 0 still makes room by priority, for slots alone.
+UNBOUNDED = KvBudget(budget=1 << 62, slot=1, slack=0)

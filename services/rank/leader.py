@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from common import request_params
 from common.messages import (
     CancelScope,
     ErrorCode,
@@ -41,7 +41,7 @@ from services.rank import events as ev
 from services.rank.cache_clears import answers as clear_answers
 from services.rank.disk_plan import DiskPlanner
 from services.rank.engine import Divergence, Emitted
-from services.rank.kv_budget import MIN_PROGRESS, KvBudget, Row
+from services.rank.kv_budget import MIN_PROGRESS, UNBOUNDED, KvBudget, Row
 from services.rank.logprobs import chunk_fields, step_logprobs
 from services.rank.loop import RankLoop
 from services.rank.outbox import CacheOpsTaken, Command, PublishPlan, StreamChunk
@@ -52,6 +52,7 @@ from services.rank.prefix_cache import WAIT, CachePlanner
 from services.rank.prefix_store import cache_bytes
 from services.rank.request_record import PREEMPTIBLE, RequestRecord, Status
 from services.rank.sampling import sampling_problem, top_logprobs_problem
+from services.rank.wait_queue import WaitQueue
 
 log = logging.getLogger("lockstep.rank.leader")
 LOOKAHEAD = 16  # waiting prompts a plan looks past the head for (grouping by length)
@@ -76,7 +77,8 @@ class Leader(RankLoop):
         # Every request not finished, with its status (request_record.py): the one
         # account of where a request is. `pending` orders the WAITING ones.
         self.scheduled: dict[str, RequestRecord] = {}
-        self.pending: deque[str] = deque()
+        self.pending = WaitQueue()
+        self.arrivals = 0  # GENERATEs taken: a request's place among its priority
         self.cancels: dict[int, object] = {}  # epoch → Cancel, not yet folded
         self.seq = 0
         self.out: list[Command] = []  # for the I/O thread, handed over once per iteration
@@ -176,8 +178,10 @@ class Leader(RankLoop):
             sampling=g.sampling.seeded(g.sampling.seed),
             stop_token_ids=sorted(set(g.stop_token_ids)), top_logprobs=g.top_logprobs,
             resumed=g.resumed)
-        self.scheduled[g.request_id] = RequestRecord(ins, e.received_at)
-        self.pending.append(g.request_id)
+        self.arrivals += 1
+        self.scheduled[g.request_id] = RequestRecord(ins, e.received_at, priority=g.priority,
+                                                     arrival=self.arrivals)
+        self.queue(g.request_id)
         self.publish_counts()
 
     def validate(self, g: Generate) -> tuple[ErrorCode, str] | None:
@@ -195,6 +199,8 @@ class Leader(RankLoop):
             return bad, why
         if g.max_tokens < 1:
             return bad, "max_tokens must be >= 1 (its sender decides it)"
+        if (why := request_params.problem("priority", g.priority)) is not None:
+            return bad, why
         if not 0 <= g.resumed < len(g.prompt):  # at least one token of the original prompt
             return bad, f"resumed must be in [0, {len(g.prompt)})"
         if self.context is not None and len(g.prompt) >= self.context:
@@ -262,28 +268,34 @@ class Leader(RankLoop):
         gate = self.prefill_gate()
         # The KV budget (kv_budget.py): the batch's rows after this plan's removes, less
         # the ones preempted so that the rest can take their next step.
-        preempt = self.preemptions(removes)
-        for rid in preempt:
-            self.scheduled[rid].preempted()
-            removes[rid] = RemoveReason.PREEMPT
-        lengths = [a.prompt_len + len(a.tokens) for rid, a in self.engine.by_rid.items()
-                   if rid not in removes]
+        rows = self.batch_rows(removes)
+        for rid in (self.kv.victims(rows) if self.kv is not None else []):
+            self.preempt(rid, removes, rows)
         kv_waits = False
         while self.pending and len(waiting) < LOOKAHEAD and gate.more():
-            rid = self.pending[0]
+            rid = self.pending.head()
             req = self.scheduled[rid]
             ins = req.insert
             left = self.remaining(ins.prompt)
             if not gate.admits(left):
-                waiting.append(self.pending.popleft())  # a later one may group here
+                waiting.append(self.pending.pop())  # a later one may group here
                 continue
-            if self.kv is not None and not self.kv.fits([*lengths, len(ins.prompt)]):
-                kv_waits = True  # first in line until it fits: nothing overtakes it
-                break
+            room = self.kv or UNBOUNDED
+            if len(rows) + 1 > self.settings.max_batch or not room.fits(
+                    [*(r.length for r in rows.values()), len(ins.prompt)]):
+                # no slot or no KV: lower-priority rows make room, or it waits first in
+                # line (nothing overtakes it)
+                victims = room.room_for(rows, len(ins.prompt), req.priority,
+                                        self.settings.max_batch)
+                if victims is None:
+                    kv_waits = self.kv is not None
+                    break
+                for v in victims:
+                    self.preempt(v, removes, rows)
             budget -= plan_size(Plan(0, 0, True, [ins]))
             if inserts and budget < 0:
                 break
-            self.pending.popleft()
+            self.pending.pop()
             if self.cache is not None:
                 entry, n = self.cache.plan_insert(rid, ins.prompt)
                 if entry == WAIT:
@@ -295,8 +307,10 @@ class Leader(RankLoop):
                     req.cached_tokens = n
             req.planned()
             inserts.append(ins)
-            lengths.append(len(ins.prompt))
-        self.pending.extendleft(reversed(waiting))
+            rows[rid] = Row(len(ins.prompt), self.engine.next_uid + len(inserts),
+                            priority=req.priority, pinned=True)
+        for rid in waiting:
+            self.queue(rid)
         if self.kv is not None:
             kv = self.rt.kv
             self.rt.kv = replace(kv, waiting=int(kv_waits), waits=kv.waits + kv_waits)
@@ -329,7 +343,8 @@ class Leader(RankLoop):
                 self.finish(f.active.request_id, FinishReason.ABORT, error=None, step=f.step)
             if self.cache is not None:
                 self.cache.left(f.active.request_id)
-        self.pending.extendleft(reversed(requeue))  # first in line, in admission order
+        for rid in requeue:  # back ahead of every later arrival of its priority
+            self.queue(rid)
         if epoch:
             self.consume_cancel(plan)
         self.publish_counts()
@@ -340,19 +355,31 @@ class Leader(RankLoop):
             self.flush()
             self.step()
 
-    def preemptions(self, removes: dict[str, RemoveReason]) -> list[str]:
-        """The requests this plan preempts: the batch's next step would hold more KV than
-        the budget (kv_budget.KvBudget.victims chooses)."""
-        if self.kv is None:
-            return []
+    def batch_rows(self, removes: dict[str, RemoveReason]) -> dict[str, Row]:
+        """The batch as this plan leaves it (less its removes), as preemption sees it:
+        requests being removed count as rows that cannot be preempted."""
         rows = {}
         for rid, a in self.engine.by_rid.items():
-            rec = self.scheduled.get(rid)
-            if rid in removes or rec is None or rec.status not in PREEMPTIBLE:
+            if rid in removes:
                 continue
+            rec = self.scheduled.get(rid)
+            movable = rec is not None and rec.status in PREEMPTIBLE
             rows[rid] = Row(a.prompt_len + len(a.tokens), a.uid,
-                            protected=rec.preemptions > 0 and len(a.tokens) < MIN_PROGRESS)
-        return self.kv.victims(rows)
+                            protected=movable and rec.preemptions > 0
+                            and len(a.tokens) < MIN_PROGRESS,
+                            priority=rec.priority if rec is not None else 0,
+                            pinned=not movable)
+        return rows
+
+    def preempt(self, rid: str, removes: dict[str, RemoveReason], rows: dict[str, Row]) -> None:
+        """`rid` leaves the batch at this plan on every rank, to come back (continuation)."""
+        self.scheduled[rid].preempted()
+        removes[rid] = RemoveReason.PREEMPT
+        del rows[rid]
+
+    def queue(self, rid: str) -> None:
+        rec = self.scheduled[rid]
+        self.pending.push(rid, rec.priority, rec.arrival)
 
     def continuation(self, f) -> str:
         """A preempted request back in the queue as its prompt + the tokens it produced

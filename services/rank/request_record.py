@@ -69,7 +69,9 @@ class RequestRecord:
     status: Status = Status.WAITING
     remove_reason: RemoveReason | None = None  # REMOVING: why (the first reason given)
     finish_reason: FinishReason | None = None  # FINISHED: how
-    preemptions: int = 0  # times the KV budget preempted it
+    preemptions: int = 0  # times it was preempted (the KV budget, a higher priority)
+    priority: int = 0  # lower runs first (the request's, checked by rank 0)
+    arrival: int = 0  # rank 0's count of GENERATEs when it came: its place in its priority
 
     @property
     def request_id(self) -> str:

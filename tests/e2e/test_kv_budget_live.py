@@ -19,11 +19,13 @@ from __future__ import annotations
 import functools
 import shutil
 import threading
+import time
 
 import httpx
 import pytest
 
 from common.home import Paths
+from services.rank.removals import read_removals, removals_path
 from tests.gwutil import poll_until, sse_lines
 from tests.support.probes import held_at_rank0
 from tests.support.up_cluster import UpOptions, up_cluster
@@ -159,3 +161,72 @@ def test_status_banner_and_metrics_show_the_budget(cluster):
     assert budgets == [BUDGET] * 4, budgets  # two deployments of two ranks
     st = httpx.get(c.url + "/admin/api/cluster/status", headers=c.hdr, timeout=10).json()
     assert {r["kv"]["budget"] for d in st["deployments"] for r in d["ranks"]} == {BUDGET}
+
+
+def post(url: str, body: dict, out: dict, key, headers: dict | None = None) -> None:
+    """One completion into out[key]: (the rank's request id, when it ended, status)."""
+    try:
+        r = httpx.post(url + "/v1/completions", json=body, headers=headers or {}, timeout=240)
+        out[key] = (r.headers.get("x-lockstep-request-id"), time.monotonic(), r.status_code)
+    except BaseException as exc:  # noqa: BLE001 - reported by the test
+        out[key] = (None, time.monotonic(), repr(exc))
+
+
+@pytest.mark.timeout(600)
+def test_high_priority_requests_pass_a_waiting_low_priority_flood(cluster):
+    """32 low-priority requests (priority 10, twice the batch of 16; the budget lets about
+    three run at once), then, once rank 0 has started some, 4 short ones at priority -5
+    (two through the body, two through the x-lockstep-priority header), sent while rank 0
+    is held so they reach its queue together. From rank 0's own removal record (uid =
+    insertion order, the same on every rank): no low-priority request was first inserted
+    between the short ones, at least 10 were first inserted after them (they were waiting
+    and were passed), and every short one ended before the flood did."""
+    c = cluster
+    dep = next(d for d in c.deployments() if d["model"] == "tiny" and d["state"] == "serving")
+    dep_id = dep["deployment_id"]
+    out: dict = {}
+    low = [threading.Thread(target=post, args=(c.url, {
+        "model": "tiny", "prompt": prompt(i), "max_tokens": 40, "temperature": 0,
+        "logit_bias": NO_EOS, "priority": 10}, out, ("low", i)), daemon=True)
+        for i in range(32)]
+    for t in low:
+        t.start()
+    poll_until(lambda: len(removals(c, dep_id)) >= 2, 60, "rank 0 to finish a first request")
+    short = [threading.Thread(target=post, args=(c.url, {
+        "model": "tiny", "prompt": f"quick question {i}", "max_tokens": 4, "temperature": 0,
+        "logit_bias": NO_EOS, **({"priority": -5} if i < 2 else {})}, out, ("short", i),
+        {} if i < 2 else {"x-lockstep-priority": "-5"}), daemon=True) for i in range(4)]
+    with held_at_rank0(c.url, c.hdr, dep, 4):
+        for t in short:
+            t.start()
+    for t in [*low, *short]:
+        t.join(300)
+        assert not t.is_alive(), "a request never ended"
+    assert all(v[2] == 200 for v in out.values()), out
+    first: dict[str, int] = {}  # request id -> the uid of its first insertion
+    for rec in removals(c, dep_id):
+        first[rec["request_id"]] = min(first.get(rec["request_id"], rec["uid"]), rec["uid"])
+    shorts = sorted(first[out[("short", i)][0]] for i in range(4))
+    lows = [first[out[("low", i)][0]] for i in range(32)]
+    between = [u for u in lows if shorts[0] < u < shorts[-1]]
+    assert not between, (shorts, sorted(lows))
+    assert sum(u > shorts[-1] for u in lows) >= 10, (shorts, sorted(lows))
+    assert max(out[("short", i)][1] for i in range(4)) < max(
+        out[("low", i)][1] for i in range(32))
+
+
+def removals(c, dep_id: str) -> list[dict]:
+    return read_removals(removals_path(Paths(c.home), dep_id, 0))
+
+
+@pytest.mark.parametrize(("headers", "body", "what"), [
+    ({"x-lockstep-priority": "soon"}, {}, "an integer is expected"),
+    ({"x-lockstep-priority": str(1 << 21)}, {}, "priority must be an integer in"),
+    ({}, {"priority": 1.5}, "priority"),
+])
+def test_a_priority_out_of_range_is_a_400_naming_it(cluster, headers, body, what):
+    r = httpx.post(cluster.url + "/v1/completions", headers=headers, timeout=30,
+                   json={"model": "tiny", "prompt": "hi", "max_tokens": 2, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "priority" and what in err["message"], err

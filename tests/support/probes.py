@@ -126,24 +126,25 @@ def run_probes(url: str, model: str, kinds: list[str], companions: int = 0,
     return {k: out[k] for k in kinds}
 
 
-def gateway_sent(url: str, hdr: dict, dep_id: str, streams: int, deadline_s: float) -> None:
-    """Return once the gateway holds `streams` streams on `dep_id` (each registered as its
-    GENERATE is sent: services/gateway/core/request_channel.py), within `deadline_s`."""
-    def sent() -> bool:
-        deps = httpx.get(f"{url}/admin/api/cluster/deployments", headers=hdr,
-                         timeout=deadline_s).json()["deployments"]
-        return next(d["gateway_active"] for d in deps if d["deployment_id"] == dep_id) >= streams
-    poll_until(sent, deadline_s, f"the gateway to send {streams} streams to rank 0")
+def gateway_streams(url: str, hdr: dict, dep_id: str, timeout: float = 10) -> int:
+    """Streams the gateway holds on `dep_id` (each registered as its GENERATE is sent:
+    services/gateway/core/request_channel.py)."""
+    deps = httpx.get(f"{url}/admin/api/cluster/deployments", headers=hdr,
+                     timeout=timeout).json()["deployments"]
+    return next(d["gateway_active"] for d in deps if d["deployment_id"] == dep_id)
 
 
 @contextlib.contextmanager
 def held_at_rank0(url: str, hdr: dict, dep: dict, streams: int) -> Iterator[None]:
     """`dep`'s rank 0 frozen while the block starts requests, until the gateway has sent
-    `streams` streams to it (at most FREEZE_S)."""
+    it `streams` more streams (at most FREEZE_S; none can end meanwhile)."""
     pid = next(r["pid"] for r in dep["ranks"] if r["rank"] == 0)
+    dep_id = dep["deployment_id"]
     with rank0_frozen(pid):
+        want = gateway_streams(url, hdr, dep_id) + streams
         yield
-        gateway_sent(url, hdr, dep["deployment_id"], streams, FREEZE_S)
+        poll_until(lambda: gateway_streams(url, hdr, dep_id, FREEZE_S) >= want, FREEZE_S,
+                   f"the gateway to send {streams} more streams to rank 0")
 
 
 def clear_cache(url: str, hdr: dict, dep_id: str) -> None:

@@ -14,7 +14,8 @@ from mlx_lm.generate import BatchGenerator
 
 from common.rankspec import KvBudgetRefused, auto_kv_budget_bytes
 from models.tinymodel.build import build_model
-from services.rank.kv_budget import GROWTH, KvBudget, Row, slack_slots, slot_bytes
+from services.rank.kv_budget import GROWTH, UNBOUNDED, KvBudget, Row, slack_slots, slot_bytes
+from services.rank.wait_queue import WaitQueue
 
 CHUNK = 64  # prompt tokens per prefill chunk: prompts of 300 take five
 
@@ -112,3 +113,34 @@ def test_the_auto_budget_shares_the_host_and_refuses_nothing_left():
     with pytest.raises(KvBudgetRefused) as ei:
         auto_kv_budget_bytes(8 * gib, weights=6 * gib, world_size=2, prompt_cache_bytes=1 * gib)
     assert "less the weights' 6442450944 bytes" in str(ei.value) and "--kv-budget-bytes" in str(ei.value)
+
+
+def test_room_for_a_higher_priority_preempts_only_lower_priorities():
+    kv = KvBudget(budget=100 * 1000, slot=100, slack=GROWTH)  # 1000 slots
+    rows = {"lo": Row(200, 0, priority=10), "mid": Row(150, 1, priority=0)}
+    # a short request at priority -5 does not fit beside both (3 x 457 > 1000): the
+    # lowest priority leaves first, and that is enough (2 x 407 fits)
+    assert kv.room_for(rows, 20, -5, max_rows=16) == ["lo"]
+    # at priority 0 only "lo" is below it; at 10 nobody is: it waits
+    assert kv.room_for(rows, 20, 0, max_rows=16) == ["lo"]
+    assert kv.room_for(rows, 20, 10, max_rows=16) is None
+    # slots alone (no budget): the batch full of 2, one lower-priority row makes room
+    assert UNBOUNDED.room_for(rows, 20, -1, max_rows=2) == ["lo"]
+    assert UNBOUNDED.room_for(rows, 20, -1, max_rows=3) == []
+    # protected (re-admitted, no progress yet) and pinned rows are never taken
+    assert kv.room_for({**rows, "lo": Row(200, 0, priority=10, protected=True)}, 20, -5,
+                       max_rows=16) == ["mid"]
+    assert kv.room_for({"p": Row(600, 0, priority=10, pinned=True)}, 300, -5, 16) is None
+
+
+def test_the_wait_queue_orders_by_priority_then_arrival():
+    q = WaitQueue()
+    for rid, prio, arrival in [("a", 0, 1), ("b", 10, 2), ("c", -5, 3), ("d", 0, 4),
+                               ("e", 0, 0)]:  # e: a preempted request, its old arrival
+        q.push(rid, prio, arrival)
+    assert list(q) == ["c", "e", "a", "d", "b"] and q.head() == "c"
+    q.remove("a")
+    assert q.pop() == "c" and list(q) == ["e", "d", "b"] and "c" not in q
+    assert q.by_priority() == {0: 2, 10: 1} and len(q) == 3
+    with pytest.raises(ValueError):
+        q.push("e", 0, 9)

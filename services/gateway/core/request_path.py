@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
+from common import request_params
 from common.messages import FinishReason, Generate
 from common.request_params import SEED_MOD
 from services.gateway.core import choices
@@ -151,6 +152,28 @@ def outcome_of(final: Final | None) -> str:
     return str(final.finish_reason)  # the Finish value, a metrics label
 
 
+PRIORITY_HEADER = "x-lockstep-priority"
+
+
+def priority_of(request: Request, req: GenerationRequest) -> int:
+    """The request's priority: its body's `priority`, else the x-lockstep-priority header
+    (for clients that cannot add a body field), else 0; the header checked as the field."""
+    value = req.params.get("priority")
+    if value is None:
+        header = request.headers.get(PRIORITY_HEADER)
+        if header is None:
+            return 0
+        try:
+            value = int(header.strip())
+        except ValueError:
+            raise ApiError(400, f"{PRIORITY_HEADER}: an integer is expected, not {header!r}",
+                           param="priority", code="invalid_value") from None
+        if (why := request_params.problem("priority", value)) is not None:
+            raise ApiError(400, f"{PRIORITY_HEADER}: {why}", param="priority",
+                           code="invalid_value")
+    return int(value)
+
+
 async def admit(request: Request, req: GenerationRequest, *, rid_prefix: str, endpoint: str,
                 started: float | None = None, prompt_param: str | None = None) -> Admitted:
     """Pick, tokenize, check, send GENERATE (n choices): every refusal before rank 0 is an
@@ -162,6 +185,7 @@ async def admit(request: Request, req: GenerationRequest, *, rid_prefix: str, en
     chat = req.chat
     param = prompt_param or ("messages" if chat else "prompt")
     n = req.n
+    priority = priority_of(request, req)
     cands = await pick_or_wait(gw, request, req.model, n)
     tok = await gw.tokenizer(cands[0])
     prompt = await gw.prepare_pool.run(prompt_ids, req, tok, s.input_bytes_per_token)
@@ -186,7 +210,7 @@ async def admit(request: Request, req: GenerationRequest, *, rid_prefix: str, en
         request_id=rid, prompt=ids, max_tokens=limit,
         sampling=sampling_for(req.params, tok, backend.sampling, seed=seed, grammar=grammar),
         stop_token_ids=list(tok.eos_ids), client="gateway",
-        top_logprobs=req.logprobs)
+        top_logprobs=req.logprobs, priority=priority)
     streams = await choices.open_streams(backend, msg, n, route.cached)  # 503: retry-after
     gens = [Generation(st, tok, model=backend.model, stops=list(req.stops),
                        parser=output_parser(req, tok, prompt) if chat else None,
