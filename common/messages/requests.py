@@ -34,6 +34,11 @@ class Generate:
     # queue orders by it, then arrival, and a waiting request may preempt a running one
     # of a larger value (services/rank/leader.py). In common/request_params.py's range.
     priority: int = 0
+    # Fair share (rank 0 alone reads it): the API key's name the request runs for ("":
+    # an open gateway), never the key, and its weight; within a priority rank 0 serves
+    # tenants in turn by weight (services/rank/wait_queue.py).
+    tenant: str = ""
+    tenant_weight: int = 1
 
 
 @dataclass

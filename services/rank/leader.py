@@ -52,10 +52,12 @@ from services.rank.prefix_cache import WAIT, CachePlanner
 from services.rank.prefix_store import cache_bytes
 from services.rank.request_record import PREEMPTIBLE, RequestRecord, Status
 from services.rank.sampling import sampling_problem, top_logprobs_problem
-from services.rank.wait_queue import WaitQueue
+from services.rank.wait_queue import Waiting, WaitQueue
 
 log = logging.getLogger("lockstep.rank.leader")
 LOOKAHEAD = 16  # waiting prompts a plan looks past the head for (grouping by length)
+MAX_TENANT = 256  # an API key's name, as the gateway sends it
+MAX_WEIGHT = 1000  # a tenant's weight (services/gateway/core/auth.py's bound)
 
 
 def disk_planner(store, settings, world_size: int) -> DiskPlanner | None:
@@ -179,8 +181,9 @@ class Leader(RankLoop):
             stop_token_ids=sorted(set(g.stop_token_ids)), top_logprobs=g.top_logprobs,
             resumed=g.resumed)
         self.arrivals += 1
-        self.scheduled[g.request_id] = RequestRecord(ins, e.received_at, priority=g.priority,
-                                                     arrival=self.arrivals)
+        self.scheduled[g.request_id] = RequestRecord(
+            ins, e.received_at, waiting=Waiting(g.priority, self.arrivals, g.tenant,
+                                                g.tenant_weight))
         self.queue(g.request_id)
         self.publish_counts()
 
@@ -201,6 +204,9 @@ class Leader(RankLoop):
             return bad, "max_tokens must be >= 1 (its sender decides it)"
         if (why := request_params.problem("priority", g.priority)) is not None:
             return bad, why
+        if len(g.tenant) > MAX_TENANT or not 1 <= g.tenant_weight <= MAX_WEIGHT:
+            return bad, (f"tenant must be at most {MAX_TENANT} characters, tenant_weight "
+                         f"in [1, {MAX_WEIGHT}]")
         if not 0 <= g.resumed < len(g.prompt):  # at least one token of the original prompt
             return bad, f"resumed must be in [0, {len(g.prompt)})"
         if self.context is not None and len(g.prompt) >= self.context:
@@ -285,7 +291,7 @@ class Leader(RankLoop):
                     [*(r.length for r in rows.values()), len(ins.prompt)]):
                 # no slot or no KV: lower-priority rows make room, or it waits first in
                 # line (nothing overtakes it)
-                victims = room.room_for(rows, len(ins.prompt), req.priority,
+                victims = room.room_for(rows, len(ins.prompt), req.waiting.priority,
                                         self.settings.max_batch)
                 if victims is None:
                     kv_waits = self.kv is not None
@@ -306,9 +312,10 @@ class Leader(RankLoop):
                     ins = replace(ins, cache_entry=entry, cached_tokens=n)
                     req.cached_tokens = n
             req.planned()
+            self.pending.admitted(rid, req.waiting)
             inserts.append(ins)
             rows[rid] = Row(len(ins.prompt), self.engine.next_uid + len(inserts),
-                            priority=req.priority, pinned=True)
+                            priority=req.waiting.priority, pinned=True)
         for rid in waiting:
             self.queue(rid)
         if self.kv is not None:
@@ -367,7 +374,7 @@ class Leader(RankLoop):
             rows[rid] = Row(a.prompt_len + len(a.tokens), a.uid,
                             protected=movable and rec.preemptions > 0
                             and len(a.tokens) < MIN_PROGRESS,
-                            priority=rec.priority if rec is not None else 0,
+                            priority=rec.waiting.priority if rec is not None else 0,
                             pinned=not movable)
         return rows
 
@@ -378,8 +385,7 @@ class Leader(RankLoop):
         del rows[rid]
 
     def queue(self, rid: str) -> None:
-        rec = self.scheduled[rid]
-        self.pending.push(rid, rec.priority, rec.arrival)
+        self.pending.push(rid, self.scheduled[rid].waiting)
 
     def continuation(self, f) -> str:
         """A preempted request back in the queue as its prompt + the tokens it produced

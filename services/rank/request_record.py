@@ -26,9 +26,10 @@ Any other change raises `IllegalTransition`: a bug, never a request's fault.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.messages import FinishReason, PlanInsert, RemoveReason
+from services.rank.wait_queue import Waiting
 
 
 class Status(enum.Enum):
@@ -70,8 +71,8 @@ class RequestRecord:
     remove_reason: RemoveReason | None = None  # REMOVING: why (the first reason given)
     finish_reason: FinishReason | None = None  # FINISHED: how
     preemptions: int = 0  # times it was preempted (the KV budget, a higher priority)
-    priority: int = 0  # lower runs first (the request's, checked by rank 0)
-    arrival: int = 0  # rank 0's count of GENERATEs when it came: its place in its priority
+    # its place in rank 0's queue: priority, arrival, tenant and weight (wait_queue.py)
+    waiting: Waiting = field(default_factory=lambda: Waiting(0, 0))
 
     @property
     def request_id(self) -> str:

@@ -1,6 +1,12 @@
 """Rank 0's queue of waiting requests, in the order they are admitted: by priority (lower
-first, vLLM's convention), then by arrival. A request preempted for the KV budget keeps
-its arrival number, so it goes back ahead of every later arrival of its priority.
+first, vLLM's convention); within a priority, tenants (API keys, by name) in turn by
+weight; within a tenant, by arrival. A request preempted for the KV budget keeps its
+arrival number, so it goes back ahead of every later arrival of its tenant and priority.
+
+Turns are weighted fair queuing by admissions: a tenant's `served` count goes up by
+1/weight each time one of its requests is admitted, and the head is the waiting tenant
+with the least; a tenant that starts waiting again after a quiet spell starts from the
+count of the last admission (virtual time), so its past idleness buys no burst.
 
 mlx-lm's own queue (BatchGenerator's unprocessed sequences) is FIFO, so the order is
 applied here, before anything is inserted into the batch.
@@ -10,44 +16,82 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Waiting:
+    priority: int
+    arrival: int
+    tenant: str = ""
+    weight: int = 1
 
 
 class WaitQueue:
     def __init__(self) -> None:
-        self._keys: list[tuple[int, int, str]] = []  # (priority, arrival, request id), sorted
-        self._by_rid: dict[str, tuple[int, int, str]] = {}
+        # per priority, per tenant: (arrival, request id), sorted
+        self._lanes: dict[int, dict[str, list[tuple[int, str]]]] = {}
+        self._by_rid: dict[str, Waiting] = {}
+        self._served: dict[str, float] = {}  # tenant -> admissions / weight
+        self._now = 0.0  # the turn count of the last admission, before it: virtual time
 
-    def push(self, rid: str, priority: int, arrival: int) -> None:
+    def push(self, rid: str, w: Waiting) -> None:
         if rid in self._by_rid:
             raise ValueError(f"{rid} is already waiting")
-        key = (priority, arrival, rid)
-        bisect.insort(self._keys, key)
-        self._by_rid[rid] = key
+        if not any(self._waiting(w.tenant)):  # back after a quiet spell: no burst
+            self._served[w.tenant] = max(self._served.get(w.tenant, 0.0), self._now)
+        lane = self._lanes.setdefault(w.priority, {}).setdefault(w.tenant, [])
+        bisect.insort(lane, (w.arrival, rid))
+        self._by_rid[rid] = w
 
     def head(self) -> str:
-        return self._keys[0][2]
+        lanes = self._lanes[min(self._lanes)]
+        tenant = min(lanes, key=lambda t: (self._served.get(t, 0.0), lanes[t][0][0]))
+        return lanes[tenant][0][1]
 
     def pop(self) -> str:
-        key = self._keys.pop(0)
-        del self._by_rid[key[2]]
-        return key[2]
+        rid = self.head()
+        self.remove(rid)
+        return rid
+
+    def admitted(self, rid: str, w: Waiting) -> None:
+        """`rid` (popped) went into the batch: its tenant's turn is used."""
+        served = self._served.get(w.tenant, 0.0)
+        self._now = max(self._now, served)
+        self._served[w.tenant] = served + 1.0 / max(1, w.weight)
 
     def remove(self, rid: str) -> None:
-        key = self._by_rid.pop(rid)
-        del self._keys[bisect.bisect_left(self._keys, key)]
+        w = self._by_rid.pop(rid)
+        lane = self._lanes[w.priority][w.tenant]
+        lane.remove((w.arrival, rid))
+        if not lane:
+            del self._lanes[w.priority][w.tenant]
+            if not self._lanes[w.priority]:
+                del self._lanes[w.priority]
 
     def __contains__(self, rid: object) -> bool:
         return rid in self._by_rid
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self._by_rid)
 
     def __iter__(self) -> Iterator[str]:
-        return (k[2] for k in list(self._keys))
+        """Every waiting request, by priority, then tenant name, then arrival (not the
+        admission order across tenants: that depends on turns to come)."""
+        return iter([rid for p in sorted(self._lanes) for t in sorted(self._lanes[p])
+                     for _, rid in self._lanes[p][t]])
 
     def by_priority(self) -> dict[int, int]:
         """Waiting requests per priority."""
-        out: dict[int, int] = {}
-        for p, _, _ in self._keys:
-            out[p] = out.get(p, 0) + 1
+        return {p: sum(len(v) for v in lanes.values()) for p, lanes in self._lanes.items()}
+
+    def by_tenant(self) -> dict[str, int]:
+        """Waiting requests per tenant."""
+        out: dict[str, int] = {}
+        for lanes in self._lanes.values():
+            for t, v in lanes.items():
+                out[t] = out.get(t, 0) + len(v)
         return out
+
+    def _waiting(self, tenant: str) -> Iterator[list[tuple[int, str]]]:
+        return (lanes[tenant] for lanes in self._lanes.values() if tenant in lanes)

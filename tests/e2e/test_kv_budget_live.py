@@ -27,10 +27,16 @@ import pytest
 from common.home import Paths
 from services.rank.removals import read_removals, removals_path
 from tests.gwutil import poll_until, sse_lines
-from tests.support.probes import held_at_rank0
+from tests.support.probes import FREEZE_S, held_at_rank0, rank0_frozen
 from tests.support.up_cluster import UpOptions, up_cluster
 
 BUDGET = 2_000_000
+# Three API keys (tenants): alice and bob weigh 10, carol 1 and may not ask a priority
+# more urgent than 0; each key's share of the 84 requests in flight: 40, 40 and 4.
+KEYS = {"LOCKSTEP_API_KEYS": "alice:ka,bob:kb,carol:kc",
+        "LOCKSTEP_API_KEY_WEIGHTS": "alice=10,bob=10,carol=1",
+        "LOCKSTEP_API_KEY_MAX_PRIORITY": "carol=0", "LOCKSTEP_MAX_INFLIGHT": "84"}
+ALICE, BOB, CAROL = ({"authorization": f"Bearer {k}"} for k in ("ka", "kb", "kc"))
 NO_EOS = {"0": -100, "2": -100}  # the tiny preset's EOS ids: every row runs to max_tokens
 MAX_TOKENS = 60
 
@@ -46,13 +52,14 @@ def complete(url: str, model: str, i: int, stream: bool = False) -> dict:
     body = {"model": model, "prompt": prompt(i), "max_tokens": MAX_TOKENS, "temperature": 0,
             "logprobs": 1, "logit_bias": NO_EOS, "stream": stream}
     if not stream:
-        r = httpx.post(url + "/v1/completions", timeout=180, json=body)
+        r = httpx.post(url + "/v1/completions", timeout=180, json=body, headers=ALICE)
         assert r.status_code == 200, r.text
         ch = r.json()["choices"][0]
         return {"text": ch["text"], "logprobs": ch["logprobs"]["token_logprobs"],
                 "finish": ch["finish_reason"]}
     out = {"text": "", "logprobs": [], "finish": None}
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=180) as r:
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=180,
+                      headers=ALICE) as r:
         assert r.status_code == 200, r.read()
         for what, data in sse_lines(r):
             if what != "data" or data == "[DONE]":
@@ -94,7 +101,7 @@ def rank_kv(c, dep_id: str) -> dict[int, dict]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     home = tmp_path_factory.mktemp("kvb")
-    opts = UpOptions(tp=2, extra=("--kv-budget-bytes", str(BUDGET)))
+    opts = UpOptions(tp=2, extra=("--kv-budget-bytes", str(BUDGET)), env=KEYS)
     with up_cluster(home, opts) as c:
         pp_model = home / "pp" / "tiny-pp"
         shutil.copytree(Paths(c.home).models / "tiny", pp_model)
@@ -139,12 +146,12 @@ def test_a_flood_past_the_budget_completes_as_alone_and_no_rank_holds_more(clust
 def test_a_prompt_that_cannot_fit_alone_is_refused_naming_the_budget(cluster):
     c = cluster
     long = " ".join(["river", "mill", "lantern"][k % 3] for k in range(1200))
-    r = httpx.post(c.url + "/v1/completions", timeout=60,
+    r = httpx.post(c.url + "/v1/completions", timeout=60, headers=ALICE,
                    json={"model": "tiny", "prompt": long, "max_tokens": 4})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["code"] == "kv_budget_exceeded" and f"KV budget of {BUDGET} bytes" in err["message"]
-    r = httpx.post(c.url + "/v1/messages", timeout=60, json={
+    r = httpx.post(c.url + "/v1/messages", timeout=60, headers={"x-api-key": "kb"}, json={
         "model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": long}]})
     assert r.status_code == 400 and r.json()["type"] == "error", r.text
     assert f"KV budget of {BUDGET} bytes" in r.json()["error"]["message"]
@@ -166,7 +173,8 @@ def test_status_banner_and_metrics_show_the_budget(cluster):
 def post(url: str, body: dict, out: dict, key, headers: dict | None = None) -> None:
     """One completion into out[key]: (the rank's request id, when it ended, status)."""
     try:
-        r = httpx.post(url + "/v1/completions", json=body, headers=headers or {}, timeout=240)
+        r = httpx.post(url + "/v1/completions", json=body, headers=headers or ALICE,
+                       timeout=240)
         out[key] = (r.headers.get("x-lockstep-request-id"), time.monotonic(), r.status_code)
     except BaseException as exc:  # noqa: BLE001 - reported by the test
         out[key] = (None, time.monotonic(), repr(exc))
@@ -195,7 +203,8 @@ def test_high_priority_requests_pass_a_waiting_low_priority_flood(cluster):
     short = [threading.Thread(target=post, args=(c.url, {
         "model": "tiny", "prompt": f"quick question {i}", "max_tokens": 4, "temperature": 0,
         "logit_bias": NO_EOS, **({"priority": -5} if i < 2 else {})}, out, ("short", i),
-        {} if i < 2 else {"x-lockstep-priority": "-5"}), daemon=True) for i in range(4)]
+        ALICE if i < 2 else {**ALICE, "x-lockstep-priority": "-5"}), daemon=True)
+        for i in range(4)]
     with held_at_rank0(c.url, c.hdr, dep, 4):
         for t in short:
             t.start()
@@ -225,8 +234,70 @@ def removals(c, dep_id: str) -> list[dict]:
     ({}, {"priority": 1.5}, "priority"),
 ])
 def test_a_priority_out_of_range_is_a_400_naming_it(cluster, headers, body, what):
-    r = httpx.post(cluster.url + "/v1/completions", headers=headers, timeout=30,
+    r = httpx.post(cluster.url + "/v1/completions", headers={**ALICE, **headers}, timeout=30,
                    json={"model": "tiny", "prompt": "hi", "max_tokens": 2, **body})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "priority" and what in err["message"], err
+
+
+def test_a_key_past_its_highest_priority_is_a_400(cluster):
+    r = httpx.post(cluster.url + "/v1/completions", headers=CAROL, timeout=30,
+                   json={"model": "tiny", "prompt": "hi", "max_tokens": 2, "priority": -1})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "priority" and "its highest is 0" in err["message"], err
+
+
+@pytest.mark.timeout(600)
+def test_keys_take_turns_while_one_floods(cluster):
+    """alice floods 24 requests; once rank 0 has finished some, bob sends 4 (rank 0 held
+    while they are sent, so they reach its queue together). rank 0's removal record (uid =
+    insertion order): bob's requests were inserted in turn with alice's waiting ones (at
+    most 4 of alice's between bob's first and last), not after them (at least 8 of
+    alice's came after). Then carol, whose share of the in-flight bound is 4, sends 5 while
+    rank 0 is held: exactly one gets a 429 tenant_share_exceeded with retry-after."""
+    c = cluster
+    dep = next(d for d in c.deployments() if d["model"] == "tiny" and d["state"] == "serving")
+    dep_id = dep["deployment_id"]
+    out: dict = {}
+
+    def body(i: int, n: int = 30) -> dict:
+        return {"model": "tiny", "prompt": prompt(i), "max_tokens": n, "temperature": 0,
+                "logit_bias": NO_EOS}
+
+    before = len(removals(c, dep_id))
+    flood = [threading.Thread(target=post, args=(c.url, body(i), out, ("alice", i), ALICE),
+                              daemon=True) for i in range(24)]
+    for t in flood:
+        t.start()
+    poll_until(lambda: len(removals(c, dep_id)) >= before + 2, 60, "alice's first requests")
+    bob = [threading.Thread(target=post, args=(c.url, body(i), out, ("bob", i), BOB),
+                            daemon=True) for i in range(4)]
+    with held_at_rank0(c.url, c.hdr, dep, 4):
+        for t in bob:
+            t.start()
+    for t in [*flood, *bob]:
+        t.join(300)
+        assert not t.is_alive(), "a request never ended"
+    assert all(v[2] == 200 for v in out.values()), out
+    first: dict[str, int] = {}
+    for rec in removals(c, dep_id):
+        first[rec["request_id"]] = min(first.get(rec["request_id"], rec["uid"]), rec["uid"])
+    b = sorted(first[out[("bob", i)][0]] for i in range(4))
+    a = [first[out[("alice", i)][0]] for i in range(24)]
+    assert sum(b[0] < u < b[-1] for u in a) <= 4, (b, sorted(a))
+    assert sum(u > b[-1] for u in a) >= 8, (b, sorted(a))
+
+    carol: dict = {}
+    threads = [threading.Thread(target=post, args=(c.url, body(i, 2), carol, i, CAROL),
+                                daemon=True) for i in range(5)]
+    pid = next(r["pid"] for r in dep["ranks"] if r["rank"] == 0)
+    with rank0_frozen(pid):
+        for t in threads:
+            t.start()
+        poll_until(lambda: [v[2] for v in carol.values()] == [429], FREEZE_S,
+                   "the fifth of carol's requests refused past her share")
+    for t in threads:
+        t.join(120)
+    assert sorted(v[2] for v in carol.values()) == [200] * 4 + [429], carol

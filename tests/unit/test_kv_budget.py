@@ -15,7 +15,7 @@ from mlx_lm.generate import BatchGenerator
 from common.rankspec import KvBudgetRefused, auto_kv_budget_bytes
 from models.tinymodel.build import build_model
 from services.rank.kv_budget import GROWTH, UNBOUNDED, KvBudget, Row, slack_slots, slot_bytes
-from services.rank.wait_queue import WaitQueue
+from services.rank.wait_queue import Waiting, WaitQueue
 
 CHUNK = 64  # prompt tokens per prefill chunk: prompts of 300 take five
 
@@ -137,10 +137,53 @@ def test_the_wait_queue_orders_by_priority_then_arrival():
     q = WaitQueue()
     for rid, prio, arrival in [("a", 0, 1), ("b", 10, 2), ("c", -5, 3), ("d", 0, 4),
                                ("e", 0, 0)]:  # e: a preempted request, its old arrival
-        q.push(rid, prio, arrival)
-    assert list(q) == ["c", "e", "a", "d", "b"] and q.head() == "c"
+        q.push(rid, Waiting(prio, arrival))
+    assert [q.pop() for _ in range(2)] == ["c", "e"]
     q.remove("a")
-    assert q.pop() == "c" and list(q) == ["e", "d", "b"] and "c" not in q
-    assert q.by_priority() == {0: 2, 10: 1} and len(q) == 3
+    assert list(q) == ["d", "b"] and "a" not in q and q.head() == "d"
+    assert q.by_priority() == {0: 1, 10: 1} and len(q) == 2
     with pytest.raises(ValueError):
-        q.push("e", 0, 9)
+        q.push("d", Waiting(0, 9))
+
+
+def admit_all(q: WaitQueue, ws: dict[str, Waiting]) -> list[str]:
+    out = []
+    while len(q):
+        rid = q.pop()
+        q.admitted(rid, ws[rid])
+        out.append(rid)
+    return out
+
+
+def test_tenants_take_turns_by_weight_within_a_priority():
+    q, ws = WaitQueue(), {}
+    for i in range(6):  # alice floods first
+        ws[f"a{i}"] = Waiting(0, i, "alice")
+    for i in range(3):  # then bob (weight 1) and carol (weight 2)
+        ws[f"b{i}"] = Waiting(0, 10 + i, "bob")
+        ws[f"c{i}"] = Waiting(0, 20 + i, "carol", weight=2)
+    for rid, w in ws.items():
+        q.push(rid, w)
+    order = admit_all(q, ws)
+    # turns: each admission costs 1/weight; ties go to the earliest arrival
+    assert order[:6] == ["a0", "b0", "c0", "c1", "a1", "b1"], order
+    assert order.index("c2") < order.index("a2") and order[-3:] == ["a3", "a4", "a5"]
+    # a higher priority comes first whatever the turns
+    q.push("urgent", Waiting(-1, 99, "alice"))
+    q.push("later", Waiting(0, 98, "bob"))
+    assert q.head() == "urgent"
+
+
+def test_a_tenant_back_from_a_quiet_spell_gets_no_burst():
+    q, ws = WaitQueue(), {}
+    for i in range(4):
+        ws[f"a{i}"] = Waiting(0, i, "alice")
+        q.push(f"a{i}", ws[f"a{i}"])
+    assert admit_all(q, ws) == ["a0", "a1", "a2", "a3"]  # alice served 4 alone
+    for i in range(4):  # bob was away all along; now both wait
+        ws[f"b{i}"], ws[f"a{4 + i}"] = Waiting(0, 10 + i, "bob"), Waiting(0, 20 + i, "alice")
+        q.push(f"b{i}", ws[f"b{i}"])
+        q.push(f"a{4 + i}", ws[f"a{4 + i}"])
+    order = admit_all(q, ws)
+    # bob starts at alice's last turn (3), not at 0: one turn to catch up, then in turn
+    assert order[:6] == ["b0", "b1", "a4", "b2", "a5", "b3"], order

@@ -12,6 +12,7 @@ import time
 from common.bus import new_request_id
 from common.envelope import Key
 from common.messages import Generate
+from services.gateway.core.auth import KeyTable
 from services.gateway.core.cluster_view import Cluster
 from services.gateway.core.detok import ModelTokenizer
 from services.gateway.core.errors import ApiError
@@ -27,6 +28,8 @@ class Gateway:
 
     def __init__(self, settings: GatewaySettings, key: Key) -> None:
         self.settings = settings
+        self.keys = KeyTable.parse(settings.api_keys, settings.api_key_weights,
+                                   settings.api_key_max_priority)
         self.metrics = Metrics()
         self.cluster = Cluster(settings, key, self.metrics)
         self.metrics.cluster = self.cluster

@@ -119,6 +119,7 @@ class Backend:
             raise Unavailable(self, self.lost)
         self.check_room()  # no await before the stream is registered: the bound holds
         s = RequestStream(self, gen.request_id, len(gen.prompt))
+        s.tenant = gen.tenant
         s.route_cached = cached
         self._register(s)
         try:

@@ -26,6 +26,7 @@ from common.messages import FinishReason, Generate
 from common.request_params import SEED_MOD
 from services.gateway.core import choices
 from services.gateway.core.admit_wait import pick_or_wait
+from services.gateway.core.auth import OPEN, Tenant
 from services.gateway.core.errors import ApiError
 from services.gateway.core.generation import Final, Generation
 from services.gateway.core.internal_request import GenerationRequest
@@ -155,14 +156,16 @@ def outcome_of(final: Final | None) -> str:
 PRIORITY_HEADER = "x-lockstep-priority"
 
 
-def priority_of(request: Request, req: GenerationRequest) -> int:
+def priority_of(request: Request, req: GenerationRequest, tenant: Tenant) -> int:
     """The request's priority: its body's `priority`, else the x-lockstep-priority header
-    (for clients that cannot add a body field), else 0; the header checked as the field."""
+    (for clients that cannot add a body field), else 0 (or the key's highest, if that is
+    larger); the header checked as the field, both against the key's highest."""
     value = req.params.get("priority")
+    top = tenant.max_priority
     if value is None:
         header = request.headers.get(PRIORITY_HEADER)
         if header is None:
-            return 0
+            return 0 if top is None else max(0, top)
         try:
             value = int(header.strip())
         except ValueError:
@@ -171,7 +174,25 @@ def priority_of(request: Request, req: GenerationRequest) -> int:
         if (why := request_params.problem("priority", value)) is not None:
             raise ApiError(400, f"{PRIORITY_HEADER}: {why}", param="priority",
                            code="invalid_value")
+    if top is not None and value < top:
+        raise ApiError(400, f"priority {value} is more urgent than this API key may ask "
+                       f"(its highest is {top}; lower runs first)", param="priority",
+                       code="invalid_value")
     return int(value)
+
+
+def check_share(gw, tenant: Tenant, n: int) -> None:
+    """429 once `tenant` holds its share of the in-flight bound (its weight's part of
+    max_inflight, at least 1), counting its streams on every deployment."""
+    if not tenant.name or not gw.settings.max_inflight:
+        return
+    share = max(1, gw.settings.max_inflight * tenant.weight // gw.keys.total_weight)
+    held = sum(1 for b in gw.cluster.backends.values() for s in b.streams.values()
+               if s.tenant == tenant.name)
+    if held + n > share:
+        raise ApiError(429, f"API key {tenant.name!r} has {held} requests in flight, its share "
+                       f"of {gw.settings.max_inflight} is {share}: retry later",
+                       code="tenant_share_exceeded", headers={"retry-after": "1"})
 
 
 async def admit(request: Request, req: GenerationRequest, *, rid_prefix: str, endpoint: str,
@@ -185,7 +206,8 @@ async def admit(request: Request, req: GenerationRequest, *, rid_prefix: str, en
     chat = req.chat
     param = prompt_param or ("messages" if chat else "prompt")
     n = req.n
-    priority = priority_of(request, req)
+    tenant = getattr(request.state, "tenant", OPEN)  # auth.check_api_key set it
+    priority = priority_of(request, req, tenant)
     cands = await pick_or_wait(gw, request, req.model, n)
     tok = await gw.tokenizer(cands[0])
     prompt = await gw.prepare_pool.run(prompt_ids, req, tok, s.input_bytes_per_token)
@@ -201,6 +223,7 @@ async def admit(request: Request, req: GenerationRequest, *, rid_prefix: str, en
     # Replicas: the router chooses now that the prompt's tokens are known; no await
     # between this and the streams' registration, so the next request sees their load.
     route = gw.router.choose([b for b in cands if not b.lost and not b.closed] or cands, ids)
+    check_share(gw, tenant, n)  # no await from here to the streams' registration
     backend = route.backend
     rid = rid_prefix + secrets.token_hex(12)
     # The seed is decided here, the one place: the client's, else drawn; a request that
@@ -210,7 +233,8 @@ async def admit(request: Request, req: GenerationRequest, *, rid_prefix: str, en
         request_id=rid, prompt=ids, max_tokens=limit,
         sampling=sampling_for(req.params, tok, backend.sampling, seed=seed, grammar=grammar),
         stop_token_ids=list(tok.eos_ids), client="gateway",
-        top_logprobs=req.logprobs, priority=priority)
+        top_logprobs=req.logprobs, priority=priority, tenant=tenant.name,
+        tenant_weight=tenant.weight)
     streams = await choices.open_streams(backend, msg, n, route.cached)  # 503: retry-after
     gens = [Generation(st, tok, model=backend.model, stops=list(req.stops),
                        parser=output_parser(req, tok, prompt) if chat else None,

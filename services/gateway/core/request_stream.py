@@ -94,6 +94,7 @@ class RequestStream:
     def __init__(self, backend: Backend, request_id: str, prompt_len: int) -> None:
         self.backend = backend
         self.request_id = request_id
+        self.tenant = ""  # the API key's name it runs for (its share: request_path.py)
         self.prompt_len = prompt_len
         self.queue = StreamQueue()
         self.submitted_at = time.monotonic()

@@ -6,7 +6,9 @@
 | host | 127.0.0.1 | HTTP bind address (loopback only unless told otherwise) |
 | port | 8000 | HTTP port |
 | admin_token | (file) | admin bearer token; else `$LOCKSTEP_HOME/admin.token` (0600) |
-| api_keys | (none) | comma-separated OpenAI API keys; empty = open |
+| api_keys | (none) | comma-separated API keys, each `KEY` or `NAME:KEY` (unnamed: `key-<i>`); empty = open |
+| api_key_weights | (none) | comma-separated `NAME=W` (1..1000, default 1): a key's turn in rank 0's queue within a priority and its share of max_inflight |
+| api_key_max_priority | (none) | comma-separated `NAME=P`: the most urgent `priority` the key may ask (lower is more urgent); none = any |
 | request_read_timeout | 300 | seconds without a token before a request is cancelled |
 | orphan_grace_s | 5 | seconds before an abandoned stream is reaped |
 | max_body_bytes | 4 MiB | larger request bodies get 413 |
@@ -49,6 +51,7 @@ from common.config import (
 )
 from common.home import default_home
 from common.rankspec import RankSettings
+from services.gateway.core.auth import KeyTable
 
 TOKEN_FILE = "admin.token"
 # The default bound: 4 batches' worth per deployment (one running, three waiting), half
@@ -63,6 +66,8 @@ class GatewaySettings:
     port: Port = 8000
     admin_token: str | None = None
     api_keys: tuple[str, ...] = ()
+    api_key_weights: tuple[str, ...] = ()  # name=w (services/gateway/core/auth.py)
+    api_key_max_priority: tuple[str, ...] = ()  # name=p
     request_read_timeout: PositiveSeconds = 300.0
     orphan_grace_s: Seconds = 5.0
     max_body_bytes: AtLeastOne = 4 * 1024 * 1024
@@ -92,6 +97,7 @@ class GatewaySettings:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
+        KeyTable.parse(self.api_keys, self.api_key_weights, self.api_key_max_priority)
         if self.route_index not in ("approx", "precise"):
             raise ConfigError(f"route_index: {self.route_index!r} must be approx or precise")
         if self.route_policy not in ("cache", "round_robin"):
