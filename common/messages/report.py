@@ -72,6 +72,10 @@ class KvStats:
     waits: int = 0  # rank 0: plans whose queue head waited for the budget (cumulative)
     refused: int = 0  # rank 0: requests refused as too large for the budget alone
     preemptions: int = 0  # rank 0: requests preempted for the budget (cumulative)
+    # rank 0: requests waiting in its queue now, by priority (its decimal text) and by
+    # tenant (the API key's name; "" for an open gateway)
+    queued_by_priority: dict[str, int] = field(default_factory=dict)
+    queued_by_tenant: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -488,9 +488,11 @@ class Leader(RankLoop):
     def publish_counts(self) -> None:
         self.rt.active_ids = self.engine.active_ids()
         self.rt.pending = len(self.pending)
-        if self.kv is not None:  # what the batch's next step may hold
-            self.rt.kv = replace(self.rt.kv, reserved=self.kv.need(
-                a.prompt_len + len(a.tokens) for a in self.engine.by_rid.values()))
+        reserved = 0 if self.kv is None else self.kv.need(  # what the next step may hold
+            a.prompt_len + len(a.tokens) for a in self.engine.by_rid.values())
+        self.rt.kv = replace(self.rt.kv, reserved=reserved, queued_by_priority={
+            str(p): n for p, n in self.pending.by_priority().items()},
+            queued_by_tenant=self.pending.by_tenant())
 
     def send(self, *cmds: Command) -> None:
         self.out.extend(cmds)

@@ -200,6 +200,13 @@ def test_high_priority_requests_pass_a_waiting_low_priority_flood(cluster):
     for t in low:
         t.start()
     poll_until(lambda: len(removals(c, dep_id)) >= 2, 60, "rank 0 to finish a first request")
+
+    def queued() -> bool:  # /metrics shows the flood waiting, by priority and by key
+        m = httpx.get(c.url + "/metrics", timeout=10).text
+        return (f'lockstep_rank0_queued_by_priority{{deployment="{dep_id}",priority="10"}}' in m
+                and f'lockstep_rank0_queued_by_tenant{{deployment="{dep_id}",tenant="alice"}}'
+                in m)
+    poll_until(queued, 30, "the waiting flood in /metrics")
     short = [threading.Thread(target=post, args=(c.url, {
         "model": "tiny", "prompt": f"quick question {i}", "max_tokens": 4, "temperature": 0,
         "logit_bias": NO_EOS, **({"priority": -5} if i < 2 else {})}, out, ("short", i),

@@ -41,7 +41,9 @@ def _dep(state: str = "serving", dep_id: str = "dep-1", **rank1) -> dict:
                                          kv=KvStats(budget=8 * 2**20, slot_bytes=1024,
                                                     held=2**20, held_peak=3 * 2**20,
                                                     reserved=6 * 2**20, waiting=1, waits=5,
-                                                    refused=2)),
+                                                    refused=2,
+                                                    queued_by_priority={"10": 3, "-5": 1},
+                                                    queued_by_tenant={"alice": 3, "bob": 1})),
                             1: RankState(rank=1, host="mac-b", step=100, last_seen=NOW - 0.4,
                                          **{"phase": Phase.SERVING, **rank1})})
     return dep.to_wire()
@@ -91,6 +93,7 @@ def test_status_shows_hosts_memory_cache_and_the_last_incidents() -> None:
     assert "rejected rank/control mac: 2" in out
     assert ("KV budget: 8.0 MiB per rank; held rank 0 1.0 MiB (peak 3.0 MiB); reserved 6.0 MiB;"
             " queue head waits for room (5 waits), 0 preempted, 2 refused as too large") in out
+    assert "rank 0's queue: priority -5: 1, priority 10: 3; by key alice: 3, bob: 1" in out
     inc = lines[lines.index("last incidents (newest first):") + 1:]
     kinds = [ln.split()[1] for ln in inc]
     # newest first; a deploy after a loss is a redeploy; an empty reap pass is no incident

@@ -138,6 +138,17 @@ def kv_text(d: DeploymentInfo) -> str:
             f"({r0.waits} waits), {r0.preemptions} preempted, {r0.refused} refused as too large")
 
 
+def queue_text(d: DeploymentInfo) -> str:
+    """Rank 0's queue: waiting requests by priority and by API key (tenant)."""
+    r0 = next((r.kv for r in d.ranks if r.rank == 0), None)
+    if r0 is None or not r0.queued_by_priority:
+        return "rank 0's queue: empty"
+    prio = ", ".join(f"priority {p}: {n}" for p, n in sorted(
+        r0.queued_by_priority.items(), key=lambda kv: int(kv[0])))
+    keys = ", ".join(f"{t or '(open)'}: {n}" for t, n in sorted(r0.queued_by_tenant.items()))
+    return f"rank 0's queue: {prio}; by key {keys}"
+
+
 def _rate(r: RankInfo, dep_id: str, prev: dict[tuple, tuple[int, float]] | None) -> str:
     if prev is None:
         return "-"
@@ -167,6 +178,7 @@ def render(reply: StatusRecord, *, now: float | None = None,
                      f"backend={d.backend} job={d.job_id}" + (f"  error: {d.error}" if d.error else ""))
         lines.append(f"  {cache_text(d)}")
         lines.append(f"  {kv_text(d)}")
+        lines.append(f"  {queue_text(d)}")
         lines.append(f"  sampling defaults: {d.sampling.describe()}")
         lines.append(f"  deterministic: {determinism_text(d.determinism)}")
         lines.append(f"  {'rank':>4} {'host':<16} {'pid':>7} {'phase':<13} {'step':>7} "

@@ -142,6 +142,9 @@ class _ClusterCollector:
                 for n, h in (("waits", "Plans whose queue head waited for the KV budget"),
                              ("refused", "Requests refused: more KV than the budget alone"),
                              ("preemptions", "Requests preempted for the KV budget (rank 0)"))}
+        queued = {n: GaugeMetricFamily(f"lockstep_rank0_queued_by_{n}",
+                                       f"Requests waiting in rank 0's queue, by {n}",
+                                       labels=["deployment", n]) for n in ("priority", "tenant")}
         phase_c = {n: CounterMetricFamily(f"lockstep_rank_phase_{n}", h,
                                           labels=["deployment", "rank", "phase"])
                    for n, h in (("seconds", "Wall seconds a rank's threads spent per loop phase"),
@@ -180,6 +183,10 @@ class _ClusterCollector:
                     if rk.kv is not None:  # None: a rank older than the KV budget
                         for name, fam in (*kv_g.items(), *kv_c.items()):
                             fam.add_metric(labels, getattr(rk.kv, name))
+                        for name, by in (("priority", rk.kv.queued_by_priority),
+                                         ("tenant", rk.kv.queued_by_tenant)):
+                            for key, n in by.items():
+                                queued[name].add_metric([dep_id, key], n)
                     if rk.phases is not None:  # None: a rank older than the phase clock
                         for name, times in (("seconds", rk.phases.seconds),
                                             ("runs", rk.phases.counts)):
@@ -201,7 +208,7 @@ class _ClusterCollector:
             extra += cache_index_families(c.backends.values())
         active.add_metric(["all"], total)
         yield from (active, limit, overloaded, dep_state, *rank_g.values(), *cache_g.values(),
-                    *cache_c.values(), *kv_g.values(), *kv_c.values(), *phase_c.values(), rejects, up, epoch, *extra)
+                    *cache_c.values(), *kv_g.values(), *kv_c.values(), *queued.values(), *phase_c.values(), rejects, up, epoch, *extra)
 
 
 def _numbers(prefix: str, obj: Any, doc: str) -> list:
