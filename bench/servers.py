@@ -152,13 +152,14 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-def lockstep(model: Path, work: Path, tp: int, cache: bool, timeout: float = 900) -> Server:
+def lockstep(model: Path, work: Path, tp: int, cache: bool, timeout: float = 900,
+             extra: tuple[str, ...] = (), tag: str = "") -> Server:
     """`lockstep up --tp N` serving `model`; cache False passes --prompt-cache-entries 0.
     The prefix cache's disk tier is off in every run (--prompt-cache-disk-bytes 0): these
     runs compare with mlx_lm.server, which has none, and its writer thread would spend
     CPU (about 150 MB written per turn of the agent session) while the other server is
     measured. bench/disk_cache.py measures the disk tier on its own."""
-    name = f"lockstep-tp{tp}-cache-{'on' if cache else 'off'}"
+    name = f"lockstep-tp{tp}-cache-{'on' if cache else 'off'}{tag}"
     home, log = work / f"home-{name}", work / f"{name}.log"
     port = free_port()
     cache_flags = ([] if cache else ["--prompt-cache-entries", "0"]) + [
@@ -166,7 +167,7 @@ def lockstep(model: Path, work: Path, tp: int, cache: bool, timeout: float = 900
     cmd = [sys.executable, "-m", "services", "up", "--home", str(home), "--port", str(port),
            "--tp", str(tp), "--model", str(model), "--admin-port", "0", "--events-port", "0",
            "--control-port", "0", "--report-port", "0", "--reaper-events-port", "0",
-           *cache_flags]
+           *cache_flags, *extra]
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)

@@ -30,7 +30,7 @@ from services.rank.engine import Engine
 from services.rank.errors import StartupError
 from services.rank.grammar import RankGrammars
 from services.rank.io import RankIO
-from services.rank.kv_budget import KvBudget, slack_slots
+from services.rank.kv_budget import KvBudget
 from services.rank.outbox import AnnounceReady, Served
 from services.rank.process_exit import EXIT_FAILED, EXIT_OK
 from services.rank.removals import RemovalLog, removals_path
@@ -112,7 +112,7 @@ def kv_budget_of(settings: RankSettings, warm: WarmReport) -> KvBudget | None:
         log.error("KV budget of %d bytes NOT enforced: %s", settings.kv_budget_bytes,
                   warm.kv_layout)
         return None
-    kv = KvBudget(settings.kv_budget_bytes, warm.kv_slot_bytes, slack_slots(settings.prefill_step))
+    kv = KvBudget(settings.kv_budget_bytes, warm.kv_slot_bytes)
     log.info("KV budget: %d bytes per rank, %d bytes per token slot, %d slots of growth",
              kv.budget, kv.slot, kv.slack)
     return kv

@@ -9,8 +9,10 @@ a batch is as long as the batch's buffer:
 - rows are right-aligned (left padding), so the write index is the longest row's length
   (a removal shifts the buffer left by the smallest padding; joining the prompt batch to
   the decode batch pads both to the longer buffer);
-- so at a step boundary no buffer is longer than the longest row it will ever hold plus
-  one growth (256 slots, or one prompt chunk rounded up to 256).
+- a buffer that must grow is first cut to its last write, then grows by whole steps
+  of 256 past it (a prompt chunk of n tokens: ceil(n / 256) steps, all of them written
+  but the last one's rest), so after any step no buffer holds more than 255 slots past
+  its longest row: one growth (GROWTH) bounds it, whatever the prompt chunk.
 
 So before every step rank 0 checks that the batch, each row counted at its length now
 (prompt + tokens so far; a prompt still prefilling counts whole) plus the one token the
@@ -42,12 +44,6 @@ GROWTH = BatchKVCache.step  # slots a buffer grows by past its last write
 
 class KvLayoutError(Exception):
     """A cache this accounting does not describe (rotating, quantized, SSM...)."""
-
-
-def slack_slots(chunk: int) -> int:
-    """Slots a buffer may hold past its longest row: one growth, or one prompt chunk of
-    `chunk` tokens rounded up to the growth step."""
-    return max(GROWTH, -(-chunk // GROWTH) * GROWTH)
 
 
 def slot_bytes(caches: Sequence[object]) -> int:
@@ -85,7 +81,7 @@ class Row:
 class KvBudget:
     budget: int  # bytes per rank
     slot: int  # bytes per token slot (rank 0's: the largest shard)
-    slack: int  # slots past the longest row (slack_slots of the largest prompt chunk)
+    slack: int = GROWTH  # slots a buffer may hold past its longest row
 
     def need(self, lengths: Iterable[int]) -> int:
         """Bytes the batch's buffers may hold after its next step: rows whose content is

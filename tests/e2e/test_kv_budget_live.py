@@ -3,7 +3,7 @@
 PP=2 -- real ranks, real mlx-lm caches.
 
 A flood of eight greedy requests, all in rank 0's queue at once, whose KV together is
-about three times the budget: all complete, each with the tokens and logprobs of its run
+about 1.8 times the budget: all complete, each with the tokens and logprobs of its run
 alone; rank 0 made the queue's head wait and preempted running requests as the batch grew
 (its own counts: a preempted request comes back as prompt + its tokens, its client sees
 only a pause); every rank's own measure of its caches (their nbytes after every step, in
@@ -72,6 +72,14 @@ def complete(url: str, model: str, i: int, stream: bool = False) -> dict:
     return out
 
 
+def count_prompt(url: str, model: str, i: int) -> int:
+    """Request i's prompt tokens, as the gateway counts them (a one-token completion)."""
+    r = httpx.post(url + "/v1/completions", timeout=60, headers=ALICE,
+                   json={"model": model, "prompt": prompt(i), "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["prompt_tokens"]
+
+
 def flood(url: str, model: str, n: int, hold) -> dict[int, dict]:
     """n requests at once: sent while rank 0 is held (`hold`), so all n are in its queue
     together whatever the gateway took for each (rank 0 must make the head wait)."""
@@ -119,6 +127,7 @@ def test_a_flood_past_the_budget_completes_as_alone_and_no_rank_holds_more(clust
     dep_id = dep["deployment_id"]
     n = 8
     alone = {i: complete(c.url, model, i) for i in range(n)}
+    prompt_tokens = {i: count_prompt(c.url, model, i) for i in range(n)}
     got = flood(c.url, model, n, functools.partial(held_at_rank0, c.url, c.hdr, dep))
     for i in range(n):
         assert "error" not in got[i], got[i]
@@ -133,9 +142,9 @@ def test_a_flood_past_the_budget_completes_as_alone_and_no_rank_holds_more(clust
     kv = poll_until(settled, 30, "rank 0's waits and preemptions, every rank's peak")
     slot = kv[0]["slot_bytes"]
     assert slot > 0 and all(k["budget"] == BUDGET for k in kv.values()), kv
-    # the flood's eight rows at once would reserve about three budgets
-    longest = max(len(prompt(i).split()) for i in range(n)) + MAX_TOKENS
-    assert n * (longest + 512) * slot > 2.5 * BUDGET, (n, longest, slot)
+    # the flood's eight rows at once would need more than one and a half budgets
+    longest = max(prompt_tokens.values()) + MAX_TOKENS
+    assert n * (longest + 1 + 256) * slot > 1.5 * BUDGET, (n, longest, slot)
     for rank, k in kv.items():
         assert k["held_peak"] <= BUDGET, (rank, k)
         assert k["held_peak"] > BUDGET / 4, (rank, k)  # the budget did bind the batch

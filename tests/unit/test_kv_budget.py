@@ -14,10 +14,10 @@ from mlx_lm.generate import BatchGenerator
 
 from common.rankspec import KvBudgetRefused, auto_kv_budget_bytes
 from models.tinymodel.build import build_model
-from services.rank.kv_budget import GROWTH, UNBOUNDED, KvBudget, Row, slack_slots, slot_bytes
+from services.rank.kv_budget import GROWTH, UNBOUNDED, KvBudget, Row, slot_bytes
 from services.rank.wait_queue import Waiting, WaitQueue
 
-CHUNK = 64  # prompt tokens per prefill chunk: prompts of 300 take five
+CHUNK = 64  # prompt tokens per prefill chunk
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +42,22 @@ def test_slot_bytes_is_the_models_kv_per_token(tiny):
     assert slot_bytes(gen._generation_batch.prompt_cache) == model_slot_bytes(cfg, itemsize)
 
 
-def test_the_reservation_bounds_what_the_caches_allocate_at_every_step(tiny):
+# (step to insert at, prompt tokens, max_tokens): short and long, joining mid-stream
+PLANS = {64: [(0, 5, 300), (0, 70, 20), (3, 300, 8), (10, 40, 60), (30, 200, 30),
+              (60, 12, 250), (61, 257, 3)],
+         512: [(0, 5, 200), (0, 1100, 20), (2, 600, 40), (5, 513, 9), (9, 40, 120),
+               (40, 1030, 30), (41, 257, 3), (90, 777, 50)]}
+
+
+@pytest.mark.parametrize("chunk", sorted(PLANS))
+def test_the_reservation_bounds_what_the_caches_allocate_at_every_step(tiny, chunk):
     model, cfg = tiny
     gen = BatchGenerator(model, stop_tokens=[], completion_batch_size=8, prefill_batch_size=4,
-                         prefill_step_size=CHUNK)
-    # (step to insert at, prompt tokens, max_tokens): short and long, joining mid-stream
-    plan = [(0, 5, 300), (0, 70, 20), (3, 300, 8), (10, 40, 60), (30, 200, 30),
-            (60, 12, 250), (61, 257, 3)]
+                         prefill_step_size=chunk)
+    plan = PLANS[chunk]
     live: dict[int, int] = {}  # uid -> its length as rank 0 counts it: prompt + emitted
     itemsize = model.parameters()["model"]["embed_tokens"]["weight"].dtype.size  # the KV's
-    kv = KvBudget(1 << 40, model_slot_bytes(cfg, itemsize), slack_slots(CHUNK))
+    kv = KvBudget(1 << 40, model_slot_bytes(cfg, itemsize), GROWTH)
     ratios = []
     for step in range(400):
         for at, n, m in plan:
@@ -100,10 +106,6 @@ def test_victims_free_the_most_bytes_and_spare_the_protected():
     assert kv.victims({"x": Row(900, 0)}) == []
 
 
-def test_slack_is_one_growth_or_one_chunk_rounded_up():
-    assert slack_slots(1) == GROWTH == 256
-    assert slack_slots(512) == 512
-    assert slack_slots(513) == 768
 
 
 def test_the_auto_budget_shares_the_host_and_refuses_nothing_left():
