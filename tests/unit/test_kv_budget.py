@@ -189,3 +189,24 @@ def test_a_tenant_back_from_a_quiet_spell_gets_no_burst():
     order = admit_all(q, ws)
     # bob starts at alice's last turn (3), not at 0: one turn to catch up, then in turn
     assert order[:6] == ["b0", "b1", "a4", "b2", "a5", "b3"], order
+
+
+def test_the_supervisor_resolves_the_budget_per_deployment(monkeypatch, tmp_path):
+    from services.supervisor import job_launch
+    from services.supervisor.plan import DeployPlan
+    from services.supervisor.settings import SupervisorSettings
+
+    gib = 1 << 30
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
+    plan = DeployPlan(model_path=str(tmp_path), tp=2, pp=1, backend="ring",
+                      requested_backend="auto", hosts=None, members=[])
+    monkeypatch.setattr(job_launch, "host_memory", lambda: 16 * gib)
+    auto = SupervisorSettings(prompt_cache_bytes=gib)
+    want = (int(16 * gib * 0.9) - 4096) // 2 - gib
+    assert job_launch.kv_budget(auto, plan) == want
+    assert job_launch.rank_settings(auto, plan).kv_budget_bytes == want
+    assert job_launch.kv_budget(SupervisorSettings(kv_budget_bytes=123), plan) == 123
+    assert job_launch.kv_budget(SupervisorSettings(kv_budget_bytes=0), plan) == 0  # off
+    monkeypatch.setattr(job_launch, "host_memory", lambda: gib)
+    with pytest.raises(KvBudgetRefused):  # (0.9 GiB - weights) / 2 - 1 GiB < 0
+        job_launch.kv_budget(auto, plan)
