@@ -203,8 +203,12 @@ class Cluster:
                 self.supervisor_error = str(exc)
             except Exception:  # noqa: BLE001 - keep the loop alive, say why
                 log.exception("refresh failed")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.refresh_s)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns normally when the
+            # wake and a cancel land together, swallowing the cancel (stop() then waited
+            # forever: a CI run's gateway thread did not stop)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.refresh_s):
+                    await self._wake.wait()
             self._wake.clear()
 
     async def _events_loop(self) -> None:
@@ -272,8 +276,11 @@ class Cluster:
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
+            while not t.done():  # a cancel a task swallowed is sent again
+                await asyncio.wait({t}, timeout=1.0)
+                t.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+                t.result()
         for b in self.backends.values():
             b.close("gateway shutting down")
         self.backends.clear()
