@@ -67,6 +67,11 @@ class Gateway:
             raise ApiError(503, f"model {model!r} is not serving: deployment {d.deployment_id} "
                            f"is {d.state}{why}", code="model_not_ready",
                            headers={"retry-after": "5"})
+        # its record gone between a teardown and the redeploy's launch: still the model
+        # `up` promised back, not an unknown one (the same answer the whole redeploy)
+        if (back := c.coming_back(model)) is not None:
+            raise ApiError(503, f"model {model!r} is not serving: {back}",
+                           code="model_not_ready", headers={"retry-after": "5"})
         if not c.backends:
             raise ApiError(503, f"no deployment is serving: {self.not_ready_reason()}",
                            code="no_serving_deployment", headers={"retry-after": "5"})
