@@ -77,9 +77,8 @@ class Reason(str, enum.Enum):
     BAD_RANK = "bad_rank"  # a rank this responder does not serve
     WRONG_LAUNCH = "wrong_launch"  # hello names another deployment or job
     DUPLICATE_RANK = "duplicate_rank"  # that rank is already authenticated elsewhere
-    NO_HANDSHAKE = "no_handshake"  # proof without a pending hello
-    HANDSHAKE_EXPIRED = "handshake_expired"
-    HANDSHAKE_EVICTED = "handshake_evicted"  # pending table full: oldest dropped
+    NO_HANDSHAKE = "no_handshake"  # a proof for no challenge we issued (a bad cookie)
+    HANDSHAKE_EXPIRED = "handshake_expired"  # a proof past its challenge's deadline
     RETIRED_KEY = "retired_key"  # signed with the key of a launch that has ended
     # Transport (common/zmtp_watch.py): a connection libzmq closed before the ZMTP
     # handshake completed (raw bytes, not ZeroMQ, or silent past the handshake timeout).

@@ -21,8 +21,8 @@ different keys and labels (a proof cannot be reflected), and the channel name is
 
 Policy (documented in docs/security.md): a rank authenticated under one identity is not
 replaced by another identity (`duplicate_rank`); the same identity may repeat the
-handshake. Pending handshakes live in a bounded table (oldest evicted first, each with a
-deadline), one entry per identity.
+handshake. The responder keeps nothing per HELLO: its challenge nonce is a cookie
+(`Responder`), good for `DEADLINE_S`; memory is spent only on authenticated identities.
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from common.envelope import Key, Message, Reason
 from common.messages import AuthChallenge, AuthHello, AuthOk, AuthProof, Kind
@@ -41,7 +39,6 @@ from common.messages import AuthChallenge, AuthHello, AuthOk, AuthProof, Kind
 LABEL = b"lockstep-session/v1"
 NONCE_LEN = 16
 PROOF_LEN = 32
-PENDING_MAX = 64
 DEADLINE_S = 5.0
 KeysFor = Callable[[int], "tuple[Key, Key]"]  # rank -> (up, down)
 
@@ -99,7 +96,8 @@ class Initiator:
             raise AuthError(Reason.BAD_PROOF, "responder")
         self.peer_verified = True
         self._nonce_r = ch.nonce
-        self._proof = AuthProof(proof=prove(self._up, b"I", t))
+        self._proof = AuthProof(proof=prove(self._up, b"I", t), rank=self.rank,
+                                nonce_i=self.nonce, nonce_r=ch.nonce, issued_ms=ch.issued_ms)
         return self._proof
 
     def on_ok(self, ok: AuthOk) -> None:
@@ -110,102 +108,83 @@ class Initiator:
         self.accepted = True
 
 
-@dataclass
-class _Pending:
-    rank: int
-    nonce_i: bytes
-    challenge: AuthChallenge
-    transcript: bytes
-    deadline: float
+def _cookie(secret: bytes, identity: bytes, rank: int, nonce_i: bytes, issued_ms: int) -> bytes:
+    parts = (identity, str(rank).encode(), nonce_i, str(issued_ms).encode())
+    msg = b"".join(len(p).to_bytes(4, "big") + p for p in parts)
+    return hmac.new(secret, msg, hashlib.sha256).digest()[:NONCE_LEN]
 
 
 class Responder:
-    """Rank 0 (plan, ranks 1..N-1) or the supervisor (report, ranks 0..N-1)."""
+    """Rank 0 (plan, ranks 1..N-1) or the supervisor (report, ranks 0..N-1).
+
+    Stateless until a proof verifies, as TCP's SYN cookies: the challenge nonce is an HMAC,
+    under a secret of this responder's own, of (identity, rank, n_i, issued_ms), and the
+    initiator echoes all of it in its proof. A flood of HELLOs (even with the channel key)
+    therefore holds no memory and can evict no honest handshake; a proof is good for
+    `deadline_s` after its challenge was issued."""
 
     def __init__(self, channel: str, deployment_id: str, job_id: str, ranks: range,
-                 keys_for: KeysFor, *, capacity: int = PENDING_MAX,
-                 deadline_s: float = DEADLINE_S,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_drop: Callable[[Reason], None] | None = None) -> None:
+                 keys_for: KeysFor, *, deadline_s: float = DEADLINE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.channel, self.deployment_id, self.job_id = channel, deployment_id, job_id
-        self._on_drop = on_drop or (lambda _r: None)  # counts evicted / expired entries
         self.ranks = ranks
         self._keys = {r: keys_for(r) for r in ranks}  # derived once: O(1) per handshake
-        self.capacity = capacity
-        self.deadline_s = deadline_s
+        self._secret = secrets.token_bytes(32)  # this responder's cookies only
+        self.deadline_ms = int(deadline_s * 1000)
         self._clock = clock
-        self.pending: OrderedDict[bytes, _Pending] = OrderedDict()
         self.peers: dict[bytes, int] = {}  # authenticated identity -> rank
         self.by_rank: dict[int, bytes] = {}  # rank -> authenticated identity
         self._done: dict[bytes, tuple[int, bytes]] = {}  # identity -> (rank, accepted proof)
-        self.evicted = 0
-        self.expired = 0
 
     def rank_of(self, identity: bytes) -> int | None:
         return self.peers.get(identity)
 
-    def on_hello(self, identity: bytes, hello: AuthHello) -> AuthChallenge:
-        if hello.deployment_id != self.deployment_id or hello.job_id != self.job_id:
-            raise AuthError(Reason.WRONG_LAUNCH, f"{hello.deployment_id[:64]}/{hello.job_id[:64]}")
-        rank = hello.rank
+    def _check_claim(self, identity: bytes, rank: int) -> None:
         if rank not in self._keys:
             raise AuthError(Reason.BAD_RANK, str(rank))
-        if not _nonce_ok(hello.nonce):
-            raise AuthError(Reason.BAD_NONCE)
         known = self.peers.get(identity)
         if known is not None and known != rank:
-            raise AuthError(Reason.WRONG_PEER, f"identity is rank {known}, hello says {rank}")
+            raise AuthError(Reason.WRONG_PEER, f"identity is rank {known}, claims {rank}")
         holder = self.by_rank.get(rank)
         if holder is not None and holder != identity:
             raise AuthError(Reason.DUPLICATE_RANK, f"rank {rank} is already authenticated")
-        now = self._clock()
-        old = self.pending.get(identity)
-        if old is not None and old.rank == rank and old.nonce_i == hello.nonce \
-                and now < old.deadline:
-            return old.challenge  # a re-sent HELLO: the same challenge, no new state
-        self._make_room(now, identity)
-        nonce_r = secrets.token_bytes(NONCE_LEN)
+
+    def on_hello(self, identity: bytes, hello: AuthHello) -> AuthChallenge:
+        if hello.deployment_id != self.deployment_id or hello.job_id != self.job_id:
+            raise AuthError(Reason.WRONG_LAUNCH, f"{hello.deployment_id[:64]}/{hello.job_id[:64]}")
+        if not _nonce_ok(hello.nonce):
+            raise AuthError(Reason.BAD_NONCE)
+        rank = hello.rank
+        self._check_claim(identity, rank)
+        issued_ms = int(self._clock() * 1000)
+        nonce_r = _cookie(self._secret, identity, rank, hello.nonce, issued_ms)
         t = transcript(self.channel, self.deployment_id, self.job_id, rank, identity,
                        hello.nonce, nonce_r)
-        ch = AuthChallenge(nonce=nonce_r, proof=prove(self._keys[rank][1], b"R", t))
-        self.pending[identity] = _Pending(rank, hello.nonce, ch, t, now + self.deadline_s)
-        return ch
-
-    def _make_room(self, now: float, identity: bytes) -> None:
-        self.pending.pop(identity, None)  # one pending handshake per identity
-        while self.pending:  # oldest first: expired entries, then beyond capacity
-            _, first = next(iter(self.pending.items()))
-            if first.deadline <= now:
-                self.pending.popitem(last=False)
-                self.expired += 1
-                self._on_drop(Reason.HANDSHAKE_EXPIRED)
-            elif len(self.pending) >= self.capacity:
-                self.pending.popitem(last=False)
-                self.evicted += 1
-                self._on_drop(Reason.HANDSHAKE_EVICTED)
-            else:
-                break
+        return AuthChallenge(nonce=nonce_r, proof=prove(self._keys[rank][1], b"R", t),
+                             issued_ms=issued_ms)
 
     def on_proof(self, identity: bytes, proof: AuthProof) -> AuthOk:
-        p = self.pending.pop(identity, None)
-        if p is None:
-            done = self._done.get(identity)
-            if done is not None and hmac.compare_digest(done[1], proof.proof):
-                return AuthOk(rank=done[0])  # our AUTH_OK crossed a re-sent proof
-            raise AuthError(Reason.NO_HANDSHAKE)
-        if self._clock() >= p.deadline:
-            self.expired += 1
-            raise AuthError(Reason.HANDSHAKE_EXPIRED, f"rank {p.rank}")
+        done = self._done.get(identity)
+        if done is not None and hmac.compare_digest(done[1], proof.proof):
+            return AuthOk(rank=done[0])  # our AUTH_OK crossed a re-sent proof
+        if proof.rank not in self._keys or not _nonce_ok(proof.nonce_i) \
+                or not _nonce_ok(proof.nonce_r) or not hmac.compare_digest(
+                    _cookie(self._secret, identity, proof.rank, proof.nonce_i,
+                            proof.issued_ms), proof.nonce_r):
+            raise AuthError(Reason.NO_HANDSHAKE)  # not a challenge we issued to identity
+        age_ms = int(self._clock() * 1000) - proof.issued_ms
+        if not 0 <= age_ms < self.deadline_ms:
+            raise AuthError(Reason.HANDSHAKE_EXPIRED, f"rank {proof.rank}, {age_ms} ms")
+        t = transcript(self.channel, self.deployment_id, self.job_id, proof.rank, identity,
+                       proof.nonce_i, proof.nonce_r)
         if len(proof.proof) != PROOF_LEN or not hmac.compare_digest(
-                prove(self._keys[p.rank][0], b"I", p.transcript), proof.proof):
-            raise AuthError(Reason.BAD_PROOF, f"rank {p.rank}")
-        holder = self.by_rank.get(p.rank)
-        if holder is not None and holder != identity:  # another identity won meanwhile
-            raise AuthError(Reason.DUPLICATE_RANK, f"rank {p.rank} is already authenticated")
-        self.peers[identity] = p.rank
-        self.by_rank[p.rank] = identity
-        self._done[identity] = (p.rank, proof.proof)  # one per authenticated identity
-        return AuthOk(rank=p.rank)
+                prove(self._keys[proof.rank][0], b"I", t), proof.proof):
+            raise AuthError(Reason.BAD_PROOF, f"rank {proof.rank}")
+        self._check_claim(identity, proof.rank)  # another identity may have won meanwhile
+        self.peers[identity] = proof.rank
+        self.by_rank[proof.rank] = identity
+        self._done[identity] = (proof.rank, proof.proof)  # one per authenticated identity
+        return AuthOk(rank=proof.rank)
 
     def forget(self, rank: int) -> None:
         """Drop rank's authentication (the rank is gone); it must handshake again."""

@@ -19,15 +19,23 @@ class AuthHello:
 
 @dataclass
 class AuthChallenge:
-    nonce: bytes = field(metadata=HANDSHAKE_BYTES)  # responder's nonce
+    # responder's nonce: a cookie, HMAC(its secret, identity, rank, n_i, issued), so the
+    # responder keeps no state per HELLO (common/handshake.py)
+    nonce: bytes = field(metadata=HANDSHAKE_BYTES)
     # responder proves K(rank, "down") over the transcript (both nonces, ids)
     proof: bytes = field(metadata=HANDSHAKE_BYTES)
+    issued_ms: int  # the responder's clock when it issued the cookie (echoed back)
 
 
 @dataclass
 class AuthProof:
     # initiator proves K(rank, "up") over the transcript
     proof: bytes = field(metadata=HANDSHAKE_BYTES)
+    # the exchange echoed back, so the responder re-derives it instead of storing it
+    rank: int
+    nonce_i: bytes = field(metadata=HANDSHAKE_BYTES)
+    nonce_r: bytes = field(metadata=HANDSHAKE_BYTES)
+    issued_ms: int
 
 
 @dataclass

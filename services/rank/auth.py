@@ -65,7 +65,7 @@ class Origin:
 def leader_gate(spec: RankSpec, keys: LaunchKeys, chan: Channel, send) -> Gate:
     """Rank 0's plan ROUTER: responder for ranks 1..N-1."""
     responder = Responder("plan", spec.deployment_id, spec.job_id, range(1, spec.world_size),
-                          lambda r: session_keys(keys, r), on_drop=chan.reject)
+                          lambda r: session_keys(keys, r))
     return Gate(chan, responder, send)
 
 

@@ -57,8 +57,7 @@ class ReportAdmission:
         channel.verifier.max_size = channel.max_size = REPORT_MAX
         keys = route.keys
         responder = Responder("report", route.deployment_id, route.job_id,
-                              range(route.world_size), lambda r: session_keys(keys, r),
-                              on_drop=channel.reject)
+                              range(route.world_size), lambda r: session_keys(keys, r))
         gate = Gate(channel, responder,
                     lambda ident, body: self._send(ident, channel.pack(body)))
         self.routes[key.key_id] = LaunchRoute(channel, route, gate)

@@ -38,8 +38,8 @@ class Stub(threading.Thread):
         self.router.bind(d.report_endpoint)
         # Like the supervisor: a rank's reports count only after the session handshake.
         self.gate = Gate(self.rep, Responder("report", d.deployment_id, d.job_id,
-                                             range(d.world), lambda r: session_keys(k, r),
-                                             on_drop=self.rep.reject), self._send_report)
+                                             range(d.world), lambda r: session_keys(k, r)),
+                              self._send_report)
         self.dealer = configure(self.ctx.socket(zmq.DEALER))
         self.dealer.connect(d.requests_endpoint)
         addr = f"inproc://harness-{id(self)}"

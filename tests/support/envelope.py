@@ -89,8 +89,8 @@ SAMPLES: dict[Kind, Any] = {
     Kind.CACHE_SNAPSHOT: m.CacheSnapshot("cache-index", "a1b2", 11, 0, True,
                                          [m.CacheEntry(5, [1, 2], 2)]),
     Kind.AUTH_HELLO: m.AuthHello("dep-1", "job-1", 1, b"\x00" * 16),
-    Kind.AUTH_CHALLENGE: m.AuthChallenge(b"n" * 16, b"p" * 32),
-    Kind.AUTH_PROOF: m.AuthProof(b"p" * 32),
+    Kind.AUTH_CHALLENGE: m.AuthChallenge(b"n" * 16, b"p" * 32, 1),
+    Kind.AUTH_PROOF: m.AuthProof(b"p" * 32, 1, b"i" * 16, b"n" * 16, 1),
     Kind.AUTH_OK: m.AuthOk(1),
 }
 

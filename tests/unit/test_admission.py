@@ -163,7 +163,7 @@ def test_fuzz_initiator_link_trusts_nothing_unproven(seq):
     link.timers(0.0)
     assert isinstance(out[0], m.AuthHello)
     s = Signer(keys.plan, "mallory")
-    bodies = {"challenge": lambda b, i: m.AuthChallenge(b[:16].ljust(16, b"x"), b),
+    bodies = {"challenge": lambda b, i: m.AuthChallenge(b[:16].ljust(16, b"x"), b, i),
               "ok": lambda b, i: m.AuthOk(i), "plan": lambda b, i: m.Plan(i, 0, False),
               "ping": lambda b, i: m.Ping(i, 0.0)}
     for what, blob, i in seq:

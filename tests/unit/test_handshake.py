@@ -4,6 +4,7 @@ the decoders only ever reject (hypothesis)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import secrets
@@ -65,7 +66,6 @@ def test_mutual_authentication_binds_identity_and_rank():
     assert handshake(resp, init) == m.AuthOk(rank=2)
     assert init.peer_verified and init.accepted
     assert resp.rank_of(b"id-2") == 2 and resp.by_rank == {2: b"id-2"}
-    assert not resp.pending
 
 
 def test_nothing_is_accepted_before_both_proofs():
@@ -82,7 +82,9 @@ def test_stale_secret_fails_both_ways():
     resp, stale = responder(), initiator(keys=STALE)
     ch = resp.on_hello(b"id-1", stale.hello())
     assert reason_of(stale.on_challenge, ch) is Reason.BAD_PROOF  # we don't trust them
-    forged = m.AuthProof(prove(STALE.session(1, "up"), b"I", b"whatever"))
+    t = transcript("plan", "dep-1", "job-1", 1, b"id-1", stale.nonce, ch.nonce)
+    forged = m.AuthProof(prove(STALE.session(1, "up"), b"I", t), 1, stale.nonce, ch.nonce,
+                         ch.issued_ms)  # our own challenge echoed, the old launch's key
     assert reason_of(resp.on_proof, b"id-1", forged) is Reason.BAD_PROOF
     old_resp, init = responder(keys=STALE), initiator()
     assert reason_of(init.on_challenge, old_resp.on_hello(b"id-1", init.hello())) \
@@ -96,14 +98,19 @@ def test_proof_is_bound_to_the_routing_identity():
     ch = resp.on_hello(b"id-1", init.hello())
     proof = init.on_challenge(ch)
     resp.on_hello(b"mallory", init.hello())  # replayed HELLO from another connection
-    assert reason_of(resp.on_proof, b"mallory", proof) is Reason.BAD_PROOF
+    # the cookie binds the identity it was issued to
+    assert reason_of(resp.on_proof, b"mallory", proof) is Reason.NO_HANDSHAKE
+    theirs = resp.on_hello(b"mallory", init.hello())  # even echoing mallory's own cookie
+    relayed = dataclasses.replace(proof, nonce_r=theirs.nonce, issued_ms=theirs.issued_ms)
+    assert reason_of(resp.on_proof, b"mallory", relayed) is Reason.BAD_PROOF
     assert resp.rank_of(b"mallory") is None
 
 
 def test_reflection_and_cross_channel_proofs_fail():
     resp, init = responder(), initiator()
     ch = resp.on_hello(b"id-1", init.hello())
-    reflected = m.AuthProof(ch.proof)  # the responder's own proof sent back
+    # the responder's own proof sent back
+    reflected = m.AuthProof(ch.proof, 1, init.nonce, ch.nonce, ch.issued_ms)
     assert reason_of(resp.on_proof, b"id-1", reflected) is Reason.BAD_PROOF
     report = responder("report")
     ch2 = report.on_hello(b"id-1", init.hello())  # a report-socket challenge
@@ -121,7 +128,7 @@ def test_replayed_handshake_is_refused():
     # A fresh responder (a later boot) and the recorded HELLO + PROOF: new nonce, no good.
     later = responder()
     later.on_hello(b"id-1", init.hello())
-    assert reason_of(later.on_proof, b"id-1", proof) is Reason.BAD_PROOF
+    assert reason_of(later.on_proof, b"id-1", proof) is Reason.NO_HANDSHAKE  # not its cookie
 
 
 def test_another_ranks_identity_is_refused():
@@ -161,40 +168,52 @@ def test_bad_hellos(hello, reason):
     assert reason_of(responder().on_hello, b"id", hello) is reason
 
 
-def test_resent_hello_gets_the_same_challenge():
-    resp, init = responder(), initiator()
+def test_resent_hello_gets_an_equivalent_challenge():
+    clock = FakeClock(100.0)
+    resp, init = responder(clock=clock), initiator()
     ch1 = resp.on_hello(b"id-1", init.hello())
-    assert resp.on_hello(b"id-1", init.hello()) is ch1
+    assert resp.on_hello(b"id-1", init.hello()) == ch1  # same millisecond, same cookie
     p1 = init.on_challenge(ch1)
     assert init.on_challenge(ch1) is p1  # idempotent on the initiator side too
-    assert len(resp.pending) == 1
+    clock.now += 0.5  # a HELLO re-sent later: another cookie, and either proof is good
+    ch2 = resp.on_hello(b"id-1", init.hello())
+    assert ch2.nonce != ch1.nonce
+    p2 = init.on_challenge(ch2)
+    assert resp.on_proof(b"id-1", p1) == resp.on_proof(b"id-1", p2) == m.AuthOk(rank=1)
 
 
-def test_pending_table_is_bounded_oldest_first():
-    dropped: list[Reason] = []
-    resp = responder(capacity=8, on_drop=dropped.append)
-    first = initiator(1, b"legit")
-    ch = resp.on_hello(b"legit", first.hello())
-    for i in range(1000):  # half-open handshakes from 1000 identities
+def test_a_hello_flood_holds_no_state_and_cannot_evict_an_honest_handshake():
+    resp = responder()
+    legit = initiator(1, b"legit")
+    ch = resp.on_hello(b"legit", legit.hello())
+    before = {k: len(v) for k, v in vars(resp).items() if isinstance(v, dict)}
+    for i in range(1000):  # half-open handshakes from 1000 identities, with the keys
         resp.on_hello(b"h%d" % i, initiator(2, b"h%d" % i).hello())
-        assert len(resp.pending) <= 8
-    assert resp.evicted == 1000 - 8 + 1 and dropped.count(Reason.HANDSHAKE_EVICTED) == 993
-    assert reason_of(resp.on_proof, b"legit", first.on_challenge(ch)) is Reason.NO_HANDSHAKE
-    assert handshake(resp, initiator(1, b"legit")).rank == 1  # a retry still gets in
+    assert {k: len(v) for k, v in vars(resp).items() if isinstance(v, dict)} == before
+    assert resp.on_proof(b"legit", legit.on_challenge(ch)).rank == 1
 
 
-def test_pending_deadline():
+def test_a_proof_must_echo_the_challenge_it_was_given():
+    resp, init = responder(), initiator()
+    proof = init.on_challenge(resp.on_hello(b"id-1", init.hello()))
+    for forged in (dataclasses.replace(proof, issued_ms=proof.issued_ms + 1),
+                   dataclasses.replace(proof, rank=2),
+                   dataclasses.replace(proof, nonce_i=b"x" * NONCE_LEN),
+                   dataclasses.replace(proof, nonce_r=b"x" * NONCE_LEN),
+                   dataclasses.replace(proof, nonce_r=b"short")):
+        assert reason_of(resp.on_proof, b"id-1", forged) is Reason.NO_HANDSHAKE
+    assert reason_of(resp.on_proof, b"id-2", proof) is Reason.NO_HANDSHAKE  # another socket
+    assert resp.on_proof(b"id-1", proof).rank == 1
+
+
+def test_challenge_deadline():
     clock = FakeClock(100.0)
     resp, init = responder(clock=clock, deadline_s=5.0), initiator()
     ch = resp.on_hello(b"id-1", init.hello())
     clock.now += 5.0
     assert reason_of(resp.on_proof, b"id-1", init.on_challenge(ch)) is Reason.HANDSHAKE_EXPIRED
-    dropped: list[Reason] = []
-    resp = responder(clock=clock, deadline_s=5.0, on_drop=dropped.append)
-    resp.on_hello(b"old", initiator(1, b"old").hello())
-    clock.now += 6.0
-    resp.on_hello(b"new", initiator(2, b"new").hello())  # expired entries go first
-    assert list(resp.pending) == [b"new"] and dropped == [Reason.HANDSHAKE_EXPIRED]
+    clock.now -= 0.001  # just inside it
+    assert resp.on_proof(b"id-1", init.on_challenge(ch)).rank == 1
 
 
 def test_forget_requires_a_new_handshake():
@@ -228,8 +247,7 @@ def gate() -> tuple[Gate, Channel, Wire]:
     chan = Channel("test", "plan-gate-" + secrets.token_hex(3), sender="rank-0",
                    send_key=LK.plan, accept=m.PLAN_TO_LEADER)
     w = Wire()
-    resp = Responder("plan", "dep-1", "job-1", range(1, 3), lambda r: session_keys(LK, r),
-                     on_drop=chan.reject)
+    resp = Responder("plan", "dep-1", "job-1", range(1, 3), lambda r: session_keys(LK, r))
     return Gate(chan, resp, w.send), chan, w
 
 
@@ -260,8 +278,9 @@ nonces = st.binary(min_size=0, max_size=70) | st.just(b"n" * NONCE_LEN)
 texts = st.text(max_size=20) | st.sampled_from(["dep-1", "job-1"])
 bodies = st.one_of(
     st.builds(m.AuthHello, texts, texts, st.integers(-5, 10), nonces),
-    st.builds(m.AuthProof, st.binary(max_size=70)),
-    st.builds(m.AuthChallenge, nonces, st.binary(max_size=70)),
+    st.builds(m.AuthProof, st.binary(max_size=70), st.integers(-5, 10), nonces, nonces,
+              st.integers(-2**40, 2**50)),
+    st.builds(m.AuthChallenge, nonces, st.binary(max_size=70), st.integers(-2**40, 2**50)),
     st.builds(m.AuthOk, st.integers(-5, 10)),
     st.builds(m.PlanHello, st.integers(-5, 10)),
 )
@@ -309,7 +328,7 @@ def test_fuzz_handshake_bodies_decode_or_reject(cls, raw):
 def test_fuzz_initiator_challenge(nonce, proof):
     init = initiator()
     try:
-        init.on_challenge(m.AuthChallenge(nonce, proof))
+        init.on_challenge(m.AuthChallenge(nonce, proof, 0))
     except AuthError as exc:
         assert exc.reason in (Reason.BAD_NONCE, Reason.BAD_PROOF)
     assert not init.peer_verified

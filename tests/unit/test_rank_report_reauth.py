@@ -37,8 +37,7 @@ class Supervisor:
         self.sock = configure_listener(ctx.socket(zmq.ROUTER), max_size=256 * 1024)
         bind_again(self.sock, endpoint)
         self.gate = Gate(self.chan, Responder("report", DEP, JOB, range(1),
-                                              lambda r: session_keys(KEYS, r),
-                                              on_drop=self.chan.reject),
+                                              lambda r: session_keys(KEYS, r)),
                          lambda ident, body: self.sock.send_multipart(
                              [ident, self.chan.pack(body)], zmq.NOBLOCK))
         self.got: list[object] = []
