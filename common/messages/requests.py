@@ -85,6 +85,10 @@ class Tokens:
     logprobs: list[float] = field(default_factory=list)
     top_ids: list[list[int]] = field(default_factory=list)
     top_logprobs: list[list[float]] = field(default_factory=list)
+    # No tokens, not final: rank 0 still holds the request without output (waiting in its
+    # queue, preempted, prefilling), re-sent every WAITING_HEARTBEAT_S: the gateway's read
+    # timeout is for a model that stopped, not a queue that is long.
+    waiting: bool = False
 
 
 @dataclass

@@ -58,6 +58,8 @@ log = logging.getLogger("lockstep.rank.leader")
 LOOKAHEAD = 16  # waiting prompts a plan looks past the head for (grouping by length)
 MAX_TENANT = 256  # an API key's name, as the gateway sends it
 MAX_WEIGHT = 1000  # a tenant's weight (services/gateway/core/auth.py's bound)
+WAITING_HEARTBEAT_S = 1.0  # "still waiting" to the gateway, per request without output
+SILENT = frozenset({Status.WAITING, Status.PREFILLING, Status.PREEMPTED})  # no tokens now
 
 
 def disk_planner(store, settings, world_size: int) -> DiskPlanner | None:
@@ -95,6 +97,7 @@ class Leader(RankLoop):
         self.stall = StallBudget(s.prefill_stall_ratio, s.prefill_step)
         self.steered = False  # the last plan's step was steered (prefill_policy.py)
         self.share = 1.0  # the last plan's waiting/streams factor (prefill_policy.share)
+        self._heartbeat_at = 0.0  # monotonic: the next scan for silent requests
         self.rt.on_exit(self._end_all_streams)
 
     # -- the loop ---------------------------------------------------------------------
@@ -434,7 +437,22 @@ class Leader(RankLoop):
             self.plan_stores(emitted)
         self.emit(emitted)
         self.publish_counts()
+        self.heartbeat(time.monotonic())
         return emitted
+
+    def heartbeat(self, now: float) -> None:
+        """A request that waits (the queue, the KV budget, a preemption) or prefills sends
+        no tokens, maybe for longer than the gateway's read timeout: tell the gateway it
+        is still held, once per WAITING_HEARTBEAT_S. A rank 0 that stopped stepping sends
+        none, so the read timeout still ends streams on a stuck model."""
+        if now < self._heartbeat_at:
+            return
+        self._heartbeat_at = now + WAITING_HEARTBEAT_S
+        for rid, rec in self.scheduled.items():
+            if rec.status in SILENT and now - max(rec.said_at, rec.received_at) \
+                    >= WAITING_HEARTBEAT_S:
+                rec.said_at = now
+                self.send(StreamChunk(rid, step=self.engine.step, waiting=True))
 
     def plan_stores(self, emitted: list[Emitted]) -> None:
         """What the next plan stores: the model's finishes (prompt + reply), and the

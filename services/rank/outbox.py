@@ -47,6 +47,7 @@ class StreamChunk:  # rank 0: a request's next chunk; the ledger adds index and 
     logprobs: list[float] = field(default_factory=list)
     top_ids: list[list[int]] = field(default_factory=list)
     top_logprobs: list[list[float]] = field(default_factory=list)
+    waiting: bool = False  # a heartbeat of a request still without output (Tokens.waiting)
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ class RequestRecord:
     preemptions: int = 0  # times it was preempted (the KV budget, a higher priority)
     # its place in rank 0's queue: priority, arrival, tenant and weight (wait_queue.py)
     waiting: Waiting = field(default_factory=lambda: Waiting(0, 0))
+    said_at: float = 0.0  # monotonic: the last "still waiting" heartbeat sent for it
 
     @property
     def request_id(self) -> str:

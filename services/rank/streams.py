@@ -38,7 +38,8 @@ def _tokens(c: StreamChunk, index: int, prompt_tokens: int) -> Tokens:
                   finish_reason=c.finish_reason, error=c.error, prompt_tokens=prompt_tokens,
                   model_ttft_ms=c.model_ttft_ms, step=c.step, token_times=c.token_times,
                   error_code=c.error_code, cached_tokens=c.cached_tokens,
-                  logprobs=c.logprobs, top_ids=c.top_ids, top_logprobs=c.top_logprobs)
+                  logprobs=c.logprobs, top_ids=c.top_ids, top_logprobs=c.top_logprobs,
+                  waiting=c.waiting)
 
 
 class StreamLedger:

@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -108,6 +109,22 @@ def host_memory() -> int:
     return int(psutil.virtual_memory().total)
 
 
+def kv_host_memory() -> int:
+    """The memory the auto KV budget is taken from: this host's physical memory; on Apple
+    silicon MLX's recommended working set for the GPU where that is smaller (what Metal
+    lets MLX keep resident). Unverified: no Mac has run this; an MLX without the query
+    leaves the physical memory."""
+    total = host_memory()
+    if sys.platform == "darwin":
+        try:
+            import mlx.core as mx
+            info = (getattr(mx, "device_info", None) or mx.metal.device_info)()
+            total = min(total, int(info["max_recommended_working_set_size"]))
+        except Exception:  # noqa: BLE001 - no Metal, an older MLX: the physical memory
+            pass
+    return total
+
+
 @functools.cache
 def free_disk(home: Path) -> int:
     """Free bytes of the filesystem holding `home` (or its nearest existing parent), read
@@ -131,7 +148,7 @@ def kv_budget(settings: SupervisorSettings, plan: DeployPlan) -> int:
         return settings.kv_budget_bytes
     cache = 0 if not settings.prompt_cache_entries else (
         settings.prompt_cache_bytes or auto_prompt_cache_bytes(host_memory()))
-    return auto_kv_budget_bytes(host_memory(), weights_bytes(plan.model_path),
+    return auto_kv_budget_bytes(kv_host_memory(), weights_bytes(plan.model_path),
                                 plan.world_size, cache)
 
 

@@ -53,6 +53,8 @@ class Stub(threading.Thread):
         self.telemetry: dict[int, m.Telemetry] = {}
         self.acks: dict[int, dict[int, m.CancelAck]] = collections.defaultdict(dict)
         self.streams: dict[str, list[m.Tokens]] = collections.defaultdict(list)
+        # rank 0's "still waiting" heartbeats (Tokens.waiting), kept out of `streams`
+        self.heartbeats: collections.Counter[str] = collections.Counter()
         self.batches = 0  # TOKENS_BATCH messages (several streams' chunks in one)
         self.ended: dict[str, threading.Event] = collections.defaultdict(threading.Event)
         self.stats: dict[str, m.Stats] = {}
@@ -146,6 +148,9 @@ class Stub(threading.Thread):
                 chunks = msg.body.chunks if isinstance(msg.body, m.TokensBatch) else [msg.body]
                 self.batches += isinstance(msg.body, m.TokensBatch)
                 for c in chunks:
+                    if c.waiting:
+                        self.heartbeats[c.request_id] += 1
+                        continue
                     self.streams[c.request_id].append(c)
                     if c.finish_reason is not None:
                         self.ended[c.request_id].set()

@@ -77,7 +77,8 @@ class SecondGateway:
                 chunks = body.chunks if isinstance(body, TokensBatch) else \
                     [body] if isinstance(body, Tokens) else []
                 for c in chunks:
-                    self.got.setdefault(c.request_id, []).append(c)
+                    if not c.waiting:  # rank 0's "still waiting" heartbeats aside
+                        self.got.setdefault(c.request_id, []).append(c)
             return pred()
         return poll_until(step, timeout, what, interval=0.01)
 

@@ -9,6 +9,7 @@ module's tmp dir."""
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -85,6 +86,9 @@ def test_login_from_fragment_shows_serving(live, browser, shots):
     assert "launching → loading → canary → serving" in row[6], row
     rank1 = cells(browser, "#ranks", f"{dep['deployment_id']}/1")
     assert rank1[3] == str(dep["ranks"][1]["pid"]) and rank1[8] != "0", rank1  # pid, memory
+    # KV held / the budget `up` resolved (auto: the host's memory less the weights) / peak
+    assert re.fullmatch(r"\S+( \S+)? / \d+\.\d [KMG]iB \(peak \S+( \S+)?\)", rank1[9]), rank1
+    assert re.match(r"0 waiting; waits \d+, preempted 0, refused 0", row[10]), row  # queue
     shot(shots, browser, "serving")
 
 

@@ -46,3 +46,24 @@ def test_rank0_refuses_beyond_its_bound_in_band_and_admits_again(tmp_path):
         # Empty again: requests are served to the end.
         done = [d.submit([1, 2, 3], 6) for _ in range(BOUND)]
         assert all(d.result(r).finish_reason in ("length", "stop") for r in done)
+
+
+@pytest.mark.timeout(150)
+def test_a_waiting_request_gets_rank_0s_heartbeat_until_its_first_token(tmp_path):
+    """One slot (max_batch 1), taken by a long request: the next one waits in rank 0's
+    queue, and rank 0 says so about once a second (Tokens.waiting, no tokens: what keeps
+    the gateway's read timeout for a stopped model, not a long queue). Once it runs, the
+    heartbeats stop and its tokens come as ever."""
+    with Deployment(tmp_path, mode="single", settings={"max_batch": 1}, env=SLOW) as d:
+        first = d.submit([1, 2, 3], LONG)
+        d.wait_tokens(first, 1)
+        queued = d.submit([4, 5, 6], 8)
+        d.wait(lambda: d.stub.heartbeats[queued] >= 3, 20, "three heartbeats of the queued")
+        assert not d.chunks(queued)  # no tokens yet: it waits
+        assert d.stub.heartbeats[first] == 0  # the running one streams instead
+        d.abort(first)
+        r = d.result(queued)
+        assert (r.finish_reason, len(r.tokens)) == ("length", 8), r
+        beats = d.stub.heartbeats[queued]
+        assert d.result(first).finish_reason == "abort"
+        assert d.stub.heartbeats[queued] == beats  # none after it ended

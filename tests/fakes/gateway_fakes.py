@@ -57,6 +57,7 @@ class _Req:
     next_at: float = 0.0
     received_at: float = 0.0
     aborted: str | None = None
+    beat_at: float = 0.0  # the next "still waiting" heartbeat (heartbeat_s)
 
 
 @dataclass
@@ -68,6 +69,7 @@ class FakeRank0:
     ignore_abort: bool = False
     drop_final: bool = False
     silent: bool = False
+    heartbeat_s: float = 0.0  # > 0: "still waiting" chunks until the first token, as rank 0
     max_open: int = 0
     refuse: Callable[[Generate], tuple[ErrorCode, str] | None] | None = None
     cached: Callable[[Generate], int] | None = None
@@ -132,6 +134,20 @@ class FakeRank0:
                 if got is not None:
                     self._on(*got)
             self._tick()
+            self._beat()
+
+    def _beat(self) -> None:
+        """Rank 0's "still waiting" heartbeat (Tokens.waiting) for each request before its
+        first token, every `heartbeat_s`."""
+        if not self.heartbeat_s:
+            return
+        now = time.monotonic()
+        with self._lock:
+            quiet = [r for r in self._reqs.values() if r.sent == 0 and now >= r.beat_at]
+        for r in quiet:
+            r.beat_at = now + self.heartbeat_s
+            self._send(r.ident, Tokens(request_id=r.gen.request_id, tokens=[], index=0,
+                                       step=self.step, waiting=True))
 
     def _on(self, ident: bytes, msg) -> None:
         b = msg.body

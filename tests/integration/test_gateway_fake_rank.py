@@ -43,6 +43,7 @@ def reset(env):
     r = env.rank
     r.script, r.step_s, r.prefill_s = None, 0.01, 0.0
     r.ignore_abort = r.drop_final = r.silent = False
+    r.heartbeat_s = 0.0
     yield
     poll_until(lambda: env.gw.gw.cluster.active == 0, 10, "gateway active count back to 0")
 
@@ -186,6 +187,25 @@ def test_non_streaming_disconnect_aborts(env):
                    json={"model": env.model_name, "prompt": "x", "max_tokens": 300})
     poll_until(lambda: any(r == "client_disconnect" for _, r, _ in rank.aborts[-1:]), 5,
                "the abort of the non-streaming request")
+
+
+@pytest.mark.timeout(60)
+def test_a_request_rank_0_says_is_waiting_outlasts_the_read_timeout(env):
+    """Rank 0 holds it three read timeouts before its first token (a long queue, a KV
+    budget), saying so every 0.5 s: it is served, not cancelled; the same wait without
+    the heartbeats ends in the read timeout's 504 (the existing test below)."""
+    rank = env.rank
+    rank.prefill_s, rank.heartbeat_s = 3 * READ_TIMEOUT, 0.5
+    say(env, "worth the wait")
+    r = httpx.post(env.url + "/v1/completions", timeout=20,
+                   json={"model": env.model_name, "prompt": "x", "max_tokens": 16})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == "worth the wait"
+    assert not [a for a in rank.aborts if a[1] == "read_timeout"]
+    rank.heartbeat_s = 0.0
+    r = httpx.post(env.url + "/v1/completions", timeout=20,
+                   json={"model": env.model_name, "prompt": "x", "max_tokens": 16})
+    assert r.status_code == 504 and r.json()["error"]["code"] == "read_timeout", r.text
 
 
 @pytest.mark.timeout(60)

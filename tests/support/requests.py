@@ -45,6 +45,7 @@ class RequestsClient:
         self.sock = configure(self.ctx.socket(zmq.DEALER))
         self.sock.connect(dep_info["requests_endpoint"])
         self.streams: dict[str, list[Tokens]] = {}
+        self.heartbeats: dict[str, int] = {}  # rank 0's "still waiting" chunks, kept apart
 
     def generate(self, prompt: list[int], max_tokens: int) -> str:
         rid = new_request_id()
@@ -58,6 +59,9 @@ class RequestsClient:
             msg = self.channel.unpack_dealer(self.sock.recv_multipart())
             body = None if msg is None else msg.body
             for c in getattr(body, "chunks", None) or ([body] if isinstance(body, Tokens) else []):
+                if c.waiting:
+                    self.heartbeats[c.request_id] = self.heartbeats.get(c.request_id, 0) + 1
+                    continue
                 self.streams.setdefault(c.request_id, []).append(c)
             timeout = 0
 

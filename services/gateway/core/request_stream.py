@@ -140,6 +140,8 @@ class RequestStream:
             self.generated += len(body.tokens)
             self.backend.tokens_out += len(body.tokens)
             self.first_token_at = self.first_token_at or self.consumer_seen
+        elif body.waiting:  # rank 0 still holds it (queued, prefilling): not a stuck model
+            self.last_token_at = self.consumer_seen
         self.cached_tokens = max(self.cached_tokens, body.cached_tokens)
         if self.model_ttft_ms is None and body.model_ttft_ms is not None:
             self.model_ttft_ms = body.model_ttft_ms

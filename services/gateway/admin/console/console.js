@@ -63,6 +63,27 @@ function fmtBytes(n) {
   return n.toFixed(i ? 1 : 0) + " " + u[i];
 }
 
+// A rank's KV against its budget (issue 45): held now / budget, and the most held.
+function fmtKv(kv) {
+  if (!kv) return "–";
+  if (!kv.budget) return fmtBytes(kv.held) + " (no budget)";
+  return {text: fmtBytes(kv.held) + " / " + fmtBytes(kv.budget) + " (peak " +
+                fmtBytes(kv.held_peak) + ")",
+          cls: kv.held_peak > kv.budget ? "bad" : ""};
+}
+
+// Rank 0's queue: waiting by priority, and what the budget did (waits, preemptions, refusals).
+function fmtQueue(kv) {
+  if (!kv) return "–";
+  const prios = Object.entries(kv.queued_by_priority || {})
+    .sort((a, b) => Number(a[0]) - Number(b[0]))
+    .map(([p, n]) => n + " at " + p).join(", ");
+  return {text: kv.waiting + " waiting" + (prios ? " (" + prios + ")" : "") + "; waits " +
+                kv.waits + ", preempted " + kv.preemptions + ", refused " + kv.refused,
+          cls: "wrap", title: Object.entries(kv.queued_by_tenant || {})
+            .map(([t, n]) => t + ": " + n + " waiting").join("\n")};
+}
+
 function fmtAge(s) {
   if (s === null || s === undefined || !isFinite(s)) return "–";
   if (s < 60) return s.toFixed(1) + " s";
@@ -158,6 +179,7 @@ function renderDeployments(status, reqs) {
       d.state === "serving" && since ? fmtAge(now() - since) : "–",
       gw ? gw.active + (d.replicas > 1 ? " (load " + gw.load + (gw.draining ? ", draining" : "") + ")" : "") : 0,
       rate && rate.rate !== null ? rate.rate.toFixed(1) : "–",
+      fmtQueue(((d.ranks || []).find((r) => r.rank === 0) || {}).kv),
       cache,
       {text: d.error || "", cls: "wrap bad"},
     ];
@@ -185,6 +207,7 @@ function renderRanks(status) {
       {text: r.phase, cls: "phase state-" + r.phase},
       r.step, sps === null || sps === undefined ? "–" : sps.toFixed(1), r.active,
       fmtBytes(r.mem_active),
+      fmtKv(r.kv),
       {text: fmtAge(age), cls: age !== null && age > 5 ? "bad" : ""},
       {text: r.cancel_epoch + " / " + r.acked_epoch,
        cls: r.acked_epoch < status.cancel_epoch ? "warn" : ""},
