@@ -4,14 +4,18 @@ minutes).
 
 Each rank, once serving and idle, is moved into a memory cgroup of its own
 (tests/support/memcg.py) whose limit bounds what it allocates from then on: the budget
-plus a headroom for the prefill's temporaries (measured: a 1500-token prompt's prefill
-alone takes ~360 MB beside its KV). Sixteen distinct 1500-token prompts at once, prefix
-cache off:
+plus a headroom for the prefill's temporaries (448 MiB; measured, a rank under the budget
+allocated 190-220 MB in all). Sixteen distinct 1500-token prompts at once, prefix cache
+off:
 
 - budget 64 MB: every request completes, the kernel killed nothing, rank 0 made requests
   wait for the budget (its own count), and every rank's peak stayed under the limit;
 - the control, budget off under the same limit: the kernel kills a rank (the flood's
   unbounded KV is ~650 MB per rank, ~1.5 GB with its temporaries): the limit is real.
+
+Measured (2 shared cores, HEADROOM 736 MiB then): with the budget, peaks of 222 and 194 MB,
+no kill, rank 0 made the queue's head wait 989 times; budget off, rank 0 was killed at
+836 MB.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ pytestmark = [pytest.mark.soak,
               pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
 BUDGET = 64_000_000
-HEADROOM = 736 << 20  # the prefill's temporaries and MLX's buffer cache, above the KV
+# the prefill's temporaries and MLX's buffer cache above the KV; measured with the budget:
+# 190-220 MB in all, KV included, so the limit (512 MB) leaves it twice that
+HEADROOM = 448 << 20
 N, PROMPT_WORDS, MAX_TOKENS = 16, 1500, 64
 WORDS = ("river", "mill", "lantern", "harbour", "quartz", "meadow", "copper", "signal")
 

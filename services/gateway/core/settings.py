@@ -9,7 +9,7 @@
 | api_keys | (none) | comma-separated API keys, each `KEY` or `NAME:KEY` (unnamed: `key-<i>`); empty = open |
 | api_key_weights | (none) | comma-separated `NAME=W` (1..1000, default 1): a key's turn in rank 0's queue within a priority and its share of max_inflight |
 | api_key_max_priority | (none) | comma-separated `NAME=P`: the most urgent `priority` the key may ask (lower is more urgent); none = any |
-| request_read_timeout | 300 | seconds without a token before a request is cancelled |
+| request_read_timeout | 300 | seconds without a token (or rank 0's "still waiting" heartbeat) before a request is cancelled |
 | orphan_grace_s | 5 | seconds before an abandoned stream is reaped |
 | max_body_bytes | 4 MiB | larger request bodies get 413 |
 | input_bytes_per_token | 8 | a prompt (chat: the rendered template) over context x this many UTF-8 bytes is refused before tokenizing |
