@@ -2,9 +2,9 @@
 `--kv-budget-bytes 2000000` serving the tiny preset at TP=2 and, deployed beside it, at
 PP=2 -- real ranks, real mlx-lm caches.
 
-A flood of eight greedy requests, all in rank 0's queue at once, whose KV together is
-about 1.8 times the budget: all complete, each with the tokens and logprobs of its run
-alone; rank 0 made the queue's head wait and preempted running requests as the batch grew
+A flood of 24 requests (greedy and seeded, streamed and not), all in rank 0's queue at
+once, whose KV together is more than 4 times the budget: all complete, each with the
+tokens and logprobs of its run alone (determinism is on); rank 0 made the queue's head wait and preempted running requests as the batch grew
 (its own counts: a preempted request comes back as prompt + its tokens, its client sees
 only a pause); every rank's own measure of its caches (their nbytes after every step, in
 telemetry) never passed the budget, and came within reach of it. A prompt that cannot fit alone is refused at once with a 400
@@ -46,15 +46,20 @@ def prompt(i: int) -> str:
                     for k in range(12 + 5 * i))
 
 
-def complete(url: str, model: str, i: int, stream: bool = False) -> dict:
+def complete(url: str, model: str, i: int, stream: bool = False,
+             prompt_tokens: dict[int, int] | None = None) -> dict:
     """Request i's text, every token's logprob and its finish; streamed: put together
-    from its chunks (a stream with an error, a gap or a repeat cannot equal the whole)."""
-    body = {"model": model, "prompt": prompt(i), "max_tokens": MAX_TOKENS, "temperature": 0,
+    from its chunks (a stream with an error, a gap or a repeat cannot equal the whole).
+    Not streamed, its prompt's token count goes to `prompt_tokens[i]` if given."""
+    sampled = {"temperature": 0.8, "seed": 1000 + i} if i % 4 >= 2 else {"temperature": 0}
+    body = {"model": model, "prompt": prompt(i), "max_tokens": MAX_TOKENS, **sampled,
             "logprobs": 1, "logit_bias": NO_EOS, "stream": stream}
     if not stream:
         r = httpx.post(url + "/v1/completions", timeout=180, json=body, headers=ALICE)
         assert r.status_code == 200, r.text
         ch = r.json()["choices"][0]
+        if prompt_tokens is not None:
+            prompt_tokens[i] = r.json()["usage"]["prompt_tokens"]
         return {"text": ch["text"], "logprobs": ch["logprobs"]["token_logprobs"],
                 "finish": ch["finish_reason"]}
     out = {"text": "", "logprobs": [], "finish": None}
@@ -70,14 +75,6 @@ def complete(url: str, model: str, i: int, stream: bool = False) -> dict:
                 out["logprobs"] += (ch.get("logprobs") or {}).get("token_logprobs") or []
                 out["finish"] = ch.get("finish_reason") or out["finish"]
     return out
-
-
-def count_prompt(url: str, model: str, i: int) -> int:
-    """Request i's prompt tokens, as the gateway counts them (a one-token completion)."""
-    r = httpx.post(url + "/v1/completions", timeout=60, headers=ALICE,
-                   json={"model": model, "prompt": prompt(i), "max_tokens": 1})
-    assert r.status_code == 200, r.text
-    return r.json()["usage"]["prompt_tokens"]
 
 
 def flood(url: str, model: str, n: int, hold) -> dict[int, dict]:
@@ -125,9 +122,9 @@ def test_a_flood_past_the_budget_completes_as_alone_and_no_rank_holds_more(clust
     c = cluster
     dep = next(d for d in c.deployments() if d["model"] == model and d["state"] == "serving")
     dep_id = dep["deployment_id"]
-    n = 8
-    alone = {i: complete(c.url, model, i) for i in range(n)}
-    prompt_tokens = {i: count_prompt(c.url, model, i) for i in range(n)}
+    n = 24
+    prompt_tokens: dict[int, int] = {}
+    alone = {i: complete(c.url, model, i, prompt_tokens=prompt_tokens) for i in range(n)}
     got = flood(c.url, model, n, functools.partial(held_at_rank0, c.url, c.hdr, dep))
     for i in range(n):
         assert "error" not in got[i], got[i]
@@ -142,9 +139,9 @@ def test_a_flood_past_the_budget_completes_as_alone_and_no_rank_holds_more(clust
     kv = poll_until(settled, 30, "rank 0's waits and preemptions, every rank's peak")
     slot = kv[0]["slot_bytes"]
     assert slot > 0 and all(k["budget"] == BUDGET for k in kv.values()), kv
-    # the flood's eight rows at once would need more than one and a half budgets
+    # the flood's rows at once would need more than four budgets
     longest = max(prompt_tokens.values()) + MAX_TOKENS
-    assert n * (longest + 1 + 256) * slot > 1.5 * BUDGET, (n, longest, slot)
+    assert n * (longest + 1 + 256) * slot > 4 * BUDGET, (n, longest, slot)
     for rank, k in kv.items():
         assert k["held_peak"] <= BUDGET, (rank, k)
         assert k["held_peak"] > BUDGET / 4, (rank, k)  # the budget did bind the batch

@@ -13,9 +13,9 @@ off:
 - the control, budget off under the same limit: the kernel kills a rank (the flood's
   unbounded KV is ~650 MB per rank, ~1.5 GB with its temporaries): the limit is real.
 
-Measured (2 shared cores, HEADROOM 736 MiB then): with the budget, peaks of 222 and 194 MB,
-no kill, rank 0 made the queue's head wait 989 times; budget off, rank 0 was killed at
-836 MB.
+Measured (2 cores): with the budget, peaks of 205 and 199 MB, no kill, rank 0 made the
+queue's head wait 989 times; budget off, rank 0 was killed at 534 MB (and at 836 MB with
+a 736 MiB headroom); 9.5 minutes in all.
 """
 
 from __future__ import annotations
