@@ -11,8 +11,8 @@
           → anything else: only from an identity that completed the handshake, and only
             for its own rank (unauthenticated / wrong_peer)
 
-Everything before the MAC is a dict lookup on 8 bytes; the handshake is one HMAC per
-message and a bounded pending table per launch. Every rejection and every handshake
+Everything before the MAC is a dict lookup on 8 bytes; the handshake is two HMACs per
+message and holds no state until a proof verifies (common/handshake.py's cookies). Every rejection and every handshake
 message is charged to the socket's `Budget`; the read loop sleeps when it runs dry.
 """
 
