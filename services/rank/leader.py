@@ -186,7 +186,7 @@ class Leader(RankLoop):
         self.arrivals += 1
         self.scheduled[g.request_id] = RequestRecord(
             ins, e.received_at, waiting=Waiting(g.priority, self.arrivals, g.tenant,
-                                                g.tenant_weight))
+                                                g.tenant_weight, since=e.received_at))
         self.queue(g.request_id)
         self.publish_counts()
 

@@ -8,6 +8,11 @@ Turns are weighted fair queuing by admissions: a tenant's `served` count goes up
 with the least; a tenant that starts waiting again after a quiet spell starts from the
 count of the last admission (virtual time), so its past idleness buys no burst.
 
+Waiting ages, so that no priority starves under a stream of more urgent ones: a lane's
+effective priority is its value less one per `age_s` seconds its oldest request has waited
+(`AGE_S`, 10 s: a request at priority 10 goes ahead of newcomers at 0 after 100 s). Aging
+orders the queue only; preemption for a waiting request compares nominal priorities.
+
 mlx-lm's own queue (BatchGenerator's unprocessed sequences) is FIFO, so the order is
 applied here, before anything is inserted into the batch.
 """
@@ -15,8 +20,11 @@ applied here, before anything is inserted into the batch.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+AGE_S = 10.0  # seconds of waiting worth one priority level (0: no aging)
 
 
 @dataclass(frozen=True)
@@ -25,10 +33,13 @@ class Waiting:
     arrival: int
     tenant: str = ""
     weight: int = 1
+    since: float = 0.0  # monotonic: when it first arrived (a preempted one keeps it)
 
 
 class WaitQueue:
-    def __init__(self) -> None:
+    def __init__(self, *, age_s: float = AGE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.age_s, self._clock = age_s, clock
         # per priority, per tenant: (arrival, request id), sorted
         self._lanes: dict[int, dict[str, list[tuple[int, str]]]] = {}
         self._by_rid: dict[str, Waiting] = {}
@@ -44,8 +55,20 @@ class WaitQueue:
         bisect.insort(lane, (w.arrival, rid))
         self._by_rid[rid] = w
 
+    def _effective(self, priority: int, now: float) -> tuple[float, float]:
+        """A lane's place: its priority less its oldest request's age in levels; on a
+        tie, the lane waiting longer."""
+        if not self.age_s:
+            return priority, 0.0
+        since = min(self._by_rid[v[0][1]].since for v in self._lanes[priority].values())
+        return priority - (now - since) // self.age_s, since
+
     def head(self) -> str:
-        lanes = self._lanes[min(self._lanes)]
+        if len(self._lanes) == 1:
+            lanes = next(iter(self._lanes.values()))
+        else:
+            now = self._clock()
+            lanes = self._lanes[min(self._lanes, key=lambda p: self._effective(p, now))]
         tenant = min(lanes, key=lambda t: (self._served.get(t, 0.0), lanes[t][0][0]))
         return lanes[tenant][0][1]
 

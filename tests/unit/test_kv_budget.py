@@ -15,7 +15,8 @@ from mlx_lm.generate import BatchGenerator
 from common.rankspec import KvBudgetRefused, auto_kv_budget_bytes
 from models.tinymodel.build import build_model
 from services.rank.kv_budget import GROWTH, UNBOUNDED, KvBudget, Row, slot_bytes
-from services.rank.wait_queue import Waiting, WaitQueue
+from services.rank.wait_queue import AGE_S, Waiting, WaitQueue
+from tests.support.clock import FakeClock
 
 CHUNK = 64  # prompt tokens per prefill chunk
 
@@ -146,6 +147,28 @@ def test_the_wait_queue_orders_by_priority_then_arrival():
     assert q.by_priority() == {0: 1, 10: 1} and len(q) == 2
     with pytest.raises(ValueError):
         q.push("d", Waiting(0, 9))
+
+
+def test_a_waiting_request_ages_past_a_stream_of_more_urgent_ones():
+    """Priority 10 behind a steady stream at 0: once its wait is worth ten levels
+    (10 x AGE_S seconds) it is the head, and nothing newer at 0 passes it after that."""
+    clock = FakeClock(1000.0)
+    q = WaitQueue(clock=clock)
+    q.push("low", Waiting(10, 0, since=clock.now))
+    heads = []
+    for i in range(1, 200):
+        clock.now += 1.0
+        q.push(f"u{i}", Waiting(0, i, since=clock.now))
+        heads.append(q.pop())
+        if heads[-1] == "low":
+            break
+    assert heads[-1] == "low" and len(heads) == 10 * AGE_S, heads[-3:]
+    assert heads[:-1] == [f"u{i}" for i in range(1, len(heads))]
+    # no aging: strict priority, the low one would wait for ever
+    strict = WaitQueue(age_s=0, clock=clock)
+    strict.push("low", Waiting(10, 0, since=0.0))
+    strict.push("u", Waiting(0, 1, since=clock.now))
+    assert strict.head() == "u"
 
 
 def admit_all(q: WaitQueue, ws: dict[str, Waiting]) -> list[str]:
