@@ -36,7 +36,11 @@ from common.messages import AUTH_TO_INITIATOR, AuthChallenge
 from common.rankspec import RankSpec
 
 log = logging.getLogger("lockstep.rank.auth")
+# HELLO re-sent until accepted, backing off: 0.5 s, then twice as long each time up to 4 s.
+# A fixed 0.5 s piled HELLOs up in this DEALER's own pipe ahead of its proof while rank 0's
+# ROUTER took one frame per connection per round from a flood of them.
 HELLO_RESEND_S = 0.5
+HELLO_RESEND_MAX_S = 4.0
 
 
 def new_identity(rank: int) -> bytes:
@@ -80,6 +84,7 @@ class InitiatorLink:
         self.started_at = time.monotonic()
         self.accepted_at: float | None = None
         self._hello_at = 0.0
+        self._hello_every = HELLO_RESEND_S
 
     @property
     def peer_verified(self) -> bool:
@@ -116,7 +121,8 @@ class InitiatorLink:
         if self.init.accepted:
             return float("inf")
         if now >= self._hello_at:
-            self._hello_at = now + HELLO_RESEND_S
+            self._hello_at = now + self._hello_every
+            self._hello_every = min(2 * self._hello_every, HELLO_RESEND_MAX_S)
             self._send(self.init.hello())
         return self._hello_at
 

@@ -71,6 +71,7 @@ def test_follower_joins_under_garbage_and_half_open_flood(tmp_path):
         halfopen.wait(timeout=60)
         halfopen_out = halfopen.stdout.read()
         challenged = json.loads(halfopen_out.splitlines()[-1])["received"]
+        rejects = d.fresh_telemetry(0).rejects  # now that every half-open HELLO was read
         assert challenged + rejects.get("plan.duplicate_rank", 0) > 0, (halfopen_out, rejects)
         assert rejects.get("plan.bad_magic", 0) + rejects.get("plan.too_short", 0) > 0
     finally:

@@ -25,7 +25,7 @@ EARLY_LEASES = 3  # leases a rank's SUB hears before the supervisor answers its 
 
 def hold_handshakes_for_leases(rs: RunningSupervisor) -> Counter:
     """Withhold handshake replies to each rank identity until EARLY_LEASES leases went out
-    after its first HELLO (the rank re-sends HELLO every 0.5 s). Both wrapped calls run
+    after its first HELLO (the rank re-sends HELLO, backing off from 0.5 s). Both wrapped calls run
     on the supervisor's event loop. Returns the replies withheld per identity."""
     sockets = rs.sup.sockets
     adm = sockets.admission
