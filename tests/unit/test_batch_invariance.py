@@ -27,6 +27,7 @@ VARIANT_TODAY = ("attention: a prefill row vs a decode step",
                  "attention: prefill in chunks vs one",
                  "attention: left-padded in a batch vs alone",
                  "linear: a row alone vs among 64 (every weight shape)")
+SPECULATIVE = "drafts verified"  # the harness's speculative cases (tests/support/speculation.py)
 
 
 def harness(model: Path, mode: str, *extra: str, cpu_kernels: bool = False) -> dict:
@@ -65,9 +66,12 @@ def test_the_harness_sees_what_varies_on_todays_path(tiny):
     for op, ok in out["ops"].items():
         if op not in VARIANT_TODAY:
             assert ok, f"{op}: varies on today's path too ({out['ops']})"
-    varied = [case for case, diff in out["runs"].items() if diff is not None]
-    # the one-chunk prefill of 160 tokens in chunks of 64 happens to agree; nothing else
-    assert len(varied) >= len(out["runs"]) - 2, out["runs"]
+    plain = {case: diff for case, diff in out["runs"].items() if SPECULATIVE not in case}
+    varied = [case for case, diff in plain.items() if diff is not None]
+    # the one-chunk prefill of 160 tokens in chunks of 64 happens to agree; nothing else.
+    # (Drafts verified over 160 + 16 keys agree on today's path too: it splits P @ V
+    # past 256 keys, measured differing at 400 prompt tokens.)
+    assert len(varied) >= len(plain) - 2, out["runs"]
 
 
 def test_deterministic_mode_is_invariant_smollm2():
