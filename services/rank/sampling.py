@@ -67,31 +67,32 @@ def min_p_filter(logprobs: mx.array, min_p: float) -> mx.array:
     return mx.where(logprobs < floor, mx.array(-math.inf, logprobs.dtype), logprobs)
 
 
+def draw(s: SeededSampling, logprobs: mx.array, index: int) -> mx.array:
+    """Token `index` of a request sampled with `s` (temperature > 0) from its logprobs
+    row(s): the one draw plain decoding and a verified draft at that index share."""
+    scaled = logprobs * (1.0 / s.temperature)
+    if 0.0 < s.min_p <= 1.0:
+        scaled = min_p_filter(scaled, s.min_p)
+    if s.top_k > 0:
+        scaled = top_k_filter(scaled, s.top_k)
+    if 0.0 < s.top_p < 1.0:
+        scaled = apply_top_p(scaled, s.top_p)
+    return mx.random.categorical(scaled, key=mx.random.key(token_seed(s.seed, index)))
+
+
 def make_sampler(s: SeededSampling, start: int = 0) -> Sampler | None:
     """The sampler for one request; None means greedy (the batch's shared argmax).
     `start`: the index of its first token (a continuation goes on where it stopped)."""
     if s.temperature <= 0.0:
         return None
-    inv_t = 1.0 / s.temperature
-    seed, top_k, top_p, min_p = s.seed, s.top_k, s.top_p, s.min_p
-    use_top_p = 0.0 < top_p < 1.0
-    use_min_p = 0.0 < min_p <= 1.0
     index = start
 
     def sample(logprobs: mx.array) -> mx.array:
         # Called once per generated token, in order, on every rank alike (graph
         # construction is deterministic), so `index` is the token's position.
         nonlocal index
-        key = mx.random.key(token_seed(seed, index))
         index += 1
-        scaled = logprobs * inv_t
-        if use_min_p:
-            scaled = min_p_filter(scaled, min_p)
-        if top_k > 0:
-            scaled = top_k_filter(scaled, top_k)
-        if use_top_p:
-            scaled = apply_top_p(scaled, top_p)
-        return mx.random.categorical(scaled, key=key)
+        return draw(s, logprobs, index - 1)
 
     return sample
 

@@ -136,18 +136,17 @@ def check_runs(model, n: int, seeded_too: bool = True,
         rest = generate(model, probe + alone.tokens[:k], n - k, sampling=sampling, resumed=k)
         out[f"{label}: resumed at k={k}"] = first_difference(
             alone, Run(alone.tokens[:k] + rest.tokens, alone.rows[:k] + rest.rows))
-        if sampling is None:  # drafts verified in one step (issue 46): greedy acceptance
-            other = prompt(70)
-            other_alone = generate(model, other, n)
-            start = prefills(model, [Row(probe, [], 0), Row(other, [], 0)])
-            for p in (0.0, 0.5, 1.0):  # the other row's drafts are right half the time
-                mine, theirs = verified_runs(model, [Row(probe, alone.tokens, p),
-                                                     Row(other, other_alone.tokens, 0.5)],
-                                             start)
-                out[f"{label}: drafts verified, right with p={p}"] = first_difference(
-                    alone, mine)
-                out[f"{label}: drafts verified, the row beside it (p={p})"] = \
-                    first_difference(other_alone, theirs)
+        # drafts verified in one step (issue 46), beside a row with its own drafts
+        other = prompt(70)
+        other_alone = generate(model, other, n, sampling=sampling)
+        start = prefills(model, [Row(probe, [], 0), Row(other, [], 0)])
+        for p in (0.0, 0.5, 1.0):  # the other row's drafts are right half the time
+            mine, theirs = verified_runs(model, [Row(probe, alone.tokens, p, sampling),
+                                                 Row(other, other_alone.tokens, 0.5, sampling)],
+                                         start)
+            out[f"{label}: drafts verified, right with p={p}"] = first_difference(alone, mine)
+            out[f"{label}: drafts verified, the row beside it (p={p})"] = \
+                first_difference(other_alone, theirs)
     return out
 
 
