@@ -102,9 +102,11 @@ def check_ops(model, mode: str) -> dict[str, bool]:
     return out
 
 
-def check_runs(model, n: int, seeded_too: bool = True,
-               chunks: tuple[int, ...] = (7, 64), length: int = 160) -> dict[str, str | None]:
-    """One request alone, then in each situation: null where identical."""
+def check_runs(model, n: int, seeded_too: bool = True, chunks: tuple[int, ...] = (7, 64),
+               length: int = 160, accepted: dict | None = None) -> dict[str, str | None]:
+    """One request alone, then in each situation: null where identical. `accepted`
+    collects each speculative run's accepted drafts per row (the probe, the other)."""
+    accepted = {} if accepted is None else accepted
     rng = random.Random(SEED)
     vocab = model.args.vocab_size
 
@@ -141,9 +143,10 @@ def check_runs(model, n: int, seeded_too: bool = True,
         other_alone = generate(model, other, n, sampling=sampling)
         start = prefills(model, [Row(probe, [], 0), Row(other, [], 0)])
         for p in (0.0, 0.5, 1.0):  # the other row's drafts are right half the time
-            mine, theirs = verified_runs(model, [Row(probe, alone.tokens, p, sampling),
-                                                 Row(other, other_alone.tokens, 0.5, sampling)],
-                                         start)
+            (mine, theirs), took = verified_runs(
+                model, [Row(probe, alone.tokens, p, sampling),
+                        Row(other, other_alone.tokens, 0.5, sampling)], start)
+            accepted[f"{label}: p={p}"] = took
             out[f"{label}: drafts verified, right with p={p}"] = first_difference(alone, mine)
             out[f"{label}: drafts verified, the row beside it (p={p})"] = \
                 first_difference(other_alone, theirs)
@@ -163,11 +166,13 @@ def main() -> None:
     arch = None
     if args.mode == "on":
         arch = determinism.install(model).architecture
+    accepted: dict = {}
+    runs = check_runs(model, args.tokens, not args.greedy_only,
+                      tuple(int(x) for x in args.chunks.split(",")), args.prompt_tokens,
+                      accepted)
     print(json.dumps({"mode": args.mode, "architecture": arch,
-                      "ops": check_ops(model, args.mode),
-                      "runs": check_runs(model, args.tokens, not args.greedy_only,
-                                         tuple(int(x) for x in args.chunks.split(",")),
-                                         args.prompt_tokens)}))
+                      "ops": check_ops(model, args.mode), "runs": runs,
+                      "accepted": accepted}))
 
 
 if __name__ == "__main__":

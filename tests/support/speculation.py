@@ -1,12 +1,8 @@
-"""The determinism harness's speculative runs (issue 46, item 2): requests decoded by
-verifying drafts in one forward pass per step, in one batch, each row with its own number
-of drafts, rejected positions dropped per row (services/rank/spec_kv.py). Greedy: a draft
-is accepted while it equals the argmax at its position, and the first position that
-differs yields the model's own token, so every row's emitted tokens and logprob rows must
-be plain decoding's bit for bit (`invariance.first_difference` against `generate`). Seeded:
-position j of a row draws token index (its tokens so far + j) with the rank's own
-`sampling.draw`, after its logits processors over the context up to that position (the
-tokens so far and the drafts before j), as the issue specifies.
+"""The determinism harness's speculative runs (issue 46, item 2): requests decoded by the
+rank's verify step (services/rank/spec_verify.py) in one batch, each row with its own
+number of drafts, rejected positions dropped per row (services/rank/spec_kv.py). Every
+row's emitted tokens and logprob rows must be plain decoding's bit for bit
+(`invariance.first_difference` against `generate`), greedy and seeded with penalties.
 
 Drafts come from a test proposer that knows each request's plain tokens and proposes the
 right one with the row's probability p (else a wrong one), from a fixed seed.
@@ -17,12 +13,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
 from common.messages import PlanInsert, SeededSampling
-from services.rank.sampling import draw, logits_processors_for
-from services.rank.spec_kv import rewind_rows
+from services.rank.sampling import logits_processors_for
+from services.rank.spec_verify import Verifying, verify
 from tests.support.invariance import Run, prefix_cache
 
 DRAFTS = 4  # drafts per step at most
@@ -42,16 +37,6 @@ class Row:
                                                 max_tokens=len(self.truth),
                                                 sampling=self.sampling), None)
 
-    def pick(self, logits: mx.array, context: list[int], index: int, procs) -> tuple:
-        """Position `index`'s token and logprob row from its logits [1, V], as plain
-        decoding computes them (GenerationBatch._step: processors, normalise, sample)."""
-        for proc in procs:
-            logits = proc(mx.array(context), logits)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        if self.sampling is None or self.sampling.temperature <= 0.0:
-            return int(mx.argmax(logprobs[0]).item()), logprobs[0]
-        return int(draw(self.sampling, logprobs, index).item()), logprobs[0]
-
 
 def _drafts(rng: random.Random, row: Row, at: int, vocab: int) -> list[int]:
     """Up to DRAFTS tokens for positions at, at+1, ...: right with probability p each."""
@@ -70,35 +55,28 @@ def prefills(model, rows: list[Row]) -> list[list]:
 
 
 def verified_runs(model, rows: list[Row], per_prompt: list[list] | None = None,
-                  seed: int = 0) -> list[Run]:
+                  seed: int = 0) -> tuple[list[Run], list[int]]:
     """Each row's first len(truth) tokens and logprob rows, decoded by verification in
-    one batch (a row that is done keeps decoding, as padding for the others)."""
+    one batch (a row that is done keeps decoding, as padding for the others), and how
+    many of its drafts were accepted while it was not done."""
     vocab = model.args.vocab_size
     rng = random.Random(seed)
     per_prompt = per_prompt or prefills(model, rows)
     cache = [BatchKVCache.merge(list(layers)) for layers in zip(*per_prompt, strict=True)]
-    last = [r.prompt[-1] for r in rows]
     procs = [r.processors() for r in rows]
+    seqs = [list(r.prompt) for r in rows]  # every token so far, per row
     runs = [Run() for _ in rows]
+    accepted = [0] * len(rows)
     while any(len(run.tokens) < len(r.truth) for run, r in zip(runs, rows, strict=True)):
-        drafts = [_drafts(rng, r, len(run.tokens), vocab) for run, r in zip(runs, rows,
-                                                                            strict=True)]
-        width = 1 + max(len(d) for d in drafts)
-        feed = [[x, *d] + [0] * (width - 1 - len(d)) for x, d in zip(last, drafts, strict=True)]
-        logits = model(mx.array(feed), cache=cache)
-        drop = []
-        for i, d in enumerate(drafts):
-            kept, done = 0, list(rows[i].prompt) + runs[i].tokens
-            for j in range(len(d) + 1):
-                token, row = rows[i].pick(logits[i, j][None], done + d[:j],
-                                          len(runs[i].tokens), procs[i])
-                kept += 1
-                if len(runs[i].tokens) < len(rows[i].truth):
-                    runs[i].tokens.append(token)
-                    runs[i].rows.append(row)
-                last[i] = token
-                if j == len(d) or d[j] != token:
-                    break
-            drop.append(width - kept)
-        rewind_rows(cache, drop)
-    return runs
+        step = [Verifying(last=seq[-1], drafts=_drafts(rng, r, len(seq) - len(r.prompt), vocab),
+                          context=list(seq), index=len(seq) - len(r.prompt),
+                          sampling=r.sampling, processors=p)
+                for seq, r, p in zip(seqs, rows, procs, strict=True)]
+        for i, got in enumerate(verify(model, cache, step)):
+            seq, run, r = seqs[i], runs[i], rows[i]
+            seq.extend(got.tokens)
+            room = len(r.truth) - len(run.tokens)
+            accepted[i] += got.accepted if room > 0 else 0
+            run.tokens.extend(got.tokens[:room])
+            run.rows.extend(got.logprobs[:room])
+    return runs, accepted
