@@ -9,10 +9,11 @@ then the first drawn token that differs, or one more after all were accepted —
 decoding's, token for token and logprob for logprob (the determinism harness checks it,
 tests/support/speculation.py). The KV layout: services/rank/spec_kv.py.
 
-Processors must be pure functions of (context, logits): logit_bias, the penalties, XTC.
-A grammar's matcher advances as it is called and so would need rolling back over
-rejected drafts; rows with a grammar are not verified here (the engine does not
-speculate yet, issue 46).
+Positions are picked in order and the first mismatch ends the row, so a processor is
+called only over accepted tokens: a grammar's matcher, which advances by the context's
+last token at each call, consumes exactly the accepted drafts (each one its mask
+allowed) and never a rejected or forbidden one, and needs no rollback. The engine does
+not speculate yet (issue 46).
 """
 
 from __future__ import annotations

@@ -33,10 +33,11 @@ class Companion:
 def generate(model, prompt: list[int], n: int, *, companions: tuple[Companion, ...] = (),
              prefill_step: int = 2048, cache=None, cached: int = 0,
              sampling: SeededSampling | None = None, resumed: int = 0,
-             completion_batch: int = 16, prefill_batch: int = 8) -> Run:
+             completion_batch: int = 16, prefill_batch: int = 8, ctx=None) -> Run:
     """The probe's first n tokens (no stop token) and its logprob rows: greedy, or with
     the rank's own sampler and logits processors for `sampling` (its last `resumed`
-    prompt tokens are output so far, as a continuation's are)."""
+    prompt tokens are output so far, as a continuation's are); `ctx`: the processors'
+    context (services/rank/sampling.ProcessorContext), which a grammar needs."""
     gen = BatchGenerator(model, max_tokens=n, stop_tokens=[],
                          completion_batch_size=completion_batch,
                          prefill_batch_size=prefill_batch, prefill_step_size=prefill_step)
@@ -45,7 +46,7 @@ def generate(model, prompt: list[int], n: int, *, companions: tuple[Companion, .
         ins = PlanInsert(request_id="probe", prompt=list(prompt), max_tokens=n,
                          sampling=sampling, resumed=resumed)
         sampler, processors = make_sampler(sampling, start=resumed), \
-            logits_processors_for(ins, None)
+            logits_processors_for(ins, ctx)
     try:
         now = [c for c in companions if c.at_step == 0]
         later = sorted((c for c in companions if c.at_step > 0), key=lambda c: c.at_step)

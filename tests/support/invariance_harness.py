@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from types import SimpleNamespace
 
+import llguidance as llg
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm import load
@@ -25,6 +27,7 @@ from mlx_lm.models.base import create_causal_mask
 
 from common.messages import SeededSampling
 from services.rank import determinism
+from services.rank.grammar import RankGrammars
 from services.rank.invariant_attention import invariant_sdpa
 from tests.support.invariance import Companion, Run, first_difference, generate, prefix_cache
 from tests.support.speculation import Row, prefills, verified_runs
@@ -153,6 +156,39 @@ def check_runs(model, n: int, seeded_too: bool = True, chunks: tuple[int, ...] =
     return out
 
 
+def check_grammar_drafts(model, tokenizer, n: int, accepted: dict) -> dict[str, str | None]:
+    """A JSON-schema row verified with drafts (many of them tokens its grammar forbids:
+    a wrong draft is a random id) beside a plain row: both equal to their runs alone. The
+    grammar's matcher advances only over accepted drafts (each equals a token its mask
+    allowed), so a forbidden draft is rejected and never consumed or emitted."""
+    eos = sorted(tokenizer.eos_token_ids)
+    ctx = SimpleNamespace(eos_ids=eos, grammars=RankGrammars(tokenizer, eos,
+                                                               model.args.vocab_size))
+    schema = {"type": "object", "required": ["name", "tags"], "additionalProperties": False,
+              "properties": {"name": {"type": "string"},
+                             "tags": {"type": "array", "items": {"enum": ["a", "b"]}}}}
+    grammar = llg.LLMatcher.grammar_from_json_schema(
+        schema, defaults={"whitespace_flexible": False})
+    rng = random.Random(SEED + 1)
+    probe = [rng.randrange(5, min(model.args.vocab_size, 1000)) for _ in range(90)]
+    other = [rng.randrange(5, min(model.args.vocab_size, 1000)) for _ in range(40)]
+    shaped = SeededSampling(temperature=0.0, seed=0, grammar=grammar)
+    alone = generate(model, probe, n, sampling=shaped, ctx=ctx)
+    other_alone = generate(model, other, n)
+    out: dict[str, str | None] = {}
+    start = prefills(model, [Row(probe, [], 0), Row(other, [], 0)])
+    for p in (0.0, 0.5, 1.0):
+        (mine, theirs), took = verified_runs(
+            model, [Row(probe, alone.tokens, p, shaped, ctx), Row(other, other_alone.tokens, 0.5)],
+            start)
+        accepted[f"greedy + a JSON schema: p={p}"] = took
+        out[f"greedy + a JSON schema: drafts verified, right with p={p}"] = \
+            first_difference(alone, mine)
+        out[f"greedy + a JSON schema: drafts verified, the row beside it (p={p})"] = \
+            first_difference(other_alone, theirs)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -162,7 +198,7 @@ def main() -> None:
     ap.add_argument("--chunks", default="7,64", help="prefill chunk sizes, comma-separated")
     ap.add_argument("--prompt-tokens", type=int, default=160)
     args = ap.parse_args()
-    model, _ = load(args.model)
+    model, tokenizer = load(args.model)
     arch = None
     if args.mode == "on":
         arch = determinism.install(model).architecture
@@ -170,6 +206,7 @@ def main() -> None:
     runs = check_runs(model, args.tokens, not args.greedy_only,
                       tuple(int(x) for x in args.chunks.split(",")), args.prompt_tokens,
                       accepted)
+    runs.update(check_grammar_drafts(model, tokenizer, args.tokens, accepted))
     print(json.dumps({"mode": args.mode, "architecture": arch,
                       "ops": check_ops(model, args.mode), "runs": runs,
                       "accepted": accepted}))

@@ -29,13 +29,15 @@ class Row:
     truth: list[int]  # its plain run's tokens: the test proposer's oracle, and the length
     p: float  # each draft is right with this probability
     sampling: SeededSampling | None = None  # None: greedy
+    ctx: object = None  # the processors' context (a grammar needs the rank's matchers)
 
     def processors(self) -> list:
+        """Fresh each run: a grammar's processor advances its matcher as it is called."""
         if self.sampling is None:
             return []
         return logits_processors_for(PlanInsert(request_id="row", prompt=list(self.prompt),
                                                 max_tokens=len(self.truth),
-                                                sampling=self.sampling), None)
+                                                sampling=self.sampling), self.ctx)
 
 
 def _drafts(rng: random.Random, row: Row, at: int, vocab: int) -> list[int]:
