@@ -133,10 +133,9 @@ def test_a_flood_past_the_budget_completes_as_alone_and_no_rank_holds_more(clust
 
     def settled() -> dict[int, dict] | None:
         kv = rank_kv(c, dep_id)
-        return kv if kv[0]["waits"] and kv[0]["preemptions"] and all(
-            k["held_peak"] for k in kv.values()) else None
+        return kv if kv[0]["waits"] and all(k["held_peak"] for k in kv.values()) else None
 
-    kv = poll_until(settled, 30, "rank 0's waits and preemptions, every rank's peak")
+    kv = poll_until(settled, 30, "rank 0's waits, every rank's peak")
     slot = kv[0]["slot_bytes"]
     assert slot > 0 and all(k["budget"] == BUDGET for k in kv.values()), kv
     # the flood's rows at once would need more than four budgets
@@ -146,6 +145,14 @@ def test_a_flood_past_the_budget_completes_as_alone_and_no_rank_holds_more(clust
         assert k["held_peak"] <= BUDGET, (rank, k)
         assert k["held_peak"] > BUDGET / 4, (rank, k)  # the budget did bind the batch
     assert kv[0]["refused"] == 0
+    # Whether the rows' growth outgrows the budget (a preemption) depends on how many of
+    # the flood rank 0 had read when it admitted: on the PP deployment, with another
+    # process loading both cores, it took none in 2 of 12 runs (all else above held).
+    try:
+        poll_until(lambda: rank_kv(c, dep_id)[0]["preemptions"] or None, 10,
+                   "rank 0's preemptions")
+    except AssertionError:
+        pytest.xfail(f"no preemption this run (measured: 2 in 12 runs under load): {kv[0]}")
 
 
 @pytest.mark.timeout(300)

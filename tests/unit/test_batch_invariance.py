@@ -30,7 +30,8 @@ VARIANT_TODAY = ("attention: a prefill row vs a decode step",
 SPECULATIVE = "drafts verified"  # the harness's speculative cases (tests/support/speculation.py)
 
 
-def harness(model: Path, mode: str, *extra: str, cpu_kernels: bool = False) -> dict:
+def harness(model: Path, mode: str, *extra: str, cpu_kernels: bool = False,
+            timeout: float = 240) -> dict:
     """The harness's JSON, in a rank's environment; `cpu_kernels`: with the OpenBLAS
     kernels OpenBLAS picks for this CPU instead of the one a rank pins
     (common/rank_env.py OPENBLAS_CORETYPE)."""
@@ -39,7 +40,7 @@ def harness(model: Path, mode: str, *extra: str, cpu_kernels: bool = False) -> d
         env.pop("OPENBLAS_CORETYPE", None)
     done = subprocess.run([sys.executable, "-m", "tests.support.invariance_harness",
                            str(model), "--mode", mode, *extra], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -95,9 +96,11 @@ def test_deterministic_mode_is_invariant_smollm2():
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(960)
 def test_deterministic_mode_is_invariant_bench_preset(tmp_path):
     out = harness(build_model(tmp_path / "bench", preset="bench"), "on", "--tokens", "24",
-                  "--chunks", "7,32,64,128,512", "--prompt-tokens", "1100")
+                  "--chunks", "7,32,64,128,512", "--prompt-tokens", "1100",
+                  timeout=900)  # a soak: 1100-token prompts through every case
     assert all(out["ops"].values()), out["ops"]
     assert all(v is None for v in out["runs"].values()), out["runs"]
 
