@@ -145,14 +145,16 @@ def test_a_flood_past_the_budget_completes_as_alone_and_no_rank_holds_more(clust
         assert k["held_peak"] <= BUDGET, (rank, k)
         assert k["held_peak"] > BUDGET / 4, (rank, k)  # the budget did bind the batch
     assert kv[0]["refused"] == 0
-    # Whether the rows' growth outgrows the budget (a preemption) depends on how many of
-    # the flood rank 0 had read when it admitted: on the PP deployment, with another
-    # process loading both cores, it took none in 2 of 12 runs (all else above held).
+    # At least one preemption: strict at TP=2 (every run so far). At PP=2, with another
+    # process loading both cores, rank 0 needed none in 2 of 12 runs (all else above
+    # held; not yet explained): an xfail naming it there, not a pass or a retry.
     try:
         poll_until(lambda: rank_kv(c, dep_id)[0]["preemptions"] or None, 10,
                    "rank 0's preemptions")
     except AssertionError:
-        pytest.xfail(f"no preemption this run (measured: 2 in 12 runs under load): {kv[0]}")
+        if model != "tiny-pp":
+            raise
+        pytest.xfail(f"PP=2: no preemption this run (2 in 12 runs under load): {kv[0]}")
 
 
 @pytest.mark.timeout(300)
