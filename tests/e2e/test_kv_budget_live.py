@@ -4,10 +4,12 @@ PP=2 -- real ranks, real mlx-lm caches.
 
 A flood of 24 requests (greedy and seeded, streamed and not), all in rank 0's queue at
 once, whose KV together is more than 4 times the budget: all complete, each with the
-tokens and logprobs of its run alone (determinism is on); rank 0 made the queue's head wait and preempted running requests as the batch grew
-(its own counts: a preempted request comes back as prompt + its tokens, its client sees
-only a pause); every rank's own measure of its caches (their nbytes after every step, in
-telemetry) never passed the budget, and came within reach of it. A prompt that cannot fit alone is refused at once with a 400
+tokens and logprobs of its run alone (determinism is on); rank 0 made the queue's head
+wait (its own counts); every rank's own measure of its caches (their nbytes after every
+step, in telemetry) never passed the budget, and came within reach of it. Then two
+requests sized so that they must outgrow the budget together: rank 0 preempts one (a
+preempted request comes back as prompt + its tokens, its client sees only a pause), and
+both equal their runs alone. A prompt that cannot fit alone is refused at once with a 400
 naming the budget, in the OpenAI and Anthropic shapes, and the service keeps serving.
 Status, the banner and /metrics show the budget.
 
@@ -25,6 +27,7 @@ import httpx
 import pytest
 
 from common.home import Paths
+from services.rank.kv_budget import GROWTH
 from services.rank.removals import read_removals, removals_path
 from tests.gwutil import poll_until, sse_lines
 from tests.support.probes import FREEZE_S, held_at_rank0, rank0_frozen
@@ -47,12 +50,15 @@ def prompt(i: int) -> str:
 
 
 def complete(url: str, model: str, i: int, stream: bool = False,
-             prompt_tokens: dict[int, int] | None = None) -> dict:
+             prompt_tokens: dict[int, int] | None = None, text: str | list[int] | None = None,
+             max_tokens: int = MAX_TOKENS) -> dict:
     """Request i's text, every token's logprob and its finish; streamed: put together
     from its chunks (a stream with an error, a gap or a repeat cannot equal the whole).
-    Not streamed, its prompt's token count goes to `prompt_tokens[i]` if given."""
+    Not streamed, its prompt's token count goes to `prompt_tokens[i]` if given. Its
+    prompt is `text` if given (words or token ids), else prompt(i)."""
     sampled = {"temperature": 0.8, "seed": 1000 + i} if i % 4 >= 2 else {"temperature": 0}
-    body = {"model": model, "prompt": prompt(i), "max_tokens": MAX_TOKENS, **sampled,
+    body = {"model": model, "prompt": prompt(i) if text is None else text,
+            "max_tokens": max_tokens, **sampled,
             "logprobs": 1, "logit_bias": NO_EOS, "stream": stream}
     if not stream:
         r = httpx.post(url + "/v1/completions", timeout=180, json=body, headers=ALICE)
@@ -77,19 +83,22 @@ def complete(url: str, model: str, i: int, stream: bool = False,
     return out
 
 
-def flood(url: str, model: str, n: int, hold) -> dict[int, dict]:
-    """n requests at once: sent while rank 0 is held (`hold`), so all n are in its queue
-    together whatever the gateway took for each (rank 0 must make the head wait)."""
+def flood(url: str, model: str, n: int | list[int], hold, **kw) -> dict[int, dict]:
+    """Requests 0..n-1 (or those listed) at once: sent while rank 0 is held (`hold`), so
+    all are in its queue together whatever the gateway took for each (rank 0 must make
+    the head wait). `kw` goes to `complete`, as a function of i where callable."""
     out: dict[int, dict] = {}
+    ids = list(range(n)) if isinstance(n, int) else n
 
     def one(i: int) -> None:
         try:
-            out[i] = complete(url, model, i, stream=i % 2 == 1)  # half of them streamed
+            args = {k: v(i) if callable(v) else v for k, v in kw.items()}
+            out[i] = complete(url, model, i, stream=i % 2 == 1, **args)  # half streamed
         except BaseException as exc:  # noqa: BLE001 - reported below, not lost in a thread
             out[i] = {"error": repr(exc)}
 
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
-    with hold(n):
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in ids]
+    with hold(len(ids)):
         for t in threads:
             t.start()
     for t in threads:
@@ -145,17 +154,31 @@ def test_a_flood_past_the_budget_completes_as_alone_and_no_rank_holds_more(clust
         assert k["held_peak"] <= BUDGET, (rank, k)
         assert k["held_peak"] > BUDGET / 4, (rank, k)  # the budget did bind the batch
     assert kv[0]["refused"] == 0
-    # At least one preemption: whether the rows' growth outgrows the budget depends on
-    # timing not yet explained (guess: how much of the flood rank 0 has read when it
-    # first admits). Measured with another process loading both cores: none at PP=2 in
-    # 2 of 17 runs, at TP=2 in 1 of 17 (a fresh-clone CI run); all else above held. An
-    # xfail naming it, not a pass or a retry.
-    try:
-        poll_until(lambda: rank_kv(c, dep_id)[0]["preemptions"] or None, 10,
-                   "rank 0's preemptions")
-    except AssertionError:
-        pytest.xfail(f"{model}: no preemption this run (PP=2: 2 in 17 runs, TP=2: 1 in 17, "
-                     f"under load): {kv[0]}")
+    # Whether the flood's rows outgrow the budget depends on which of them rank 0 runs
+    # together (their arrival order, how many a plan admits): under load some runs needed
+    # no preemption at all (PP=2: 2 in 17, TP=2: 1 in 17). So a preemption is proven on
+    # two requests that must have one, whatever the order: prompts of P token ids, where
+    # two rows of P fit with room for GAP more tokens each and one alone runs to P + GAP +
+    # GROW. Both are in rank 0's queue at once, so the second is admitted while the first
+    # is shorter than P + GAP (a later plan only if the prefill gate holds it, GAP steps
+    # at most); as the first passes P + GAP the two no longer fit and one is preempted.
+    before = kv[0]["preemptions"]
+    gap, grow = 60, 100
+    p = BUDGET // (2 * slot) - 1 - GROWTH - gap  # two rows of p + gap: need <= BUDGET
+    assert 2 * (p + gap + 1 + GROWTH) * slot <= BUDGET < 2 * (p + gap + 2 + GROWTH) * slot
+    assert (p + gap + grow + 1 + GROWTH) * slot <= BUDGET  # one alone runs to its end
+    pair = {i: [3 + (7 * i + 13 * k) % 1100 for k in range(p)] for i in (0, 3)}
+    n_prompt: dict[int, int] = {}
+    alone = {i: complete(c.url, model, i, prompt_tokens=n_prompt, text=pair[i],
+                         max_tokens=gap + grow) for i in pair}
+    assert n_prompt == {0: p, 3: p}, n_prompt  # token ids go in as they are
+    got = flood(c.url, model, list(pair), functools.partial(held_at_rank0, c.url, c.hdr, dep),
+                text=pair.__getitem__, max_tokens=gap + grow)
+    for i in pair:
+        assert "error" not in got[i], got[i]
+        assert got[i] == alone[i], f"pair request {i} differs from its run alone"
+    poll_until(lambda: rank_kv(c, dep_id)[0]["preemptions"] > before, 10,
+               "rank 0's preemption of one of the pair")
 
 
 @pytest.mark.timeout(300)
