@@ -28,6 +28,7 @@ from services.rank.disk_tier import DiskEntry, DiskTier
 from services.rank.grammar import RankGrammars
 from services.rank.prefix_store import CacheDivergence, PromptStore
 from services.rank.sampling import logits_processors_for, sampler_for
+from services.rank.spec_step import next_with_drafts
 
 
 class Divergence(Exception):
@@ -244,11 +245,17 @@ class Engine:
 
     # -- stepping ----------------------------------------------------------------------
 
-    def next(self) -> tuple[list[Emitted], list[Finished]]:
-        """One `BatchGenerator.next()`: what each request emitted, and who finished."""
+    def next(self, drafts: dict[str, list[int]] | None = None
+             ) -> tuple[list[Emitted], list[Finished]]:
+        """One `BatchGenerator.next()`: what each request emitted (in order: a request
+        whose `drafts` were accepted emits several tokens), and who finished."""
         step = self.step
         before = self.gen._counters.prompt_tokens
-        _, responses = self.gen.next()
+        if drafts:
+            by_uid = {self.by_rid[rid].uid: d for rid, d in drafts.items() if rid in self.by_rid}
+            _, responses = next_with_drafts(self.gen, by_uid)
+        else:
+            _, responses = self.gen.next()
         self.last_prompt_tokens = self.gen._counters.prompt_tokens - before
         self.step += 1
         emitted: list[Emitted] = []

@@ -80,21 +80,26 @@ def draw(s: SeededSampling, logprobs: mx.array, index: int) -> mx.array:
     return mx.random.categorical(scaled, key=mx.random.key(token_seed(s.seed, index)))
 
 
-def make_sampler(s: SeededSampling, start: int = 0) -> Sampler | None:
+class SeededSampler:
+    """One request's sampler: token `index` drawn with `draw`. Called once per generated
+    token, in order, on every rank alike (graph construction is deterministic), so
+    `index` is the next token's position; a verify step (services/rank/spec_step.py)
+    draws several positions at once and moves `index` past them."""
+
+    def __init__(self, sampling: SeededSampling, start: int) -> None:
+        self.sampling, self.index = sampling, start
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        self.index += 1
+        return draw(self.sampling, logprobs, self.index - 1)
+
+
+def make_sampler(s: SeededSampling, start: int = 0) -> SeededSampler | None:
     """The sampler for one request; None means greedy (the batch's shared argmax).
     `start`: the index of its first token (a continuation goes on where it stopped)."""
     if s.temperature <= 0.0:
         return None
-    index = start
-
-    def sample(logprobs: mx.array) -> mx.array:
-        # Called once per generated token, in order, on every rank alike (graph
-        # construction is deterministic), so `index` is the token's position.
-        nonlocal index
-        index += 1
-        return draw(s, logprobs, index - 1)
-
-    return sample
+    return SeededSampler(s, start)
 
 
 def sampler_for(ins: PlanInsert) -> Sampler | None:

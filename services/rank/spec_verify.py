@@ -12,8 +12,8 @@ tests/support/speculation.py). The KV layout: services/rank/spec_kv.py.
 Positions are picked in order and the first mismatch ends the row, so a processor is
 called only over accepted tokens: a grammar's matcher, which advances by the context's
 last token at each call, consumes exactly the accepted drafts (each one its mask
-allowed) and never a rejected or forbidden one, and needs no rollback. The engine does
-not speculate yet (issue 46).
+allowed) and never a rejected or forbidden one, and needs no rollback. The engine's decode batch runs it through
+services/rank/spec_step.py.
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ class Verifying:
 
     last: int  # the row's latest token (fed first: its KV is not in the cache yet)
     drafts: Sequence[int]
-    context: Sequence[int]  # every token so far, `last` included (the processors' context)
+    # every token so far, `last` included (the processors' context; an mx.array: the
+    # engine's token buffer as a plain step would pass it)
+    context: Sequence[int] | mx.array
     index: int  # the index (in its completion) of the token position 0 draws
     sampling: SeededSampling | None = None  # None or temperature 0: greedy
     processors: Sequence[LogitsProcessor] = ()
@@ -56,7 +58,9 @@ def pick(row: Verifying, logits: mx.array, j: int) -> tuple[int, mx.array]:
     """Position j's token and logprob row from its logits [1, V], as mlx-lm's
     GenerationBatch._step computes a plain step's: processors, normalise, sample."""
     if row.processors:
-        context = mx.array([*row.context, *row.drafts[:j]])
+        context = row.context if isinstance(row.context, mx.array) else mx.array(row.context)
+        if j:
+            context = mx.concatenate([context, mx.array(row.drafts[:j], dtype=context.dtype)])
         for proc in row.processors:
             logits = proc(context, logits)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

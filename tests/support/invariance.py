@@ -8,6 +8,7 @@ equal bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -15,12 +16,14 @@ from mlx_lm.generate import BatchGenerator
 
 from common.messages import PlanInsert, SeededSampling
 from services.rank.sampling import logits_processors_for, make_sampler
+from services.rank.spec_step import next_with_drafts
 
 
 @dataclass
 class Run:
     tokens: list[int] = field(default_factory=list)
     rows: list[mx.array] = field(default_factory=list)
+    accepted: int = 0  # drafts accepted (tokens emitted past one per step)
 
 
 @dataclass(frozen=True)
@@ -33,11 +36,16 @@ class Companion:
 def generate(model, prompt: list[int], n: int, *, companions: tuple[Companion, ...] = (),
              prefill_step: int = 2048, cache=None, cached: int = 0,
              sampling: SeededSampling | None = None, resumed: int = 0,
-             completion_batch: int = 16, prefill_batch: int = 8, ctx=None) -> Run:
+             completion_batch: int = 16, prefill_batch: int = 8, ctx=None,
+             propose: Callable[[int, int], list[int]] | None = None) -> Run:
     """The probe's first n tokens (no stop token) and its logprob rows: greedy, or with
     the rank's own sampler and logits processors for `sampling` (its last `resumed`
     prompt tokens are output so far, as a continuation's are); `ctx`: the processors'
-    context (services/rank/sampling.ProcessorContext), which a grammar needs."""
+    context (services/rank/sampling.ProcessorContext), which a grammar needs.
+
+    `propose(uid, at)`: the drafts for row `uid` (the probe is the first uid) whose next
+    draft stands at generated position `at`; each step then verifies them
+    (services/rank/spec_step.py), the engine's speculative step."""
     gen = BatchGenerator(model, max_tokens=n, stop_tokens=[],
                          completion_batch_size=completion_batch,
                          prefill_batch_size=prefill_batch, prefill_step_size=prefill_step)
@@ -60,17 +68,25 @@ def generate(model, prompt: list[int], n: int, *, companions: tuple[Companion, .
                                  samplers=[sampler] + [None] * len(now),
                                  logits_processors=[processors] + [[] for _ in now])
         run, step = Run(), 0
+        emitted: dict[int, int] = {}  # tokens each row has emitted
         while len(run.tokens) < n:
             while later and later[0].at_step <= step:
                 c = later.pop(0)
                 gen.insert([c.prompt], max_tokens=[c.max_tokens])
-            _, responses = gen.next()
+            if propose is None:
+                _, responses = gen.next()
+            else:  # position `at` of a row: its tokens so far and the one it feeds next
+                _, responses = next_with_drafts(gen, {u: propose(u, emitted.get(u, 0) + 1)
+                                                      for u in gen._generation_batch.uids})
             for r in responses:
+                emitted[r.uid] = emitted.get(r.uid, 0) + 1
                 if r.uid == probe:
                     run.tokens.append(int(r.token))
                     run.rows.append(r.logprobs)
             if any(r.uid == probe for r in responses):
                 step += 1
+        run.accepted = len(run.tokens) - step  # a plain step emits one token
+        del run.tokens[n:], run.rows[n:]  # a verified step may emit past n
         return run
     finally:
         gen.close()

@@ -30,7 +30,7 @@ from services.rank import determinism
 from services.rank.grammar import RankGrammars
 from services.rank.invariant_attention import invariant_sdpa
 from tests.support.invariance import Companion, Run, first_difference, generate, prefix_cache
-from tests.support.speculation import Row, prefills, verified_runs
+from tests.support.speculation import Row, drafts_for, prefills, verified_runs
 
 SEED = 20261206
 
@@ -153,7 +153,28 @@ def check_runs(model, n: int, seeded_too: bool = True, chunks: tuple[int, ...] =
             out[f"{label}: drafts verified, right with p={p}"] = first_difference(alone, mine)
             out[f"{label}: drafts verified, the row beside it (p={p})"] = \
                 first_difference(other_alone, theirs)
+            # the engine's step (services/rank/spec_step.py): mlx-lm's BatchGenerator with
+            # its decode batch verifying, others drafting random tokens beside it, one
+            # arriving and prefilling in chunks of 7 meanwhile
+            run = generate(model, probe, n, sampling=sampling, prefill_step=7,
+                           companions=(Companion(prompt(40)), Companion(prompt(60), at_step=2)),
+                           propose=oracle(Row(probe, alone.tokens, p), vocab))
+            accepted[f"{label}: engine step, p={p}"] = (run.accepted,)
+            out[f"{label}: engine step, drafts verified, right with p={p}"] = \
+                first_difference(alone, run)
     return out
+
+
+def oracle(row: Row, vocab: int):
+    """The engine step's test proposer: the probe (uid 0) gets drafts right with the
+    row's p; any other row random ones."""
+    rng = random.Random(SEED + 2)
+
+    def propose(uid: int, at: int) -> list[int]:
+        if uid == 0:
+            return drafts_for(rng, row, at, vocab)
+        return [rng.randrange(vocab) for _ in range(rng.randint(0, 4))]
+    return propose
 
 
 def check_grammar_drafts(model, tokenizer, n: int, accepted: dict) -> dict[str, str | None]:

@@ -40,7 +40,7 @@ class Row:
                                                 sampling=self.sampling), self.ctx)
 
 
-def _drafts(rng: random.Random, row: Row, at: int, vocab: int) -> list[int]:
+def drafts_for(rng: random.Random, row: Row, at: int, vocab: int) -> list[int]:
     """Up to DRAFTS tokens for positions at, at+1, ...: right with probability p each."""
     out = []
     for j in range(rng.randint(0, DRAFTS)):
@@ -70,7 +70,7 @@ def verified_runs(model, rows: list[Row], per_prompt: list[list] | None = None,
     runs = [Run() for _ in rows]
     accepted = [0] * len(rows)
     while any(len(run.tokens) < len(r.truth) for run, r in zip(runs, rows, strict=True)):
-        step = [Verifying(last=seq[-1], drafts=_drafts(rng, r, len(seq) - len(r.prompt), vocab),
+        step = [Verifying(last=seq[-1], drafts=drafts_for(rng, r, len(seq) - len(r.prompt), vocab),
                           context=list(seq), index=len(seq) - len(r.prompt),
                           sampling=r.sampling, processors=p)
                 for seq, r, p in zip(seqs, rows, procs, strict=True)]
