@@ -18,6 +18,7 @@ pydantic (already a dependency) does the validation.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import math
 import os
@@ -41,6 +42,7 @@ Count = Annotated[int, Ge(0)]  # 0 usually means "the default bound"
 AtLeastOne = Annotated[int, Ge(1)]
 AutoCount = Annotated[int, Ge(-1)]  # -1 = auto (resolved by whoever owns the setting)
 StallRatio = Annotated[float, Ge(0), Lt(math.inf)]  # 0 = off; else >= 1 in practice
+Probability = Annotated[float, Ge(0), Le(1)]
 
 
 class ConfigError(ValueError):
@@ -58,6 +60,12 @@ def _coerce(name: str, raw: str, tp: Any) -> Any:
         if raw == "":
             return None
         tp = args[0]
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):  # a closed set: name its values
+        try:
+            return tp(raw.strip())
+        except ValueError:
+            raise ConfigError(f"{env_name(name)}={raw!r} is not one of "
+                              f"{', '.join(m.value for m in tp)}") from None
     try:
         if tp is bool:
             low = raw.strip().lower()

@@ -20,6 +20,8 @@ from common.messages import (
     LoadProgress,
     Phase,
     PhaseTimes,
+    SpecStats,
+    Speculation,
 )
 from common.sampling_defaults import SamplingDefaults
 from common.schema import SchemaError, decode_into
@@ -55,6 +57,7 @@ class RankInfo:
     load: LoadProgress | None = None  # while loading, from telemetry
     phases: PhaseTimes | None = None  # cumulative time per loop phase, from telemetry
     kv: KvStats | None = None  # KV held for running requests and the budget, from telemetry
+    spec: SpecStats | None = None  # rank 0's speculation counts (None: not speculating)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +84,8 @@ class DeploymentInfo:
     replicas: int = 1
     # rank 0's forward pass as its RANK_READY said (None: not ready yet)
     determinism: Determinism | None = None
+    # rank 0's drafts as its RANK_READY said (None: not ready yet)
+    speculation: Speculation | None = None
 
 
 def read_deployment_info(d: Any) -> DeploymentInfo:

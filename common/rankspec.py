@@ -22,7 +22,7 @@ from common.config import (
     env_name,
     load_settings,
 )
-from common.messages.vocab import Backend
+from common.messages.vocab import Backend, Speculation
 from common.schema import decode_into, to_wire
 
 SCHEMA_VERSION = 1
@@ -33,6 +33,15 @@ SCHEMA_VERSION = 1
 # still set them.
 ENV_OVERRIDES = ("peer_abort_grace", "progress_stall_timeout", "signal_clear_timeout")
 WATCHDOG_ENV = tuple(env_name(n) for n in ENV_OVERRIDES)
+
+
+def speculation_problem(speculative: Speculation, deterministic: bool) -> str | None:
+    """Why these settings cannot go together (None: they can): a verify step's tokens are
+    plain decoding's only when the forward pass is batch-invariant."""
+    if speculative is not Speculation.OFF and not deterministic:
+        return (f"--speculative {speculative.value} needs --deterministic: verifying drafts "
+                "emits plain decoding's tokens only with the batch-invariant forward pass")
+    return None
 
 
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30  # a rank given 0: one fixed number on every rank
@@ -130,6 +139,9 @@ class RankSettings:
     # The batch-invariant forward pass (services/rank/determinism.py): a request's tokens
     # and logprobs depend on it alone, not on its batch, prefill chunk or cache start.
     deterministic: bool = True
+    # Rank 0 proposes drafts its decode rows verify in one step (services/rank/spec_step.py):
+    # a request's tokens stay plain decoding's; needs `deterministic`.
+    speculative: Speculation = Speculation.OFF
     auth_timeout_s: PositiveSeconds = 30.0  # no mutual authentication by then: fail
     rank_test_seams: bool = False  # allows LOCKSTEP_TEST_* fault switches (tests only)
 

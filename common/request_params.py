@@ -85,7 +85,8 @@ class Param:
     deployment names it (None: decided at admission, as the seed is)."""
 
     name: str
-    kind: type[int] | type[float] | type[dict]  # dict: token id (a string) → a number
+    # dict: token id (a string) → a number; bool: a switch (its bounds unused)
+    kind: type[int] | type[float] | type[dict] | type[bool]
     off: float | None
     bounds: Bounds
     doc: str  # what it does, for the field tables (the range is added from `bounds`)
@@ -100,6 +101,8 @@ class Param:
 
     def note(self, api: str) -> str:
         """The field table's line for `api`: its range, then what it does."""
+        if self.kind is bool:
+            return f"true or false; {self.doc}"
         return f"{self.bounds_in(api).text()}; {self.doc}"
 
     def extension_in(self, api: str) -> bool:
@@ -161,6 +164,10 @@ PARAMS: tuple[Param, ...] = (
           "lower runs first (vLLM's extension): rank 0's queue orders by priority, then "
           "arrival, and a waiting request preempts a running one of a larger value when "
           "no slot or KV is free; omitted: the `x-lockstep-priority` header, else 0"),
+    # Speed, not choice: a request's tokens are the same either way (services/rank/spec_step.py).
+    Param("speculative", bool, True, Bounds(),
+          "false: this request's decode steps verify no drafts even where the deployment "
+          "speculates (`--speculative`); its tokens and logprobs are the same either way"),
     # What a client may send; the wire keeps seed % 2**63.
     Param("seed", int, None, Bounds(-(2**63), 2**64, hi_open=True),
           "same seed → same tokens; omitted: drawn at admission", native=OPENAI_CHAT),
@@ -184,6 +191,8 @@ def problem(name: str, value: object, api: str | None = None) -> str | None:
     the one rank 0 and the deployment defaults check), or None."""
     p = BY_NAME[name]
     bounds = p.bounds if api is None else p.bounds_in(api)
+    if p.kind is bool:
+        return None if type(value) is bool else f"{name} must be true or false"
     if p.kind is dict:
         values = list(value.values()) if isinstance(value, dict) else [None]
         if all(type(v) in (int, float) and bounds.holds(v) for v in values):

@@ -77,6 +77,7 @@ from common.messages.report import (
     LoadProgress,
     PhaseTimes,
     RankReady,
+    SpecStats,
     Telemetry,
 )
 from common.messages.requests import (
@@ -104,6 +105,7 @@ from common.messages.vocab import (
     ProcState,
     ReapOutcome,
     RemoveReason,
+    Speculation,
 )
 
 __all__ = [
@@ -112,6 +114,7 @@ __all__ = [
     "ReapOutcome",
     "ProcState",
     "Phase",
+    "Speculation",
     "EventTopic",
     "EventName",
     "FinishReason",
@@ -163,6 +166,7 @@ __all__ = [
     "PLAN_TO_FOLLOWER",
     "PLAN_TO_LEADER",
     "KvStats",
+    "SpecStats",
     "PhaseTimes",
     "Ping",
     "Plan",

@@ -76,6 +76,9 @@ class Plan:
     shutdown: bool = False
     cache: list[CacheOp] = field(default_factory=list)
     prefill_step: int = 0  # prompt tokens per chunk from this step on (0: the settings')
+    # Speculation (services/rank/spec_step.py): request id -> the drafts its decode row
+    # verifies in this step, proposed by rank 0; every rank verifies the same ones.
+    drafts: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass

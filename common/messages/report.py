@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.messages.base import TEXT
-from common.messages.vocab import Determinism, Phase
+from common.messages.vocab import Determinism, Phase, Speculation
 
 
 @dataclass
@@ -79,6 +79,16 @@ class KvStats:
 
 
 @dataclass
+class SpecStats:
+    """Rank 0's speculation (services/rank/spec_propose.py), cumulative: steps that
+    verified drafts, drafts proposed, drafts accepted (tokens emitted past one per row)."""
+
+    verify_steps: int = 0
+    proposed: int = 0
+    accepted: int = 0
+
+
+@dataclass
 class RankReady:
     deployment_id: str
     job_id: str
@@ -90,6 +100,8 @@ class RankReady:
     endpoints: dict[str, str] = field(default_factory=dict)
     # its forward pass: batch-invariant or not (services/rank/determinism.py)
     determinism: Determinism = Determinism.OFF
+    # rank 0: how it proposes drafts for its decode rows (services/rank/spec_propose.py)
+    speculation: Speculation = Speculation.OFF
 
 
 @dataclass
@@ -111,6 +123,7 @@ class Telemetry:
     load: LoadProgress | None = None  # while loading: bytes read of the weights' total
     phases: PhaseTimes | None = None  # cumulative time per loop phase (None: an older rank)
     kv: KvStats | None = None  # KV held for running requests, the budget (None: older rank)
+    spec: SpecStats | None = None  # rank 0 speculating: its counts (None: not speculating)
 
 
 @dataclass

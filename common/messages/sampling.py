@@ -52,6 +52,8 @@ class Sampling:
     # A serialized llguidance grammar ("": none), built and checked by the gateway
     # (services/gateway/core/structured.py), compiled on every rank.
     grammar: str = field(default="", metadata=GRAMMAR)
+    # False: rank 0 proposes no drafts for it, whatever the deployment's --speculative
+    speculative: bool = True
 
     def seeded(self, seed: int) -> SeededSampling:
         """This record as a plan carries it: `seed` as given, logit_bias in token order."""

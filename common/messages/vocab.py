@@ -155,3 +155,11 @@ class ReapOutcome(_Wire):
     BLOCKED = "blocked"  # a pass (or an unreadable manifest) that blocks launches
     FAILED = "failed"  # a job's ranks could not be proven gone
     REAPED = "reaped"  # a job's ranks are gone, its manifest removed
+
+
+class Speculation(str, enum.Enum):
+    """How rank 0 proposes drafts for its decode rows to verify (services/rank/spec_step.py):
+    not at all, or by prompt lookup (services/rank/ngram_drafts.py)."""
+
+    OFF = "off"
+    NGRAM = "ngram"

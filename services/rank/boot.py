@@ -21,7 +21,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from common.keys import KeyFileError, LaunchKeys, read_secret_file
-from common.messages import Backend, Determinism, KvStats, Phase, RankReady
+from common.messages import Backend, Determinism, KvStats, Phase, RankReady, Speculation
 from common.rankspec import RankSettings, RankSpec
 from services.rank import events as ev
 from services.rank.disk_open import open_disk_tier
@@ -182,7 +182,8 @@ def run(spec: RankSpec) -> None:
     io.post(AnnounceReady(RankReady(
         deployment_id=spec.deployment_id, job_id=spec.job_id, rank=spec.rank,
         host=spec.host or socket.gethostname(), pid=rt.pid, start_time=rt.start_time,
-        boot_id=rt.boot_id, endpoints=endpoints, determinism=determinism)))
+        boot_id=rt.boot_id, endpoints=endpoints, determinism=determinism,
+        speculation=spec.settings.speculative if rt.leader else Speculation.OFF)))
     # Rank 0 plans only once it was released, so a plan is a release too (a follower
     # that missed SERVE on the PUB must not leave rank 0 alone in a collective).
     got = wait_for(rt, io, (ev.ServeEv, ev.PlanEv), stash, "SERVE")

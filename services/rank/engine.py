@@ -94,6 +94,7 @@ class Engine:
         self.next_uid = 0
         self.step = 0  # next() calls made so far
         self.last_prompt_tokens = 0  # prompt tokens the last next() computed
+        self.drafts: dict[str, list[int]] = {}  # the last plan's: what next() verifies
         self.store: PromptStore | None = None
         self.trimmable = can_trim_prompt_cache(make_prompt_cache(model))
         if settings.prompt_cache_entries > 0:
@@ -156,15 +157,24 @@ class Engine:
     # -- plan application ------------------------------------------------------------
 
     def apply(self, removes: list[PlanRemove], inserts: list[PlanInsert],
-              cache_ops: list[CacheOp] = (), prefill_step: int = 0) -> list[Finished]:
+              cache_ops: list[CacheOp] = (), prefill_step: int = 0,
+              drafts: dict[str, list[int]] | None = None) -> list[Finished]:
         """Removes first, then cache ops, then inserts, exactly as the plan lists them;
-        `prefill_step` (0: unchanged, an older rank 0) is the prompt chunk from now on."""
+        `prefill_step` (0: unchanged, an older rank 0) is the prompt chunk from now on;
+        `drafts` (request id -> tokens) are what the next step verifies."""
         if prefill_step > 0:  # every rank alike: a collective's shapes depend on it
             self.gen.prefill_step_size = prefill_step
         try:
-            return self._apply(removes, inserts, cache_ops)
+            removed = self._apply(removes, inserts, cache_ops)
         except CacheDivergence as exc:
             raise Divergence(f"prompt cache: {exc}") from exc
+        decoding = set(self.gen._generation_batch.uids)
+        for rid in drafts or {}:
+            a = self.by_rid.get(rid)
+            if a is None or a.uid not in decoding:
+                raise Divergence(f"plan drafts for {rid!r}, which is not decoding here")
+        self.drafts = dict(drafts or {})
+        return removed
 
     def _apply(self, removes, inserts, cache_ops) -> list[Finished]:
         removed: list[Finished] = []
@@ -245,14 +255,15 @@ class Engine:
 
     # -- stepping ----------------------------------------------------------------------
 
-    def next(self, drafts: dict[str, list[int]] | None = None
-             ) -> tuple[list[Emitted], list[Finished]]:
+    def next(self) -> tuple[list[Emitted], list[Finished]]:
         """One `BatchGenerator.next()`: what each request emitted (in order: a request
-        whose `drafts` were accepted emits several tokens), and who finished."""
+        whose drafts, from the last plan, were accepted emits several tokens), and who
+        finished."""
         step = self.step
         before = self.gen._counters.prompt_tokens
+        drafts, self.drafts = self.drafts, {}
         if drafts:
-            by_uid = {self.by_rid[rid].uid: d for rid, d in drafts.items() if rid in self.by_rid}
+            by_uid = {self.by_rid[rid].uid: d for rid, d in drafts.items()}
             _, responses = next_with_drafts(self.gen, by_uid)
         else:
             _, responses = self.gen.next()
@@ -278,6 +289,16 @@ class Engine:
                 if self.store is not None and r.prompt_cache is not None:
                     self.store.finished[a.request_id] = (r.prompt_cache, list(r.all_tokens))
         return emitted, finished
+
+    def next_tokens(self) -> dict[str, int]:
+        """Each decoding request's token drawn by the last step and not yet fed (mlx-lm
+        runs one step ahead): where rank 0's drafts continue from. Waits for that step."""
+        b = self.gen._generation_batch
+        if not b.uids or b._next_tokens is None:
+            return {}
+        mx.eval(b._next_tokens)
+        return {self.by_uid[u].request_id: t
+                for u, t in zip(b.uids, b._next_tokens.tolist(), strict=True)}
 
     def drain(self) -> None:
         """Wait for work queued on the generation stream (an async step in flight)."""

@@ -73,7 +73,7 @@ class Follower(RankLoop):
                       f"{self.engine.step}")
         try:
             removed = self.engine.apply(plan.removes, plan.inserts, plan.cache,
-                                        plan.prefill_step)
+                                        plan.prefill_step, plan.drafts)
         except Exception as exc:  # noqa: BLE001 - Divergence, or anything else: fail closed
             self.fail(f"plan {plan.seq}: {exc!r}")
         self.expected += 1

@@ -36,6 +36,7 @@ from common.messages import (
     PlanInsert,
     PlanRemove,
     RemoveReason,
+    Speculation,
 )
 from services.rank import events as ev
 from services.rank.cache_clears import answers as clear_answers
@@ -52,6 +53,7 @@ from services.rank.prefix_cache import WAIT, CachePlanner
 from services.rank.prefix_store import cache_bytes
 from services.rank.request_record import PREEMPTIBLE, RequestRecord, Status
 from services.rank.sampling import sampling_problem, top_logprobs_problem
+from services.rank.spec_propose import Proposer, ReplayDrafts
 from services.rank.wait_queue import Waiting, WaitQueue
 
 log = logging.getLogger("lockstep.rank.leader")
@@ -78,6 +80,11 @@ class Leader(RankLoop):
         self.vocab_size = vocab_size
         self.context = context  # prompt + completion must fit (None: unknown)
         self.kv = kv  # the KV budget admission reserves against (None: no budget)
+        # rank 0's drafts for the decode rows to verify (None: no speculation)
+        self.proposer = None
+        if self.settings.speculative is Speculation.NGRAM:
+            p = self.rt.seams.drafts_p  # the test proposer (tests only)
+            self.proposer = Proposer(replay=None if p is None else ReplayDrafts(p, vocab_size))
         # Every request not finished, with its status (request_record.py): the one
         # account of where a request is. `pending` orders the WAITING ones.
         self.scheduled: dict[str, RequestRecord] = {}
@@ -329,13 +336,15 @@ class Leader(RankLoop):
         plan_removes = [PlanRemove(request_id=rid, reason=why) for rid, why in removes.items()]
         chunk = gate.chunk()
         self.steered = gate.steering() and not gate.boosted()  # what StallBudget learns from
+        drafts = {} if self.proposer is None else self.proposer.drafts(
+            self.engine, removes, lambda rid: self.scheduled[rid].insert)
         try:
-            removed = self.engine.apply(plan_removes, inserts, ops, chunk)
+            removed = self.engine.apply(plan_removes, inserts, ops, chunk, drafts)
         except Exception as exc:  # noqa: BLE001 - never publish a plan rank 0 can't apply
             self.fail(f"rank 0 cannot apply its own plan: {exc!r}")
         plan = Plan(seq=self.seq, step=self.engine.step, advance=self.engine.has_work(),
                     inserts=inserts, removes=plan_removes, cancel_epoch=epoch, cache=ops,
-                    prefill_step=chunk)
+                    prefill_step=chunk, drafts=drafts)
         self.seq += 1
         self.send(PublishPlan(plan))
         if ops:  # what every rank holds from this plan on: the gateways' cache index
@@ -431,6 +440,9 @@ class Leader(RankLoop):
         streams = self.engine.streaming()
         t0 = time.perf_counter()
         emitted = super().step()  # removals recorded before the streams end
+        if self.proposer is not None:
+            self.proposer.observe(emitted)
+            self.rt.spec_stats = self.proposer.counts
         self.stall.observe(time.perf_counter() - t0, self.engine.last_prompt_tokens,
                            streams, self.share, self.steered)
         if self.cache is not None:
@@ -478,19 +490,24 @@ class Leader(RankLoop):
         step = self.engine.step - 1
         # One batched extraction per step, for the requests that asked (top_logprobs >= 0).
         lps = step_logprobs(emitted, lambda rid: self.scheduled[rid].insert.top_logprobs)
-        for e in emitted:
-            rid = e.active.request_id
+        by_rid: dict[str, list[int]] = {}  # a request's emissions this step, in order
+        for i, e in enumerate(emitted):
+            by_rid.setdefault(e.active.request_id, []).append(i)
+        for rid, idx in by_rid.items():
             req = self.scheduled[rid]
             ttft = None
             if req.status is Status.PREFILLING:  # the TTFT is a duration: never the wall clock
                 ttft = req.first_token(time.monotonic())
-            toks = [] if e.token is None else [e.token]
-            self.out.append(StreamChunk(rid, toks, e.finish_reason, step, ttft,
-                                        [now] * len(toks),
+            toks = [emitted[i].token for i in idx if emitted[i].token is not None]
+            end = emitted[idx[-1]].finish_reason  # a finish is a request's last emission
+            self.out.append(StreamChunk(rid, toks, end, step, ttft, [now] * len(toks),
                                         cached_tokens=req.cached_tokens if ttft is not None
-                                        else 0, **chunk_fields(lps.get(rid))))
-            if e.finish_reason is not None:
-                req.finished(e.finish_reason)
+                                        else 0, **chunk_fields([lps[i] for i in idx
+                                                                if i in lps])))
+            if end is not None:
+                if self.proposer is not None and self.proposer.replay is not None:
+                    self.proposer.replay.remember(req.insert, emitted[idx[-1]].active.tokens)
+                req.finished(end)
                 del self.scheduled[rid]
         self.clock.add(LoopPhase.EMIT, t0)
 

@@ -43,25 +43,27 @@ def extract(rows: list[mx.array], tokens: list[int], ks: list[int]) -> list[Toke
     return out
 
 
-def step_logprobs(emitted: list, k_of: Callable[[str], int]) -> dict[str, TokenLogprobs]:
-    """Rank 0, once per step: request id → its token's logprobs, for each emitted token
-    (`engine.Emitted` with its `logprobs` row) whose request asked (`k_of(id)` >= 0)."""
+def step_logprobs(emitted: list, k_of: Callable[[str], int]) -> dict[int, TokenLogprobs]:
+    """Rank 0, once per step: the index in `emitted` → that token's logprobs, for each
+    emitted token (`engine.Emitted` with its `logprobs` row) whose request asked
+    (`k_of(id)` >= 0). A request emits several tokens in a step whose drafts it accepted."""
     asked = []
-    for e in emitted:
+    for i, e in enumerate(emitted):
         if e.token is None or e.logprobs is None:
             continue
         k = k_of(e.active.request_id)
         if k >= 0:
-            asked.append((e, k))
+            asked.append((i, e, k))
     if not asked:
         return {}
-    got = extract([e.logprobs for e, _ in asked], [e.token for e, _ in asked],
-                  [k for _, k in asked])
-    return {e.active.request_id: g for (e, _), g in zip(asked, got, strict=True)}
+    got = extract([e.logprobs for _, e, _ in asked], [e.token for _, e, _ in asked],
+                  [k for _, _, k in asked])
+    return {i: g for (i, _, _), g in zip(asked, got, strict=True)}
 
 
-def chunk_fields(t: TokenLogprobs | None) -> dict:
-    """StreamChunk keywords for a one-token chunk ({}: not asked)."""
-    if t is None:
+def chunk_fields(ts: list[TokenLogprobs]) -> dict:
+    """StreamChunk keywords for a chunk's tokens, in order ({}: not asked)."""
+    if not ts:
         return {}
-    return {"logprobs": [t.logprob], "top_ids": [t.top_ids], "top_logprobs": [t.top_logprobs]}
+    return {"logprobs": [t.logprob for t in ts], "top_ids": [t.top_ids for t in ts],
+            "top_logprobs": [t.top_logprobs for t in ts]}

@@ -30,7 +30,15 @@ import mlx.core as mx
 
 from common.envelope import BOOT_ID
 from common.home import Paths, marker_path, write_marker
-from common.messages import CacheStats, DiskIndex, KvStats, Phase, RemoveReason, Telemetry
+from common.messages import (
+    CacheStats,
+    DiskIndex,
+    KvStats,
+    Phase,
+    RemoveReason,
+    SpecStats,
+    Telemetry,
+)
 from common.rankspec import RankSpec
 from common.records import RankMarker
 from services.rank import load_progress
@@ -98,6 +106,7 @@ class RankRuntime:
         self.pending = 0  # leader: accepted but not yet in a plan
         self.cache: CacheStats | None = None  # the prompt-cache store, after the last plan
         self.kv = KvStats()  # KV held for running requests (loop.py), the budget (leader.py)
+        self.spec_stats: SpecStats | None = None  # rank 0 speculating: its counts (leader.py)
         # follower: its disk tier's report for rank 0 (services/rank/disk_report.py),
         # re-sent by the I/O thread until a PING acknowledges its seq; rank 0: the acks
         self.disk_report: DiskIndex | None = None
@@ -212,7 +221,7 @@ class RankRuntime:
             cancel_epoch=self.cancel_epoch, mem_active=mem_active, mem_peak=mem_peak,
             at=self.clock(), error=self.error, rejects=self.rejects(), cache=self.cache_now(),
             load=load_progress.sample(self.phase, self.spec.model_path),
-            phases=self.phases.snapshot(), kv=self.kv,
+            phases=self.phases.snapshot(), kv=self.kv, spec=self.spec_stats,
         )
 
     # -- hooks for the watchdogs (services.rank.watchdog_thread) -------------------------------------

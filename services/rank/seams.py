@@ -1,6 +1,6 @@
 """Fault switches for tests, honoured only when `RankSettings.rank_test_seams` is true
 (docs/rank.md "Test seams"): LOCKSTEP_TEST_DROP_PLAN_SEQ, LOCKSTEP_TEST_STEP_DELAY_S,
-LOCKSTEP_TEST_BLOCK_STEP_AFTER, LOCKSTEP_TEST_HANG_ON_SIGTERM."""
+LOCKSTEP_TEST_BLOCK_STEP_AFTER, LOCKSTEP_TEST_HANG_ON_SIGTERM, LOCKSTEP_TEST_DRAFTS_P."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from common.config import Seconds, load_settings
+from common.config import Probability, Seconds, load_settings
 
 log = logging.getLogger("lockstep.rank")
 
@@ -22,6 +22,10 @@ class SeamSettings:
     test_step_delay_s: Seconds = 0.0
     test_block_step_after: int | None = None
     test_hang_on_sigterm: bool = False
+    # speculating rank 0 proposes what an earlier request with the same prompt (and seed,
+    # when sampled) emitted, each draft right with this probability
+    # (services/rank/spec_propose.py ReplayDrafts)
+    test_drafts_p: Probability | None = None
 
 
 class TestSeams:
@@ -36,6 +40,7 @@ class TestSeams:
         self.step_delay_s = s.test_step_delay_s
         self.block_step_after = s.test_block_step_after
         self.hang_on_signal = s.test_hang_on_sigterm
+        self.drafts_p = s.test_drafts_p
 
     def before_step(self, step: int) -> None:
         """LOCKSTEP_TEST_BLOCK_STEP_AFTER=N: the main thread never starts step N."""

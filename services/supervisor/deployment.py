@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any
 from common.bus import Channel
 from common.envelope import Key
 from common.keys import LaunchKeys, seal_key
-from common.messages import CacheStats, KvStats, LoadProgress, Phase, PhaseTimes, ProcState
+from common.messages import (
+    CacheStats,
+    KvStats,
+    LoadProgress,
+    Phase,
+    PhaseTimes,
+    ProcState,
+    SpecStats,
+)
 from common.model_ref import model_id
 from common.procs import ProcessIdentity, is_alive
 from common.records import LaunchManifest, RankRecord
@@ -62,6 +70,7 @@ class RankState:
     load: LoadProgress | None = None  # while loading, from telemetry
     phases: PhaseTimes | None = None  # time per loop phase, from telemetry
     kv: KvStats | None = None  # KV held for running requests, the budget, from telemetry
+    spec: SpecStats | None = None  # rank 0's speculation counts (None: not speculating)
     error: str | None = None
     log_path: Path | None = None  # on the rank's host
     remote: RemoteHost | None = None  # for a rank on another host
@@ -119,6 +128,7 @@ class RankState:
         self.load = body.load  # while loading: weights bytes read / total
         self.phases = body.phases  # time per loop phase (None: an older rank), for metrics
         self.kv = body.kv  # KV held and the budget (None: an older rank)
+        self.spec = body.spec
         if body.error:
             self.error = body.error
 
@@ -149,7 +159,8 @@ class RankState:
                 "cache": None if self.cache is None else to_wire(self.cache),
                 "load": None if self.load is None else to_wire(self.load),
                 "phases": None if self.phases is None else to_wire(self.phases),
-                "kv": None if self.kv is None else to_wire(self.kv)}
+                "kv": None if self.kv is None else to_wire(self.kv),
+                "spec": None if self.spec is None else to_wire(self.spec)}
 
 
 @dataclass(frozen=True)
@@ -323,7 +334,13 @@ class Deployment:
             "sampling": to_wire(self.plan.sampling),
             "replica": self.plan.replica, "replicas": self.plan.replicas,
             "determinism": self.determinism(),
+            "speculation": self.speculation(),
         }
+
+    def speculation(self) -> str | None:
+        """Rank 0's drafts as its RANK_READY said; None until it is ready."""
+        r0 = self.ranks.get(0)
+        return None if r0 is None or r0.ready is None else r0.ready.speculation.value
 
     def determinism(self) -> str | None:
         """Rank 0's forward pass as its RANK_READY said; None until it is ready."""

@@ -100,7 +100,7 @@ RANK_FIELDS = ("lease_ttl", "peer_abort_grace", "progress_stall_timeout",
                "prompt_cache_entries", "prompt_cache_bytes", "prefill_stall_ratio",
                "prefill_step_decoding", "prefill_long_prompt", "rank_test_seams",
                "prompt_cache_disk_bytes", "deterministic", "adopt_window_s",
-               "kv_budget_bytes")
+               "kv_budget_bytes", "speculative")
 
 
 @functools.cache

@@ -33,6 +33,7 @@ A field's name is the setting's one name: flag `--peer-abort-grace`, variable
 | prefill_step_decoding | 512 | the prompt chunk while streams decode and no long prompt prefills (or prefill_stall_ratio is 0) |
 | prefill_long_prompt | 2048 | a prompt with more tokens than this to compute is long: prefilled in steered chunks while streams decode; 0 = every prompt |
 | deterministic | true | every rank runs the batch-invariant forward pass (services/rank/determinism.py): a request's tokens and logprobs depend on the request alone, not on its batch, prefill chunk, prefix-cache hit or resume point; `--no-deterministic` runs mlx-lm's own (faster, see README "Determinism") |
+| speculative | off | `ngram`: rank 0 proposes drafts by prompt lookup (the n-gram the request's latest tokens end with, found earlier in its prompt or output) and every rank verifies them in one step (services/rank/spec_step.py): a request's tokens and logprobs stay plain decoding's, fewer steps when drafts are right; needs `deterministic` |
 | adopt_window_s | 0 | a local rank whose supervisor (its parent) died keeps serving this long for a restarted supervisor to adopt it, then exits `launcher_lost`; 0 = at once (`lockstep up` sets it: its `--adopt-window`) |
 | adopt_timeout | 15 | a restarted supervisor's bound on proving a running launch's ranks before it tears the launch down (docs/supervisor.md "Adoption") |
 | rank_test_seams | false | lets ranks honour LOCKSTEP_TEST_* fault switches (tests only) |
@@ -58,6 +59,7 @@ from pathlib import Path
 from common.config import (
     AtLeastOne,
     AutoCount,
+    ConfigError,
     Count,
     Port,
     PositiveSeconds,
@@ -66,6 +68,8 @@ from common.config import (
     load_settings,
 )
 from common.home import default_home
+from common.messages.vocab import Speculation
+from common.rankspec import speculation_problem
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,7 @@ class SupervisorSettings:
     prefill_long_prompt: Count = 2048
     rank_test_seams: bool = False
     deterministic: bool = True  # the batch-invariant forward pass (rank/determinism.py)
+    speculative: Speculation = Speculation.OFF  # rank 0's drafts (rank/spec_propose.py)
     adopt_window_s: Seconds = 0.0  # a parentless local rank waits this long to be adopted
     adopt_timeout: PositiveSeconds = 15.0  # adoption.py: proof of a running launch's ranks
     canary_runs: AtLeastOne = 3
@@ -119,4 +124,7 @@ class SupervisorSettings:
 
 
 def load(cli: dict | None = None, env: dict | None = None) -> SupervisorSettings:
-    return load_settings(SupervisorSettings, cli, env)
+    s = load_settings(SupervisorSettings, cli, env)
+    if why := speculation_problem(s.speculative, s.deterministic):
+        raise ConfigError(why)
+    return s

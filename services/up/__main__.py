@@ -5,7 +5,7 @@
                 [--prompt-cache-entries 32] [--prompt-cache-bytes 0]
                 [--prompt-cache-disk-bytes -1] [--kv-budget-bytes -1] [--prefill-stall-ratio 3]
                 [--prefill-long-prompt 2048] [--temperature T] [--top-p P] ...
-                [--no-deterministic]
+                [--no-deterministic] [--speculative off|ngram]
 
 Starts `lockstep supervisor`, `lockstep reaper` and `lockstep gateway` as separate
 processes (each in its own session, logs in $LOCKSTEP_HOME/runtime/logs/), writes the
@@ -57,6 +57,7 @@ from pathlib import Path
 from common.bus import BusInterrupted, BusTimeout
 from common.config import ConfigError, load_settings
 from common.keys import KeyFileError
+from common.rankspec import speculation_problem
 from common.request_params import deployable
 from common.sampling_defaults import check_overrides
 from services.up.admin import UpError
@@ -81,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
                      ("--prompt-cache-bytes", int), ("--prompt-cache-disk-bytes", int),
                      ("--kv-budget-bytes", int),
                      ("--prefill-stall-ratio", float),
-                     ("--prefill-long-prompt", int),
+                     ("--prefill-long-prompt", int), ("--speculative", str),
                      *((p.flag, p.kind) for p in deployable())):
         ap.add_argument(flag, type=tp, default=None)
     ap.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None)
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         s = load_settings(UpSettings, args)
         if bad := check_overrides(named_sampling(s)):
             raise ConfigError("; ".join(bad))
+        if why := speculation_problem(s.speculative, s.deterministic):
+            raise ConfigError(why)
     except (ConfigError, TypeError) as exc:
         print(f"lockstep up: {exc}", file=sys.stderr)
         return 2

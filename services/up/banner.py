@@ -8,7 +8,7 @@ import os
 from typing import Protocol
 
 from common.home import Paths
-from common.messages.commands.status_text import determinism_text
+from common.messages.commands.status_text import determinism_text, speculation_text
 from services.up.console import UpConsole
 from services.up.settings import UpSettings
 
@@ -38,6 +38,8 @@ def print_banner(up: Up, url: str, model: str, dep_id: str, dep) -> None:
         f"{dep.sampling.describe() if dep is not None else '?'}\n"
         f"  deterministic:   "
         f"{determinism_text(dep.determinism) if dep is not None else '?'}\n"
+        f"  speculative:     "
+        f"{speculation_text(dep.speculation) if dep is not None else '?'}\n"
         f"  KV budget:       {kv_budget_text(dep)}\n"
         f"  recovery:        {recovery_text(up.s)}\n\n"
         f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"

@@ -107,7 +107,7 @@ class Up:
             "--kv-budget-bytes", str(s.kv_budget_bytes),
             "--prefill-stall-ratio", str(s.prefill_stall_ratio),
             "--prefill-long-prompt", str(s.prefill_long_prompt),
-            "--adopt-window-s", str(s.adopt_window),
+            "--adopt-window-s", str(s.adopt_window), "--speculative", s.speculative.value,
             "--deterministic" if s.deterministic else "--no-deterministic"])
 
     def _tail(self, name: str) -> str:

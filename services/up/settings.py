@@ -15,6 +15,7 @@ from common.config import (
     StallRatio,
 )
 from common.home import default_home
+from common.messages.vocab import Speculation
 from common.request_params import deployable
 from common.sampling_defaults import FIELDS as SAMPLING_FIELDS
 from common.sampling_defaults import SamplingOverrides
@@ -60,6 +61,7 @@ class _UpSettings:
     prefill_stall_ratio: StallRatio = 3.0  # rank 0's prefill policy; 0 = fixed chunks
     prefill_long_prompt: Count = 2048  # ... steered while streams decode; 0 = every prompt
     deterministic: bool = True  # the batch-invariant forward pass; False: mlx-lm's own
+    speculative: Speculation = Speculation.OFF  # ngram: rank 0's prompt-lookup drafts
 
 
 # Plus the deployment's sampling defaults, one setting per parameter common/request_params.py

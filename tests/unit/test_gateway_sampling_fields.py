@@ -75,7 +75,8 @@ def test_fields_map_into_generate(tok):
                    "top_k": 5, "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -1.0,
                    "repetition_penalty": 1.3, "repetition_context_size": 64,
                    "logit_bias": [TokenBias(3, -100.0), TokenBias(7, 100.0)], "top_logprobs": 4,
-                   "xtc_probability": 0.0, "xtc_threshold": 0.1}  # the declared defaults
+                   "xtc_probability": 0.0, "xtc_threshold": 0.1,
+                   "speculative": True}  # the declared defaults
     assert chat(tok, logprobs=True)["top_logprobs"] == 0
     assert chat(tok, logprobs=False)["top_logprobs"] == -1
     assert chat(tok, top_k=-1)["top_k"] == 0  # vLLM's "off"

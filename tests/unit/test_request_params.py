@@ -72,6 +72,16 @@ def test_every_api_takes_each_declared_parameter_in_its_declared_range(api):
     for p in rp.params_in(api):
         if p.kind is dict:
             continue  # logit_bias: below
+        if p.kind is bool:  # true or false, nothing JSON would coerce
+            for v in (True, False):
+                assert parse(api, **{p.name: v}).params[p.name] is v, (p.name, v)
+                assert rp.problem(p.name, v, api) is None
+            for v in ("yes", 1, 0, "true"):
+                with pytest.raises(ApiError) as e:
+                    parse(api, **{p.name: v})
+                assert e.value.status == 400 and e.value.param == p.name, (p.name, v)
+                assert rp.problem(p.name, v, api) is not None
+            continue
         b = p.bounds_in(api)
         for v in inside(b, p.kind):
             assert parse(api, **{p.name: v}).params[p.name] == v, (p.name, v)

@@ -5,6 +5,7 @@ a field with the documented default, and every field a user can set is documente
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 from pathlib import Path
 
@@ -77,6 +78,8 @@ def same(doc: str, value: object, name: str) -> bool:
         return doc == "~/.lockstep" and value in (None, Path("~/.lockstep").expanduser())
     if doc.lower() in PLACEHOLDER:
         return value in (None, "", ())
+    if isinstance(value, enum.Enum):
+        return doc == value.value
     if isinstance(value, bool):
         return doc.lower() in (("1", "true", "on", "yes") if value else ("0", "false", "off", "no"))
     if isinstance(value, (int, float)):

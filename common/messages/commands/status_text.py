@@ -181,6 +181,7 @@ def render(reply: StatusRecord, *, now: float | None = None,
         lines.append(f"  {queue_text(d)}")
         lines.append(f"  sampling defaults: {d.sampling.describe()}")
         lines.append(f"  deterministic: {determinism_text(d.determinism)}")
+        lines.append(f"  speculative: {speculation_text(d.speculation)}")
         lines.append(f"  {'rank':>4} {'host':<16} {'pid':>7} {'phase':<13} {'step':>7} "
                      f"{'steps/s':>7} {'active':>6} {'memory':>10} {'seen':>6}  epoch seen/acked")
         for r in d.ranks:
@@ -205,6 +206,16 @@ def render(reply: StatusRecord, *, now: float | None = None,
             lines.append(f"  {stamp} {inc.kind:<15} {inc.deployment_id or '-'}  {inc.what}"
                          + (f"  [{inc.detail}]" if inc.detail else ""))
     return "\n".join(lines)
+
+
+def speculation_text(mode) -> str:
+    """A deployment's `speculation` as status and the banner say it."""
+    if mode is None:
+        return "? (rank 0 not ready)"
+    if mode.value == "off":
+        return "off"
+    return (f"{mode.value} (rank 0 proposes drafts, every rank verifies them in one step; "
+            "tokens as without; a request opts out with \"speculative\": false)")
 
 
 def determinism_text(mode) -> str:

@@ -142,6 +142,11 @@ class _ClusterCollector:
                 for n, h in (("waits", "Plans whose queue head waited for the KV budget"),
                              ("refused", "Requests refused: more KV than the budget alone"),
                              ("preemptions", "Requests preempted for the KV budget (rank 0)"))}
+        spec_c = {n: CounterMetricFamily(f"lockstep_rank0_spec_{n}", h, labels=["deployment"])
+                  for n, h in (("verify_steps", "Steps that verified drafts (rank 0)"),
+                               ("proposed", "Drafts proposed by rank 0"),
+                               ("accepted", "Drafts accepted: tokens emitted past one per "
+                                "verifying row"))}
         queued = {n: GaugeMetricFamily(f"lockstep_rank0_queued_by_{n}",
                                        f"Requests waiting in rank 0's queue, by {n}",
                                        labels=["deployment", n]) for n in ("priority", "tenant")}
@@ -187,6 +192,9 @@ class _ClusterCollector:
                                          ("tenant", rk.kv.queued_by_tenant)):
                             for key, n in by.items():
                                 queued[name].add_metric([dep_id, key], n)
+                    if rk.spec is not None:  # rank 0 speculating
+                        for name, fam in spec_c.items():
+                            fam.add_metric([dep_id], getattr(rk.spec, name))
                     if rk.phases is not None:  # None: a rank older than the phase clock
                         for name, times in (("seconds", rk.phases.seconds),
                                             ("runs", rk.phases.counts)):
@@ -208,7 +216,8 @@ class _ClusterCollector:
             extra += cache_index_families(c.backends.values())
         active.add_metric(["all"], total)
         yield from (active, limit, overloaded, dep_state, *rank_g.values(), *cache_g.values(),
-                    *cache_c.values(), *kv_g.values(), *kv_c.values(), *queued.values(), *phase_c.values(), rejects, up, epoch, *extra)
+                    *cache_c.values(), *kv_g.values(), *kv_c.values(), *spec_c.values(),
+                    *queued.values(), *phase_c.values(), rejects, up, epoch, *extra)
 
 
 def _numbers(prefix: str, obj: Any, doc: str) -> list:

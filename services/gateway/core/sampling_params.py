@@ -35,6 +35,8 @@ __all__ = ["MAX_TOP_LOGPROBS", "ParamFields", "logit_bias", "params_model", "sam
 def _field(p: Param, api: str) -> tuple[type, FieldInfo]:
     if p.kind is dict:  # its values are checked with the vocabulary, at admission
         return dict[str, float] | None, Field(default=None)
+    if p.kind is bool:  # true or false, not "yes" or 1
+        return bool | None, Field(default=None, strict=True)
     extra = {"allow_inf_nan": False} if p.kind is float else {}
     return p.kind | None, Field(default=None, **p.bounds_in(api).pydantic(), **extra)
 

@@ -40,7 +40,9 @@ async def list_models(request: Request) -> dict:
                                   "owned_by": model_ref.owner(d.model),
                                   "sampling_defaults": _defaults(d.sampling),
                                   # "on" | "unverified" | "off": the batch-invariant pass
-                                  "determinism": d.determinism and d.determinism.value})
+                                  "determinism": d.determinism and d.determinism.value,
+                                  # "off" | "ngram": rank 0's drafts, verified in one step
+                                  "speculation": d.speculation and d.speculation.value})
     return {"object": "list", "data": list(seen.values())}
 
 
