@@ -53,7 +53,7 @@ from services.rank.prefix_cache import WAIT, CachePlanner
 from services.rank.prefix_store import cache_bytes
 from services.rank.request_record import PREEMPTIBLE, RequestRecord, Status
 from services.rank.sampling import sampling_problem, top_logprobs_problem
-from services.rank.spec_propose import Proposer, ReplayDrafts
+from services.rank.spec_propose import DRAFTS, Proposer, ReplayDrafts
 from services.rank.wait_queue import Waiting, WaitQueue
 
 log = logging.getLogger("lockstep.rank.leader")
@@ -336,8 +336,8 @@ class Leader(RankLoop):
         plan_removes = [PlanRemove(request_id=rid, reason=why) for rid, why in removes.items()]
         chunk = gate.chunk()
         self.steered = gate.steering() and not gate.boosted()  # what StallBudget learns from
-        drafts = {} if self.proposer is None else self.proposer.drafts(
-            self.engine, removes, lambda rid: self.scheduled[rid].insert)
+        drafts = {} if self.proposer is None or not self.room_for_drafts(rows) else \
+            self.proposer.drafts(self.engine, removes, lambda rid: self.scheduled[rid].insert)
         try:
             removed = self.engine.apply(plan_removes, inserts, ops, chunk, drafts)
         except Exception as exc:  # noqa: BLE001 - never publish a plan rank 0 can't apply
@@ -373,6 +373,13 @@ class Leader(RankLoop):
             # sends while this thread is inside MLX (GIL released), not in its way.
             self.flush()
             self.step()
+
+    def room_for_drafts(self, rows: dict[str, Row]) -> bool:
+        """Drafts widen the step: every row of the verify step is fed up to DRAFTS tokens
+        more, whose KV the cache holds until the step drops the rejected ones. Under a KV
+        budget that no longer fits, speculation is off for this step (it goes before any
+        preemption: `victims` counts rows without drafts)."""
+        return self.kv is None or self.kv.fits(r.length + DRAFTS for r in rows.values())
 
     def batch_rows(self, removes: dict[str, RemoveReason]) -> dict[str, Row]:
         """The batch as this plan leaves it (less its removes), as preemption sees it:
