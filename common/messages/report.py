@@ -81,9 +81,11 @@ class KvStats:
 @dataclass
 class SpecStats:
     """Rank 0's speculation (services/rank/spec_propose.py), cumulative: steps that
-    verified drafts, drafts proposed, drafts accepted (tokens emitted past one per row)."""
+    verified drafts, rows they verified, drafts proposed, drafts accepted (tokens emitted
+    past one per row): 1 + accepted / verify_rows is the tokens a row emits per verify."""
 
     verify_steps: int = 0
+    verify_rows: int = 0  # rows those steps verified drafts for
     proposed: int = 0
     accepted: int = 0
 

@@ -94,6 +94,7 @@ class Proposer:
         if out:
             c = self.counts
             self.counts = replace(c, verify_steps=c.verify_steps + 1,
+                                  verify_rows=c.verify_rows + len(out),
                                   proposed=c.proposed + sum(self._drafted.values()))
         return out
 

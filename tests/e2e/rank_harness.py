@@ -91,13 +91,14 @@ class Deployment:
                  cancel_epoch_floor: int = 0, lease_epoch: int | None = None,
                  backend: str = "ring", rank_env: dict[int, dict] | None = None,
                  launcher: bool = False, home: Path | None = None,
-                 cache_key: bytes | None = None) -> None:
+                 cache_key: bytes | None = None, model: Path | None = None) -> None:
         """`home`: $LOCKSTEP_HOME (default: under `root`), shared by deployments that
-        share a disk prefix cache; `cache_key`: that cache's key (None: no disk tier)."""
+        share a disk prefix cache; `cache_key`: that cache's key (None: no disk tier);
+        `model`: a model directory instead of the preset's."""
         self.root = Path(root)
         self.mode = mode
         self.world = 1 if mode == "single" else 2
-        self.model = model_dir(preset)
+        self.model = Path(model) if model is not None else model_dir(preset)
         self.settings = RankSettings(**{"rank_test_seams": True, **(settings or {})})
         self.extra_env = dict(env or {})
         self.per_rank_env = {r: dict(e) for r, e in (rank_env or {}).items()}
@@ -283,9 +284,10 @@ class Deployment:
 
     def submit(self, prompt: list[int], max_tokens: int = 16, *, temperature: float = 0.0,
                top_p: float = 1.0, seed: int = 0, stop_token_ids=(),
-               request_id: str | None = None) -> str:
+               request_id: str | None = None, speculative: bool = True) -> str:
         rid = request_id or "r-" + secrets.token_hex(6)
-        sampling = m.Sampling(temperature=temperature, top_p=top_p, seed=seed)
+        sampling = m.Sampling(temperature=temperature, top_p=top_p, seed=seed,
+                              speculative=speculative)
         self.stub.post(("req", m.Generate(rid, list(prompt), max_tokens, sampling,
                                           list(stop_token_ids), "harness")))
         return rid

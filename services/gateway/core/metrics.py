@@ -144,6 +144,7 @@ class _ClusterCollector:
                              ("preemptions", "Requests preempted for the KV budget (rank 0)"))}
         spec_c = {n: CounterMetricFamily(f"lockstep_rank0_spec_{n}", h, labels=["deployment"])
                   for n, h in (("verify_steps", "Steps that verified drafts (rank 0)"),
+                               ("verify_rows", "Rows those steps verified drafts for"),
                                ("proposed", "Drafts proposed by rank 0"),
                                ("accepted", "Drafts accepted: tokens emitted past one per "
                                 "verifying row"))}
