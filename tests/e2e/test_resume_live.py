@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import threading
+from dataclasses import replace
 
 import httpx
 import psutil
@@ -150,7 +151,14 @@ def test_tp2_streams_survive_a_rank_fault_token_for_token(tp2, tp2_reference, ra
 
 @pytest.mark.timeout(300)
 def test_pp2_streams_survive_a_follower_killed(tmp_path):
-    with up_cluster(tmp_path, resume_options(tp=1, pp=2)) as c:
+    """With speculation on (issue 46): the faulted run's drafts are the unfaulted run's
+    tokens, right half the time (the test proposer), so the kill comes while drafts are
+    in flight; the continuation starts with none and every stream equals the unfaulted
+    run (itself plain decoding's: tests/e2e/test_speculation_live.py)."""
+    opts = resume_options(tp=1, pp=2)
+    opts = replace(opts, extra=(*opts.extra, "--speculative", "ngram"), env={
+        **opts.env, "LOCKSTEP_RANK_TEST_SEAMS": "true", "LOCKSTEP_TEST_DRAFTS_P": "0.5"})
+    with up_cluster(tmp_path, opts) as c:
         reference = _run_all(c.url)
         before, faults = resumes(c), []
         got = _run_all(c.url, lambda: faults.append(fault(c, 1, signal.SIGKILL)))
