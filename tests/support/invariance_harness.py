@@ -155,8 +155,9 @@ def check_runs(model, n: int, seeded_too: bool = True, chunks: tuple[int, ...] =
                 first_difference(other_alone, theirs)
             # the engine's step (services/rank/spec_step.py): mlx-lm's BatchGenerator with
             # its decode batch verifying, others drafting random tokens beside it, one
-            # arriving and prefilling in chunks of 7 meanwhile
-            run = generate(model, probe, n, sampling=sampling, prefill_step=7,
+            # arriving and prefilling in chunks meanwhile
+            run = generate(model, probe, n, sampling=sampling,
+                           prefill_step=7 if length <= 200 else 64,  # a soak's 1100 tokens
                            companions=(Companion(prompt(40)), Companion(prompt(60), at_step=2)),
                            propose=oracle(Row(probe, alone.tokens, p), vocab))
             accepted[f"{label}: engine step, p={p}"] = (run.accepted,)
