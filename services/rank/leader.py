@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -480,10 +481,12 @@ class Leader(RankLoop):
         for rid, (kv, tokens) in finished.items():
             self.cache.finished(rid, tokens, cache_bytes(kv))
             self.cache.left(rid)
-        for e in emitted:
-            rid = e.active.request_id
-            if len(e.active.tokens) <= 1 and rid not in finished \
-                    and self.cache.first_token(rid) and self.engine.has(rid):
+        # a row's first tokens: none before this step (a verify step may emit several)
+        this_step = Counter(e.active.request_id for e in emitted if e.token is not None)
+        firsts = {e.active.request_id: e.active for e in emitted
+                  if len(e.active.tokens) == this_step[e.active.request_id]}
+        for rid in firsts:
+            if rid not in finished and self.cache.first_token(rid) and self.engine.has(rid):
                 kv, tokens = self.engine.take_live(rid)
                 self.cache.finished(rid, tokens, cache_bytes(kv), live=True)
 
