@@ -101,13 +101,23 @@ class Rogue:
                 "right": Signer(key(t["key"]), "mallory") if t.get("key") else None,
                 "old": Signer(key(t["old_key"]), "old-rank") if t.get("old_key") else None}
 
-    def dealer(self, endpoint: str) -> zmq.Socket:
+    def dealer(self, endpoint: str, connected_within: float | None = None) -> zmq.Socket:
+        """A DEALER to `endpoint`; with `connected_within`, returned only once its ZMTP
+        handshake is done (or that many seconds passed): frames queued on a DEALER still
+        connecting die unsent when it closes (LINGER 0), so under load a phase of one
+        second could reach a target with none of them, uncounted."""
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SNDHWM, 100)
         s.setsockopt(zmq.SNDBUF, 65536)  # a bounded backlog: attacks end when phases do
         s.setsockopt(zmq.IDENTITY, b"rogue-" + secrets.token_hex(6).encode())
+        mon = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED) \
+            if connected_within is not None else None
         s.connect(endpoint)
+        if mon is not None:
+            mon.poll(int(connected_within * 1000))  # the event, or the deadline
+            s.disable_monitor()
+            mon.close(0)
         return s
 
     def drain(self, socks) -> None:
@@ -120,7 +130,8 @@ class Rogue:
                     break
 
     def flood(self, phase: str, seconds: float) -> dict[str, int]:
-        socks = {t["name"]: self.dealer(t["endpoint"]) for t in self.targets}
+        socks = {t["name"]: self.dealer(t["endpoint"], connected_within=10.0)
+                 for t in self.targets}
         sent = dict.fromkeys(socks, 0)
         poller = zmq.Poller()
         for s in socks.values():
