@@ -338,7 +338,7 @@ class Leader(RankLoop):
         chunk = gate.chunk()
         self.steered = gate.steering() and not gate.boosted()  # what StallBudget learns from
         drafts = {} if self.proposer is None or not self.room_for_drafts(rows) else \
-            self.proposer.drafts(self.engine, removes, lambda rid: self.scheduled[rid].insert)
+            self.proposer.drafts(self.engine, removes, self.insert_of)
         try:
             removed = self.engine.apply(plan_removes, inserts, ops, chunk, drafts)
         except Exception as exc:  # noqa: BLE001 - never publish a plan rank 0 can't apply
@@ -374,6 +374,10 @@ class Leader(RankLoop):
             # sends while this thread is inside MLX (GIL released), not in its way.
             self.flush()
             self.step()
+
+    def insert_of(self, rid: str) -> PlanInsert | None:
+        rec = self.scheduled.get(rid)
+        return None if rec is None else rec.insert
 
     def room_for_drafts(self, rows: dict[str, Row]) -> bool:
         """Drafts widen the step: every row of the verify step is fed up to DRAFTS tokens

@@ -68,14 +68,14 @@ class Proposer:
         self._drafted: dict[str, int] = {}  # this step's drafting requests: drafts each
 
     def drafts(self, engine: Engine, leaving: Collection[str],
-               insert_of: Callable[[str], PlanInsert]) -> dict[str, list[int]]:
+               insert_of: Callable[[str], PlanInsert | None]) -> dict[str, list[int]]:
         """The next step's drafts: request id -> tokens, for the decoding requests not
         `leaving` in this plan that speculate (`Sampling.speculative`) and that the index
         can guess for."""
         out: dict[str, list[int]] = {}
         for rid, drawn in engine.next_tokens().items():
-            ins = insert_of(rid)
-            if rid in leaving or not ins.sampling.speculative:
+            ins = None if rid in leaving else insert_of(rid)  # None: no longer scheduled
+            if ins is None or not ins.sampling.speculative:
                 continue
             a = engine.by_rid[rid]
             known = [*a.tokens, drawn]  # after the prompt (a continuation's included)
