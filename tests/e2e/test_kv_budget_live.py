@@ -19,7 +19,6 @@ On the parent commit (no budget) `--kv-budget-bytes` is an unknown flag and up e
 from __future__ import annotations
 
 import functools
-import shutil
 import threading
 import time
 
@@ -31,7 +30,7 @@ from services.rank.kv_budget import GROWTH
 from services.rank.removals import read_removals, removals_path
 from tests.gwutil import poll_until, sse_lines
 from tests.support.probes import FREEZE_S, held_at_rank0, rank0_frozen
-from tests.support.up_cluster import UpOptions, up_cluster
+from tests.support.up_cluster import UpOptions, deploy_tiny_pp_beside, up_cluster
 
 BUDGET = 2_000_000
 # Three API keys (tenants): alice and bob weigh 10, carol 1 and may not ask a priority
@@ -117,11 +116,7 @@ def cluster(tmp_path_factory):
     home = tmp_path_factory.mktemp("kvb")
     opts = UpOptions(tp=2, extra=("--kv-budget-bytes", str(BUDGET)), env=KEYS)
     with up_cluster(home, opts) as c:
-        pp_model = home / "pp" / "tiny-pp"
-        shutil.copytree(Paths(c.home).models / "tiny", pp_model)
-        r = httpx.post(c.url + "/admin/api/cluster/deployments", headers=c.hdr, timeout=300,
-                       json={"model_path": str(pp_model), "tp": 1, "pp": 2, "wait": True})
-        assert r.status_code == 200, r.text
+        deploy_tiny_pp_beside(c, home)
         yield c
 
 

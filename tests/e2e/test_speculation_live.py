@@ -19,15 +19,13 @@ On the parent commit `--speculative` is an unknown flag and up exits 2.
 
 from __future__ import annotations
 
-import shutil
 import threading
 
 import httpx
 import pytest
 
-from common.home import Paths
 from tests.gwutil import poll_until
-from tests.support.up_cluster import UpOptions, up_cluster
+from tests.support.up_cluster import UpOptions, deploy_tiny_pp_beside, up_cluster
 
 NO_EOS = {"0": -100, "2": -100}  # the tiny preset's EOS ids: rows run to max_tokens
 # Repeats: prompt lookup finds what follows the latest tokens earlier in the prompt
@@ -108,11 +106,7 @@ def cluster(tmp_path_factory):
     opts = UpOptions(tp=2, extra=("--speculative", "ngram"), env={
         "LOCKSTEP_RANK_TEST_SEAMS": "true", "LOCKSTEP_TEST_DRAFTS_P": "0.5"})
     with up_cluster(home, opts) as c:
-        pp_model = home / "pp" / "tiny-pp"
-        shutil.copytree(Paths(c.home).models / "tiny", pp_model)
-        r = httpx.post(c.url + "/admin/api/cluster/deployments", headers=c.hdr, timeout=300,
-                       json={"model_path": str(pp_model), "tp": 1, "pp": 2, "wait": True})
-        assert r.status_code == 200, r.text
+        deploy_tiny_pp_beside(c, home)
         yield c
 
 

@@ -181,3 +181,17 @@ def up_fixture(opts: UpOptions = UpOptions(),  # noqa: B008 - frozen
             yield c
 
     return fixture
+
+
+def deploy_tiny_pp_beside(c: UpCluster, home: Path) -> None:
+    """The tiny preset deployed again beside `up`'s own, at PP=2, as model `tiny-pp` (a
+    copy of up's model directory: another model name), waited for until it serves."""
+    import shutil
+
+    from common.home import Paths
+
+    pp_model = home / "pp" / "tiny-pp"
+    shutil.copytree(Paths(c.home).models / "tiny", pp_model)
+    r = httpx.post(c.url + "/admin/api/cluster/deployments", headers=c.hdr, timeout=300,
+                   json={"model_path": str(pp_model), "tp": 1, "pp": 2, "wait": True})
+    assert r.status_code == 200, r.text
